@@ -1,0 +1,456 @@
+"""Enums, kwargs handlers, plugins and configurations passed to the Accelerator.
+
+Catalog: enums.values, kwargs.ddp, kwargs.init_process_group, autocast.bf16,
+autocast.fp16_scaler, accumulate.plugin, profile.context, plugin.dynamo,
+save.once_per_machine, save_state.auto_naming, save_state.total_limit.
+
+Kept free of torch at import time (`accelerate_ref.state` imports it early);
+only `ProfileKwargs.build` imports torch, when called.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from .environment import clear_environment, parse_flag_from_env, str_to_bool
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    import torch
+
+
+# --------------------------------------------------------------------------
+# Enums
+# --------------------------------------------------------------------------
+class _EnumWithContains(enum.EnumMeta):
+    """Metaclass letting `value in SomeEnum` test values (not only members)."""
+
+    def __contains__(cls, item: object) -> bool:
+        try:
+            cls(item)
+        except ValueError:
+            return False
+        return True
+
+
+class _CheckedEnum(enum.Enum, metaclass=_EnumWithContains):
+    """Enum whose failed lookups name the bad value and every valid one."""
+
+    @classmethod
+    def _missing_(cls, value: object) -> None:
+        valid = ", ".join(repr(member.value) for member in cls)
+        raise ValueError(f"{value!r} is not a valid {cls.__name__}; valid values are: {valid}")
+
+
+class BaseEnum(_CheckedEnum):
+    """An enum whose `str()` is its value, with a `list()` of all values."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    @classmethod
+    def list(cls) -> list[str]:
+        """All values of the enum, as strings, in definition order."""
+        return [str(member) for member in cls]
+
+
+class DistributedType(str, _CheckedEnum):
+    """The kind of distributed environment the processes run in.
+
+    Rule: a str enum whose values are the member names (JSON-serialisable),
+    as in HF accelerate. The documented `TPU` member is an alias of `XLA`
+    (`DistributedType.TPU is DistributedType.XLA`), which is what the name
+    means since accelerate 0.27.
+    Catalog: enums.values, launch.distributed_type_branch.
+    """
+
+    NO = "NO"
+    MULTI_CPU = "MULTI_CPU"
+    MULTI_GPU = "MULTI_GPU"
+    MULTI_NPU = "MULTI_NPU"
+    MULTI_MLU = "MULTI_MLU"
+    MULTI_SDAA = "MULTI_SDAA"
+    MULTI_MUSA = "MULTI_MUSA"
+    MULTI_XPU = "MULTI_XPU"
+    DEEPSPEED = "DEEPSPEED"
+    FSDP = "FSDP"
+    XLA = "XLA"
+    TPU = "XLA"
+    MEGATRON_LM = "MEGATRON_LM"
+    MULTI_HPU = "MULTI_HPU"
+    MULTI_NEURON = "MULTI_NEURON"
+    TP = "TP"
+
+
+class SageMakerDistributedType(str, _CheckedEnum):
+    """Distributed mode on Amazon SageMaker: NO, DATA_PARALLEL, MODEL_PARALLEL.
+
+    Catalog: enums.values.
+    """
+
+    NO = "NO"
+    DATA_PARALLEL = "DATA_PARALLEL"
+    MODEL_PARALLEL = "MODEL_PARALLEL"
+
+
+class ComputeEnvironment(str, _CheckedEnum):
+    """Where the job runs: LOCAL_MACHINE or AMAZON_SAGEMAKER.
+
+    Catalog: enums.values.
+    """
+
+    LOCAL_MACHINE = "LOCAL_MACHINE"
+    AMAZON_SAGEMAKER = "AMAZON_SAGEMAKER"
+
+
+class DynamoBackend(str, BaseEnum):
+    """A `torch.compile` backend; NO means no compilation.
+
+    Rule: values are the upper-case member names; `IPEX` is kept because the
+    utilities reference documents it (HF 1.15 dropped it).
+    Catalog: enums.values, plugin.dynamo.
+    """
+
+    NO = "NO"
+    EAGER = "EAGER"
+    AOT_EAGER = "AOT_EAGER"
+    INDUCTOR = "INDUCTOR"
+    AOT_TS_NVFUSER = "AOT_TS_NVFUSER"
+    NVPRIMS_NVFUSER = "NVPRIMS_NVFUSER"
+    CUDAGRAPHS = "CUDAGRAPHS"
+    OFI = "OFI"
+    FX2TRT = "FX2TRT"
+    ONNXRT = "ONNXRT"
+    TENSORRT = "TENSORRT"
+    AOT_TORCHXLA_TRACE_ONCE = "AOT_TORCHXLA_TRACE_ONCE"
+    TORCHXLA_TRACE_ONCE = "TORCHXLA_TRACE_ONCE"
+    IPEX = "IPEX"
+    TVM = "TVM"
+    HPU_BACKEND = "HPU_BACKEND"
+    NEURON = "NEURON"
+
+
+class LoggerType(BaseEnum):
+    """A supported experiment tracker; `ALL` means every installed one.
+
+    Rule: values are the lower-case tracker names ("tensorboard", "wandb",
+    "comet_ml", "dvclive", ...).
+    Catalog: enums.values, tracking.init_log_end.
+    """
+
+    ALL = "all"
+    AIM = "aim"
+    TENSORBOARD = "tensorboard"
+    WANDB = "wandb"
+    TRACKIO = "trackio"
+    COMETML = "comet_ml"
+    MLFLOW = "mlflow"
+    CLEARML = "clearml"
+    DVCLIVE = "dvclive"
+    SWANLAB = "swanlab"
+
+
+class PrecisionType(str, BaseEnum):
+    """Floating-point precision: "no" (fp32), "fp8", "fp16", "bf16".
+
+    Rule: an unknown string, e.g. `PrecisionType("fp32")`, is a ValueError
+    listing the valid values.
+    Catalog: enums.values, autocast.bf16, autocast.fp16_scaler.
+    """
+
+    NO = "no"
+    FP8 = "fp8"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+
+class RNGType(BaseEnum):
+    """A random number generator that can be synchronised across processes.
+
+    Catalog: enums.values, data.shuffle_sync.
+    """
+
+    TORCH = "torch"
+    CUDA = "cuda"
+    MLU = "mlu"
+    SDAA = "sdaa"
+    MUSA = "musa"
+    NPU = "npu"
+    XLA = "xla"
+    XPU = "xpu"
+    HPU = "hpu"
+    NEURON = "neuron"
+    GENERATOR = "generator"
+
+
+# --------------------------------------------------------------------------
+# Kwargs handlers
+# --------------------------------------------------------------------------
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+class KwargsHandler:
+    """Mixin for dataclasses whose non-default fields become keyword arguments."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """A deep copy of every field."""
+        return copy.deepcopy(self.__dict__)
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The fields whose value differs from the class default.
+
+        Rule: the defaults are those of an instance built with an empty
+        environment, so defaults read from environment variables do not hide
+        a value the user set explicitly.
+        Catalog: kwargs.ddp, kwargs.init_process_group.
+        """
+        with clear_environment():
+            defaults = type(self)().to_dict()
+        return {key: value for key, value in self.to_dict().items() if defaults[key] != value}
+
+
+@dataclass
+class AutocastKwargs(KwargsHandler):
+    """Arguments for `torch.autocast` (`enabled`, `cache_enabled`).
+
+    Catalog: autocast.bf16.
+    """
+
+    enabled: bool = True
+    cache_enabled: Optional[bool] = None
+
+
+@dataclass
+class DistributedDataParallelKwargs(KwargsHandler):
+    """Arguments for `torch.nn.parallel.DistributedDataParallel`.
+
+    Rule: the documented fields, passed on unchanged; `bucket_cap_mb` must be
+    positive.
+    Catalog: kwargs.ddp.
+    """
+
+    dim: int = 0
+    broadcast_buffers: bool = True
+    bucket_cap_mb: int = 25
+    find_unused_parameters: bool = False
+    check_reduction: bool = False
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+
+    def __post_init__(self) -> None:
+        _check(self.bucket_cap_mb > 0, f"bucket_cap_mb must be positive, got {self.bucket_cap_mb}")
+
+
+@dataclass
+class GradScalerKwargs(KwargsHandler):
+    """Arguments for the gradient scaler used with fp16.
+
+    Rule: the documented fields of `torch.amp.GradScaler`. Erratum: the
+    utilities reference's example writes `backoff_filter=0.25`; the field is
+    `backoff_factor` (the misspelling is a TypeError). `growth_factor` must be
+    above 1 and `backoff_factor` in (0, 1), as torch requires.
+    Catalog: autocast.fp16_scaler.
+    """
+
+    init_scale: float = 65536.0
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        _check(self.growth_factor > 1.0, f"growth_factor must be > 1.0, got {self.growth_factor}")
+        _check(0.0 < self.backoff_factor < 1.0, f"backoff_factor must be in (0, 1), got {self.backoff_factor}")
+        _check(self.growth_interval > 0, f"growth_interval must be positive, got {self.growth_interval}")
+
+
+@dataclass
+class InitProcessGroupKwargs(KwargsHandler):
+    """Arguments for `torch.distributed.init_process_group`.
+
+    Rule: `backend`, `init_method` and `timeout` (a `datetime.timedelta`,
+    1800 s by default as the utilities reference documents); a timeout that
+    is not a positive timedelta is a ValueError.
+    Catalog: kwargs.init_process_group.
+    """
+
+    backend: Optional[str] = "nccl"
+    init_method: Optional[str] = None
+    timeout: timedelta = timedelta(seconds=1800)
+
+    def __post_init__(self) -> None:
+        _check(
+            isinstance(self.timeout, timedelta) and self.timeout.total_seconds() > 0,
+            f"timeout must be a positive datetime.timedelta, got {self.timeout!r}",
+        )
+
+
+@dataclass
+class ProfileKwargs(KwargsHandler):
+    """Arguments for `torch.profiler.profile`, used by `Accelerator.profile()`.
+
+    Rule: `activities` are names ("cpu", "cuda", "xpu"); `schedule_option` is
+    passed to `torch.profiler.schedule`; when `output_trace_dir` is set the
+    Accelerator writes a Chrome trace there.
+    Catalog: profile.context.
+    """
+
+    activities: Optional[list[str]] = None
+    schedule_option: Optional[dict[str, int]] = None
+    on_trace_ready: Optional[Callable[..., Any]] = None
+    record_shapes: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False
+    with_flops: bool = False
+    with_modules: bool = False
+    output_trace_dir: Optional[str] = None
+
+    def build(self) -> torch.profiler.profile:
+        """Build the torch profiler these arguments describe.
+
+        Rule: an unknown activity name is a ValueError naming it and the
+        valid ones.
+        Catalog: profile.context.
+        """
+        import torch.profiler
+
+        known = {activity.name.lower(): activity for activity in torch.profiler.ProfilerActivity}
+        activities = None
+        if self.activities is not None:
+            unknown = [name for name in self.activities if name not in known]
+            _check(not unknown, f"Unknown profiler activities {unknown}; valid ones are {sorted(known)}")
+            activities = [known[name] for name in self.activities]
+        schedule = None if self.schedule_option is None else torch.profiler.schedule(**self.schedule_option)
+        return torch.profiler.profile(
+            activities=activities,
+            schedule=schedule,
+            on_trace_ready=self.on_trace_ready,
+            record_shapes=self.record_shapes,
+            profile_memory=self.profile_memory,
+            with_stack=self.with_stack,
+            with_flops=self.with_flops,
+            with_modules=self.with_modules,
+        )
+
+
+# --------------------------------------------------------------------------
+# Plugins and configurations
+# --------------------------------------------------------------------------
+@dataclass
+class GradientAccumulationPlugin(KwargsHandler):
+    """How gradient accumulation behaves.
+
+    Rule: `num_steps` (None or a positive int) steps per optimizer update;
+    `adjust_scheduler` steps a prepared scheduler only on real updates;
+    `sync_with_dataloader` forces a sync on the loader's last batch;
+    `sync_each_batch` syncs gradients on every batch.
+    Catalog: accumulate.plugin, accumulate.end_of_dataloader, accumulate.scheduler.
+    """
+
+    num_steps: Optional[int] = None
+    adjust_scheduler: bool = True
+    sync_with_dataloader: bool = True
+    sync_each_batch: bool = False
+
+    def __post_init__(self) -> None:
+        _check(
+            self.num_steps is None or (isinstance(self.num_steps, int) and self.num_steps > 0),
+            f"num_steps must be a positive int or None, got {self.num_steps!r}",
+        )
+
+
+@dataclass
+class DataLoaderConfiguration:
+    """How `Accelerator.prepare` wraps data loaders.
+
+    Rule: `split_batches` splits each batch across ranks instead of giving
+    each rank its own; `dispatch_batches` lets rank 0 read and dispatch
+    (None: only for IterableDataset); `even_batches` pads by duplicating the
+    first samples; `use_seedable_sampler` makes shuffling reproducible with
+    `set_seed` (`data_seed` overrides the seed); `non_blocking` is the host
+    to device copy mode; `use_stateful_dataloader` uses torchdata's
+    StatefulDataLoader.
+    Catalog: data.split_batches, data.even_batches, data.uneven_batches,
+    data.dispatch_batches, data.seedable_sampler.
+    """
+
+    split_batches: bool = False
+    dispatch_batches: Optional[bool] = None
+    even_batches: bool = True
+    use_seedable_sampler: bool = False
+    data_seed: Optional[int] = None
+    non_blocking: bool = False
+    use_stateful_dataloader: bool = False
+
+
+@dataclass
+class ProjectConfiguration:
+    """Where and how the Accelerator saves checkpoints and logs.
+
+    Rule: `logging_dir` defaults to `project_dir`; with
+    `automatic_checkpoint_naming` saves go to
+    `project_dir/checkpoints/checkpoint_<iteration>`; `total_limit` (None or
+    positive) keeps only that many newest checkpoints; `save_on_each_node`
+    saves once per machine instead of once overall.
+    Catalog: save.once_per_machine, save_state.auto_naming, save_state.total_limit.
+    """
+
+    project_dir: Optional[str] = None
+    logging_dir: Optional[str] = None
+    automatic_checkpoint_naming: bool = False
+    total_limit: Optional[int] = None
+    iteration: int = 0
+    save_on_each_node: bool = False
+
+    def set_directories(self, project_dir: Optional[str] = None) -> None:
+        """Set `project_dir`, and `logging_dir` to it when no logging dir was given.
+
+        Catalog: save_state.auto_naming.
+        """
+        self.project_dir = project_dir
+        if self.logging_dir is None:
+            self.logging_dir = project_dir
+
+    def __post_init__(self) -> None:
+        _check(
+            self.total_limit is None or self.total_limit > 0,
+            f"total_limit must be a positive int or None, got {self.total_limit!r}",
+        )
+        _check(self.iteration >= 0, f"iteration must be >= 0, got {self.iteration}")
+        self.set_directories(self.project_dir)
+
+
+@dataclass
+class TorchDynamoPlugin(KwargsHandler):
+    """Arguments for `torch.compile` of the prepared model.
+
+    Rule: unset fields come from the launcher's environment
+    (ACCELERATE_DYNAMO_BACKEND, _MODE, _USE_FULLGRAPH, _USE_DYNAMIC), else
+    backend "NO" and mode "default"; `backend` is converted to `DynamoBackend`
+    case-insensitively, an unknown name being a ValueError.
+    Catalog: plugin.dynamo.
+    """
+
+    backend: Optional[DynamoBackend] = None
+    mode: Optional[str] = None
+    fullgraph: Optional[bool] = None
+    dynamic: Optional[bool] = None
+    options: Any = None
+    disable: bool = False
+
+    def __post_init__(self) -> None:
+        prefix = "ACCELERATE_DYNAMO_"
+        backend = self.backend if self.backend is not None else os.environ.get(prefix + "BACKEND", "no")
+        self.backend = DynamoBackend(str(backend).upper())
+        if self.mode is None:
+            self.mode = os.environ.get(prefix + "MODE", "default")
+        if self.fullgraph is None:
+            self.fullgraph = parse_flag_from_env(prefix + "USE_FULLGRAPH")
+        if self.dynamic is None and prefix + "USE_DYNAMIC" in os.environ:
+            self.dynamic = str_to_bool(os.environ[prefix + "USE_DYNAMIC"]) == 1
