@@ -1,0 +1,35 @@
+"""A readable reference implementation of the documented 🤗 Accelerate API.
+
+Names and import paths mirror the real library, so a script switches by
+changing one import: ``from accelerate_ref import Accelerator``.
+"""
+
+from .accelerator import Accelerator
+from .state import AcceleratorState, GradientState, PartialState
+from .utils.dataclasses import (
+    DataLoaderConfiguration,
+    DistributedDataParallelKwargs,
+    DistributedType,
+    GradientAccumulationPlugin,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    ProfileKwargs,
+    ProjectConfiguration,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Accelerator",
+    "AcceleratorState",
+    "DataLoaderConfiguration",
+    "DistributedDataParallelKwargs",
+    "DistributedType",
+    "GradScalerKwargs",
+    "GradientAccumulationPlugin",
+    "GradientState",
+    "InitProcessGroupKwargs",
+    "PartialState",
+    "ProfileKwargs",
+    "ProjectConfiguration",
+]

@@ -1,0 +1,380 @@
+"""Process state: who am I, how many of us are there, and on which device.
+
+`PartialState` holds the launch topology and the process-control helpers;
+`AcceleratorState` adds what an `Accelerator` configures (mixed precision,
+plugins); `GradientState` tracks gradient synchronisation. Each is a
+process-wide shared state (every instance sees the same attributes), reset
+with ``_reset_state`` as HF accelerate's own tests do.
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+from contextlib import contextmanager
+from functools import partial
+from typing import Any, Callable, Iterator, TypeVar
+
+import torch
+
+from .families import DeviceFamily, LaunchEnv, detect
+from .utils.dataclasses import DistributedType, GradientAccumulationPlugin, PrecisionType
+from .utils.environment import parse_flag_from_env
+
+F = TypeVar("F", bound=Callable[..., Any])
+Splittable = TypeVar("Splittable", list, tuple, dict, torch.Tensor)
+
+
+class _SharedState:
+    """Base for the singletons: every instance shares one attribute dict."""
+
+    _shared_state: dict[str, Any]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._shared_state = {}
+
+    def _attach(self) -> bool:
+        """Share the class-wide dict; return whether it was already initialised."""
+        self.__dict__ = self._shared_state
+        return bool(self._shared_state)
+
+    @property
+    def initialized(self) -> bool:
+        return bool(self._shared_state)
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(
+            f"'{type(self).__name__}' has no attribute '{name}'"
+            + ("" if self._shared_state else f" (the state was reset; create a new {type(self).__name__} first)")
+        )
+
+
+class PartialState(_SharedState):
+    """Launch topology and process control, usable without an `Accelerator`.
+
+    Detection (catalog ``state.attributes``):
+
+    * no torchrun-style environment, or ``WORLD_SIZE=1``: one process,
+      ``DistributedType.NO``;
+    * ``WORLD_SIZE>1`` on CPU: ``MULTI_CPU`` over gloo, with no extra flag;
+    * ``WORLD_SIZE>1`` with CUDA: ``MULTI_GPU`` over nccl (``cpu=True`` forces CPU).
+
+    ``kwargs`` go to ``torch.distributed.init_process_group`` (see
+    ``InitProcessGroupKwargs``); ``backend`` overrides the family's default.
+    """
+
+    def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
+        if self._attach():
+            return
+        cpu = cpu or parse_flag_from_env("ACCELERATE_USE_CPU")
+        family = detect(cpu=cpu)
+        launch = LaunchEnv.from_environ()
+        backend = kwargs.pop("backend", None)
+        self._cpu = cpu
+        self.family: DeviceFamily = family
+        self.debug = parse_flag_from_env("ACCELERATE_DEBUG_MODE")
+        if launch.is_distributed:
+            self.device = family.device(launch.local_rank, distributed=True)
+            family.init_process_group(launch, backend, **kwargs)
+            self.backend = backend or family.backend
+            self.distributed_type = family.distributed_type
+            self.num_processes, self.process_index, self.local_process_index = family.world(launch)
+        else:
+            self.device = family.device(0, distributed=False)
+            self.backend = None
+            self.distributed_type = DistributedType.NO
+            self.num_processes, self.process_index, self.local_process_index = 1, 0, 0
+
+    def __repr__(self) -> str:
+        return (
+            f"Distributed environment: {self.distributed_type}{'  Backend: ' + self.backend if self.backend else ''}\n"
+            f"Num processes: {self.num_processes}\n"
+            f"Process index: {self.process_index}\n"
+            f"Local process index: {self.local_process_index}\n"
+            f"Device: {self.device}\n"
+        )
+
+    @staticmethod
+    def _reset_state() -> None:
+        """Forget the state (the process group, if any, stays up for reuse)."""
+        PartialState._shared_state.clear()
+
+    # -- topology ---------------------------------------------------------
+
+    @property
+    def use_distributed(self) -> bool:
+        """True when more than one process takes part."""
+        return self.distributed_type != DistributedType.NO and self.num_processes > 1
+
+    @property
+    def is_main_process(self) -> bool:
+        """True on exactly one rank overall (catalog ``process.is_main``)."""
+        return self.process_index == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        """True on exactly one rank per machine (catalog ``process.is_local_main``)."""
+        return self.local_process_index == 0
+
+    @property
+    def is_last_process(self) -> bool:
+        """True on the rank with the highest index."""
+        return self.process_index == self.num_processes - 1
+
+    @property
+    def default_device(self) -> torch.device:
+        """The device the detected family would use on this rank."""
+        return self.device
+
+    # -- synchronisation --------------------------------------------------
+
+    def wait_for_everyone(self) -> None:
+        """No rank returns before every rank has called it; a no-op alone.
+
+        Catalog: ``sync.wait_for_everyone``.
+        """
+        if self.use_distributed:
+            self.family.barrier()
+
+    @contextmanager
+    def _goes_first(self, is_first: bool) -> Iterator[None]:
+        if not is_first:
+            self.wait_for_everyone()
+        yield
+        if is_first:
+            self.wait_for_everyone()
+
+    @contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """The main process runs the block and leaves it before any other rank enters.
+
+        Catalog: ``sync.main_process_first``.
+        """
+        with self._goes_first(self.is_main_process):
+            yield
+
+    @contextmanager
+    def local_main_process_first(self) -> Iterator[None]:
+        """As `main_process_first`, per machine with local rank 0.
+
+        Catalog: ``sync.local_main_process_first``.
+        """
+        with self._goes_first(self.is_local_main_process):
+            yield
+
+    # -- splitting inputs -------------------------------------------------
+
+    @contextmanager
+    def split_between_processes(self, inputs: Splittable, apply_padding: bool = False) -> Iterator[Splittable]:
+        """Yield this rank's contiguous share of ``inputs``.
+
+        Shares differ by at most one item; earlier ranks take the extras
+        (["A","B","C"] on 2 ranks: ["A","B"] and ["C"]). With
+        ``apply_padding`` every share is as long as the longest, filled with
+        the last item of the whole input, so that results can be gathered.
+        Tensors split on dim 0; dicts split value-wise and need values of
+        equal length. Catalog: ``split.doc_example``, ``split.padding``,
+        ``split.tensor_dict``, ``split.fewer_inputs_than_ranks``.
+        """
+        yield _split(inputs, self.num_processes, self.process_index, apply_padding)
+
+    # -- running on some ranks only ---------------------------------------
+
+    def _only_if(self, function: F | None, should_run: Callable[["PartialState"], bool], **decorator_kwargs: Any):
+        """Decorate ``function`` so that it runs only where ``should_run(state)``."""
+
+        def decorate(fn: F) -> F:
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                if should_run(self):
+                    return fn(*args, **kwargs)
+                return None
+
+            wrapper.__name__ = getattr(fn, "__name__", "wrapper")
+            wrapper.__doc__ = fn.__doc__
+            wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
+            return wrapper  # type: ignore[return-value]
+
+        return decorate if function is None else decorate(function)
+
+    def on_main_process(self, function: F | None = None) -> F:
+        """Run the decorated function on rank 0 only (once overall, not per machine).
+
+        Catalog: ``process.on_main_process`` (erratum: the example's docstring says "once per server").
+        """
+        return self._only_if(function, lambda s: s.is_main_process)
+
+    def on_local_main_process(self, function: F | None = None) -> F:
+        """Run the decorated function on local rank 0 of each machine.
+
+        Catalog: ``process.on_local_main_process``.
+        """
+        return self._only_if(function, lambda s: s.is_local_main_process)
+
+    def on_last_process(self, function: F | None = None) -> F:
+        """Run the decorated function on the last rank only. Catalog: ``process.on_last_process``."""
+        return self._only_if(function, lambda s: s.is_last_process)
+
+    def on_process(self, function: F | None = None, process_index: int | None = None) -> F:
+        """Run the decorated function on rank ``process_index`` only. Catalog: ``process.on_process``."""
+        if function is None:
+            return partial(self.on_process, process_index=process_index)  # type: ignore[return-value]
+        _require_index("process_index", process_index)
+        return self._only_if(function, lambda s: s.process_index == process_index)
+
+    def on_local_process(self, function: F | None = None, local_process_index: int | None = None) -> F:
+        """Run the decorated function on local rank ``local_process_index`` of each machine.
+
+        Catalog: ``process.on_local_process`` (erratum: the overview spells the
+        keyword ``local_process_idx``; the signature is ``local_process_index``).
+        """
+        if function is None:
+            return partial(self.on_local_process, local_process_index=local_process_index)  # type: ignore[return-value]
+        _require_index("local_process_index", local_process_index)
+        return self._only_if(function, lambda s: s.local_process_index == local_process_index)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """Print once per machine, on its local main process.
+
+        Catalog: ``print.once_per_server`` (erratum: also described as "once per process").
+        """
+        if self.is_local_main_process:
+            builtins.print(*args, **kwargs)
+
+    def destroy_process_group(self, group: Any = None) -> None:
+        """Tear down the process group (the default one unless ``group`` is given)."""
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group(group)
+
+
+def _require_index(name: str, value: int | None) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+
+
+def _split(inputs: Any, num_processes: int, index: int, apply_padding: bool) -> Any:
+    """The share of ``inputs`` that rank ``index`` of ``num_processes`` gets (see `split_between_processes`)."""
+    if isinstance(inputs, dict):
+        lengths = {key: len(value) for key, value in inputs.items()}
+        if len(set(lengths.values())) > 1:
+            raise ValueError(f"split_between_processes needs dict values of equal length, got lengths {lengths}")
+        return {key: _split(value, num_processes, index, apply_padding) for key, value in inputs.items()}
+    if not hasattr(inputs, "__len__") or not hasattr(inputs, "__getitem__"):
+        raise TypeError(
+            f"split_between_processes splits a list, tuple, dict or tensor, got {type(inputs).__name__}"
+        )
+    per_process, extras = divmod(len(inputs), num_processes)
+    start = index * per_process + min(index, extras)
+    end = start + per_process + (1 if index < extras else 0)
+    share = inputs[start:end]
+    longest = per_process + (1 if extras else 0)
+    missing = longest - (end - start)
+    if not apply_padding or missing == 0 or len(inputs) == 0:
+        return share
+    if isinstance(inputs, torch.Tensor):
+        return torch.cat([share, inputs[-1:].expand(missing, *inputs.shape[1:])])
+    return share + type(share)([inputs[-1]] * missing)
+
+
+class AcceleratorState(_SharedState):
+    """`PartialState` plus what an `Accelerator` configures.
+
+    ``mixed_precision`` defaults to ``ACCELERATE_MIXED_PRECISION`` (else
+    ``"no"``); catalog ``mixed_precision.env_default``. Attribute reads that
+    are not found here fall through to the `PartialState`.
+    """
+
+    def __init__(
+        self,
+        mixed_precision: str | None = None,
+        cpu: bool = False,
+        dynamo_plugin: Any = None,
+        deepspeed_plugin: Any = None,
+        fsdp_plugin: Any = None,
+        megatron_lm_plugin: Any = None,
+        _from_accelerator: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        if self._attach():
+            if mixed_precision is not None and mixed_precision != self._mixed_precision:
+                raise ValueError(
+                    f"AcceleratorState already initialised with mixed_precision={self._mixed_precision!r}; "
+                    f"reset it before asking for {mixed_precision!r}"
+                )
+            return
+        self._partial = PartialState(cpu, **kwargs)
+        self._mixed_precision = _precision(mixed_precision)
+        self.dynamo_plugin = dynamo_plugin
+        self.deepspeed_plugin = deepspeed_plugin
+        self.fsdp_plugin = fsdp_plugin
+        self.megatron_lm_plugin = megatron_lm_plugin
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or not self._shared_state:
+            return super().__getattr__(name)
+        return getattr(self._partial, name)
+
+    def __repr__(self) -> str:
+        return repr(self._partial) + f"Mixed precision type: {self.mixed_precision}\n"
+
+    @property
+    def mixed_precision(self) -> str:
+        return self._mixed_precision
+
+    @property
+    def use_distributed(self) -> bool:
+        return self._partial.use_distributed
+
+    @property
+    def is_main_process(self) -> bool:
+        return self._partial.is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self._partial.is_local_main_process
+
+    @property
+    def is_last_process(self) -> bool:
+        return self._partial.is_last_process
+
+    @staticmethod
+    def _reset_state(reset_partial_state: bool = False) -> None:
+        """Forget the accelerator state, and the partial state too if asked."""
+        AcceleratorState._shared_state.clear()
+        if reset_partial_state:
+            PartialState._reset_state()
+
+
+def _precision(value: str | None) -> str:
+    """Validate a mixed-precision name, reading ``ACCELERATE_MIXED_PRECISION`` when none is given."""
+    value = value if value is not None else os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+    value = str(value).lower()
+    valid = [member.value for member in PrecisionType]
+    if value not in valid:
+        raise ValueError(f"Unknown mixed_precision {value!r}; choose one of {valid}")
+    return value
+
+
+class GradientState(_SharedState):
+    """Whether gradients are synchronised on this step, and the accumulation settings.
+
+    Outside gradient accumulation every step syncs (``sync_gradients`` True).
+    """
+
+    def __init__(self, gradient_accumulation_plugin: GradientAccumulationPlugin | None = None) -> None:
+        if self._attach():
+            if gradient_accumulation_plugin is not None:
+                self.plugin = gradient_accumulation_plugin
+            return
+        self.plugin = gradient_accumulation_plugin or GradientAccumulationPlugin(num_steps=1)
+        self.sync_gradients = True
+        self.end_of_dataloader = False
+        self.remainder = -1
+
+    @property
+    def num_steps(self) -> int:
+        return self.plugin.num_steps
+
+    @staticmethod
+    def _reset_state() -> None:
+        GradientState._shared_state.clear()

@@ -1,0 +1,140 @@
+"""The case model: a function run on every rank of a world, tagged with a catalog ID.
+
+```python
+@case("reduce.doc_example", worlds=[2])
+def reduce_doc_example(impl, world):
+    acc = impl.Accelerator()
+    t = torch.arange(acc.num_processes) + 1 + 2 * acc.process_index
+    assert acc.reduce(t.to(acc.device), reduction="sum").tolist() == [4, 6]
+```
+
+A case may return a picklable value from each rank; a function registered
+with ``@<case>.check`` then receives every rank's value on the driver and
+asserts across ranks there, over the control channel, so a broken collective
+in the implementation cannot hide the failure it is meant to reveal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+#: Worlds a rule "makes sense at" when its catalog row says "any".
+ANY_WORLD: tuple[str, ...] = ("1", "2", "3", "4", "2x2", "2x4")
+
+CaseFunction = Callable[[Any, "WorldInfo"], Any]
+CheckFunction = Callable[[list, "WorldInfo"], None]
+
+
+@dataclass(frozen=True)
+class WorldInfo:
+    """The world a case runs in, as the case sees it."""
+
+    machines: int
+    ranks_per_machine: int
+    #: A directory every rank of this case run shares (fresh for each case run).
+    shared_dir: str = ""
+
+    @property
+    def size(self) -> int:
+        return self.machines * self.ranks_per_machine
+
+    @property
+    def label(self) -> str:
+        return str(self.size) if self.machines == 1 else f"{self.machines}x{self.ranks_per_machine}"
+
+    @classmethod
+    def parse(cls, label: str, shared_dir: str = "") -> "WorldInfo":
+        """``"4"`` is one machine of 4 ranks; ``"2x2"`` two machines of 2."""
+        machines, _, per_machine = str(label).partition("x")
+        try:
+            if per_machine:
+                info = cls(int(machines), int(per_machine), shared_dir)
+            else:
+                info = cls(1, int(machines), shared_dir)
+        except ValueError:
+            raise ValueError(f"world {label!r} is neither N nor MxN") from None
+        if info.machines < 1 or info.ranks_per_machine < 1:
+            raise ValueError(f"world {label!r} needs at least one machine and one rank per machine")
+        return info
+
+
+@dataclass
+class Case:
+    """One conformance case."""
+
+    id: str
+    function: CaseFunction
+    worlds: tuple[str, ...]
+    check_function: CheckFunction | None = None
+    #: Extra environment the ranks need (applied for the whole world; cases that
+    #: need it run in a pool of their own).
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.function.__name__
+
+    @property
+    def key(self) -> str:
+        """A stable handle ``module:function`` by which ranks find the case."""
+        return f"{self.function.__module__}:{self.function.__name__}"
+
+    def runs_at(self, world: str) -> bool:
+        return world in self.worlds
+
+    def check(self, function: CheckFunction) -> CheckFunction:
+        """Register the driver-side check of this case's per-rank values."""
+        self.check_function = function
+        return function
+
+
+_REGISTRY: dict[str, Case] = {}
+
+
+def case(
+    catalog_id: str,
+    worlds: Iterable[int | str] = ANY_WORLD,
+    env: dict[str, str] | None = None,
+) -> Callable[[CaseFunction], Case]:
+    """Register ``function`` as a case for ``catalog_id`` at ``worlds``."""
+    labels = tuple(str(WorldInfo.parse(str(world)).label) for world in worlds)
+
+    def register(function: CaseFunction) -> Case:
+        registered = Case(catalog_id, function, labels, env=dict(env or {}))
+        if registered.key in _REGISTRY:
+            raise ValueError(f"case {registered.key} registered twice")
+        _REGISTRY[registered.key] = registered
+        return registered
+
+    return register
+
+
+def all_cases() -> list[Case]:
+    """Every case of the suite, importing the case modules first."""
+    from . import cases
+
+    cases.load_all()
+    return list(_REGISTRY.values())
+
+
+def find(key: str) -> Case:
+    """The case registered under ``key`` (``module:function``), importing its module."""
+    if key not in _REGISTRY:
+        import importlib
+
+        importlib.import_module(key.partition(":")[0])
+    return _REGISTRY[key]
+
+
+def select(cases: Sequence[Case], patterns: Sequence[str]) -> list[Case]:
+    """Cases whose ID or name matches any of the shell-style ``patterns`` (all when none)."""
+    if not patterns:
+        return list(cases)
+    from fnmatch import fnmatchcase
+
+    return [c for c in cases if any(fnmatchcase(c.id, p) or fnmatchcase(c.name, p) for p in patterns)]
+
+
+class NotSupported(Exception):
+    """Raised by a case when the implementation lacks an optional feature."""

@@ -1,0 +1,109 @@
+"""Manifests: an implementation's known deviations from the documents.
+
+A manifest is a TOML file with one ``[[deviation]]`` table per deviation::
+
+    [[deviation]]
+    id = "reduce.none"
+    status = "FAIL"                  # the status the case is expected to end with
+    worlds = ["2", "3", "4", "2x2"]  # optional: only at these worlds
+    backends = ["sim"]               # optional: only on these backends
+    reason = "reduce(t, 'none') sums instead of returning t (HF accelerate 1.15)"
+
+A result matching a deviation becomes XFAIL. A matching case that passes is
+an unexpected pass (a warning; an error with ``--strict``). Deviations that
+match no case of the run are warned about.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from .results import CaseResult, Status
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+@dataclass(frozen=True)
+class Deviation:
+    id: str
+    status: Status
+    reason: str
+    worlds: tuple[str, ...] = ()
+    backends: tuple[str, ...] = ()
+
+    def matches(self, result: CaseResult) -> bool:
+        return (
+            result.id == self.id
+            and (not self.worlds or result.world in self.worlds)
+            and (not self.backends or result.backend in self.backends)
+        )
+
+
+@dataclass
+class Manifest:
+    source: str
+    deviations: list[Deviation] = field(default_factory=list)
+    _used: set[int] = field(default_factory=set)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Manifest":
+        text = Path(path).read_text(encoding="utf-8")
+        return cls.parse(text, str(path))
+
+    @classmethod
+    def parse(cls, text: str, source: str) -> "Manifest":
+        data = tomllib.loads(text)
+        deviations = []
+        for number, entry in enumerate(data.get("deviation", []), start=1):
+            missing = [key for key in ("id", "status", "reason") if not entry.get(key)]
+            if missing:
+                raise ValueError(f"{source}: deviation #{number} lacks {', '.join(missing)}")
+            try:
+                status = Status(entry["status"].upper())
+            except ValueError:
+                raise ValueError(
+                    f"{source}: deviation #{number} ({entry['id']}) has unknown status {entry['status']!r}"
+                ) from None
+            deviations.append(
+                Deviation(
+                    entry["id"],
+                    status,
+                    entry["reason"],
+                    tuple(str(w) for w in entry.get("worlds", ())),
+                    tuple(entry.get("backends", ())),
+                )
+            )
+        return cls(source, deviations)
+
+    @classmethod
+    def bundled(cls, impl_name: str) -> "Manifest | None":
+        """The manifest shipped in ``conformance/manifests/<impl>.toml``, if any."""
+        resource = resources.files(__package__).joinpath("manifests", f"{impl_name.split('.')[0]}.toml")
+        if not resource.is_file():
+            return None
+        return cls.parse(resource.read_text(encoding="utf-8"), f"conformance/manifests/{resource.name}")
+
+    def apply(self, result: CaseResult) -> CaseResult:
+        """Mark ``result`` XFAIL (or an unexpected pass) where a deviation matches it."""
+        for index, deviation in enumerate(self.deviations):
+            if not deviation.matches(result):
+                continue
+            self._used.add(index)
+            if result.status == deviation.status:
+                result.status = Status.XFAIL
+                result.manifest_reason = deviation.reason
+            elif result.status == Status.PASS:
+                result.unexpected_pass = True
+                result.manifest_reason = deviation.reason
+            return result
+        return result
+
+    def unused(self) -> list[Deviation]:
+        """Deviations that matched no result so far."""
+        return [d for i, d in enumerate(self.deviations) if i not in self._used]
