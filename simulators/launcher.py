@@ -1,0 +1,235 @@
+"""Run a script or a function on every rank of a world, and diagnose what went wrong.
+
+Rules:
+- every rank's stdout/stderr is copied to the driver's, each line prefixed
+  with ``[rank N]``; the last lines of each rank are kept for reports;
+- the first rank to exit non-zero ends the run at once: the other ranks are
+  killed and the report names the rank, its exit code or signal and its
+  output tail;
+- at the timeout, every live rank's Python stack is dumped (faulthandler),
+  reported under a header naming the ranks still running, and the ranks are
+  killed; the exit status is 124, as ``timeout(1)`` gives;
+- however the run ends, no rank or process a rank started survives it.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+from pathlib import Path
+from typing import IO, Any, Callable, Literal
+
+from simulators._bootstrap import CALL_FLAG, read_result, result_path, write_call
+from simulators.ports import free_port
+from simulators.spawn import RankProcess, describe_exit, kill_all, shell_status, spawn_world
+from simulators.topology import World
+from simulators.watchdog import dump_stacks
+
+TIMEOUT_STATUS = 124
+TAIL_LINES = 100
+_BOOTSTRAP = (sys.executable, "-m", "simulators._bootstrap")
+
+
+@dataclass
+class LaunchResult:
+    """How a launch ended.
+
+    ``exit_codes`` holds the return code of every rank that exited on its
+    own (negative: killed by that signal); ``running`` the ranks still
+    running at a timeout, with their Python stacks in ``stacks``.
+    """
+
+    status: Literal["ok", "failed", "timeout"]
+    exit_code: int
+    failed_rank: int | None = None
+    exit_codes: dict[int, int] = field(default_factory=dict)
+    running: list[int] = field(default_factory=list)
+    stacks: dict[int, str] = field(default_factory=dict)
+    output_tail: dict[int, str] = field(default_factory=dict)
+    duration_s: float = 0.0
+    message: str = ""
+
+
+class RankFailure(RuntimeError):
+    """A rank raised or died; ``traceback`` is its traceback text or, without one, its output tail."""
+
+    def __init__(self, rank: int, exit_code: int, traceback: str, output_tail: str = "") -> None:
+        self.rank, self.exit_code, self.traceback, self.output_tail = rank, exit_code, traceback, output_tail
+        super().__init__(f"rank {rank} failed with {describe_exit(exit_code)}:\n{traceback}")
+
+
+class RankTimeout(TimeoutError):
+    """The timeout passed; ``stacks`` maps each rank still running to its Python stacks."""
+
+    def __init__(self, timeout: float, running: list[int], stacks: dict[int, str]) -> None:
+        self.timeout, self.running, self.stacks = timeout, running, stacks
+        super().__init__(_timeout_message(timeout, running, stacks))
+
+
+def launch(
+    script_or_argv: str | os.PathLike[str] | Sequence[str],
+    world: World,
+    *,
+    timeout: float | None,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+) -> LaunchResult:
+    """Run a Python script (``"train.py"`` or ``["train.py", *args]``) on every rank of ``world``.
+
+    The script path is relative to ``cwd``; a missing script raises
+    FileNotFoundError before any rank starts. A run that does not succeed
+    prints its report to stderr.
+    """
+    argv = [os.fspath(script_or_argv)] if isinstance(script_or_argv, (str, os.PathLike)) else list(script_or_argv)
+    if not argv:
+        raise ValueError("launch needs a script to run")
+    script = Path(cwd or os.getcwd(), argv[0])
+    if not script.is_file():
+        raise FileNotFoundError(f"simulators: script not found: {script}")
+    with tempfile.TemporaryDirectory(prefix="simulators-launch-") as workdir:
+        result = _execute([*_BOOTSTRAP, *argv], world, timeout=timeout, env=env, cwd=cwd, workdir=Path(workdir))
+    if result.status != "ok":
+        print(result.message, file=sys.stderr, flush=True)
+    return result
+
+
+def run(
+    fn: Callable[..., Any],
+    world: int = 4,
+    machines: int = 1,
+    args: tuple = (),
+    kwargs: Mapping[str, Any] | None = None,
+    timeout: float = 60.0,
+    env: Mapping[str, str] | None = None,
+) -> list[Any]:
+    """Call ``fn(*args, **kwargs)`` on every rank of a ``world``-rank world; return the values in rank order.
+
+    ``fn`` travels by reference (a module-level function; the ranks get the
+    driver's ``sys.path``). Raises RankFailure when a rank raises or dies,
+    RankTimeout when ``timeout`` seconds pass first.
+    """
+    shape = World.of(world, machines)
+    with tempfile.TemporaryDirectory(prefix="simulators-run-") as tmp:
+        workdir = Path(tmp)
+        call_file = workdir / "call.pkl"
+        write_call(call_file, fn, tuple(args), dict(kwargs or {}))
+        argv = [*_BOOTSTRAP, CALL_FLAG, str(call_file), str(workdir)]
+        result = _execute(argv, shape, timeout=timeout, env=env, cwd=None, workdir=workdir)
+        if result.status == "timeout":
+            raise RankTimeout(timeout, result.running, result.stacks)
+        order = [result.failed_rank] if result.failed_rank is not None else range(shape.size)
+        values = []
+        for rank in order:
+            path = result_path(workdir, rank)
+            kind, value = read_result(path) if path.exists() else ("error", None)
+            if kind != "ok":
+                tail = result.output_tail.get(rank, "")
+                raise RankFailure(rank, result.exit_codes.get(rank, 0), value or tail or "(no result)", tail)
+            values.append(value)
+        return values
+
+
+def _execute(
+    argv: Sequence[str],
+    world: World,
+    *,
+    timeout: float | None,
+    env: Mapping[str, str] | None,
+    cwd: str | os.PathLike[str] | None,
+    workdir: Path,
+) -> LaunchResult:
+    started = time.monotonic()
+    ranks = spawn_world(argv, world, master_port=free_port(), workdir=workdir, env=env, cwd=cwd)
+    output = _RankOutput(ranks)
+    try:
+        result = _watch(ranks, timeout)
+    finally:
+        kill_all(ranks)
+        result.output_tail = output.join()
+    result.duration_s = time.monotonic() - started
+    result.message = _report(result, timeout)
+    return result
+
+
+def _watch(ranks: Sequence[RankProcess], timeout: float | None) -> LaunchResult:
+    """Wait for every rank to exit; stop at the first failure or at the timeout."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pending = list(ranks)
+    exit_codes: dict[int, int] = {}
+    while pending:
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ready = sorted(wait(pending, timeout=remaining), key=lambda rank: rank.rank)
+        if not ready:
+            stacks = dump_stacks(pending)
+            return LaunchResult("timeout", TIMEOUT_STATUS, exit_codes=exit_codes,
+                                running=[rank.rank for rank in pending], stacks=stacks)
+        for rank in ready:
+            pending.remove(rank)
+            exit_codes[rank.rank] = rank.proc.wait()
+        failed = [rank.rank for rank in ready if exit_codes[rank.rank] != 0]
+        if failed:
+            return LaunchResult("failed", shell_status(exit_codes[failed[0]]), failed_rank=failed[0],
+                                exit_codes=exit_codes)
+    return LaunchResult("ok", 0, exit_codes=exit_codes)
+
+
+def _report(result: LaunchResult, timeout: float | None) -> str:
+    if result.status == "ok":
+        return f"simulators: all {len(result.exit_codes)} ranks exited 0 in {result.duration_s:.1f}s"
+    if result.status == "timeout":
+        return _timeout_message(timeout, result.running, result.stacks)
+    rank = result.failed_rank
+    return (
+        f"simulators: rank {rank} failed with {describe_exit(result.exit_codes[rank])}; "
+        f"the other ranks were stopped\n--- rank {rank} output tail ---\n{result.output_tail.get(rank, '')}"
+    )
+
+
+def _timeout_message(timeout: float | None, running: list[int], stacks: dict[int, str]) -> str:
+    lines = [f"simulators: timed out after {timeout}s; ranks still running: {', '.join(map(str, running))}"]
+    for rank in running:
+        lines.append(f"--- rank {rank} Python stacks ---\n{stacks.get(rank, '(none)').rstrip()}")
+    return "\n".join(lines)
+
+
+class _RankOutput:
+    """Reader threads copying each rank's pipes to the driver's stdout/stderr as ``[rank N] line``.
+
+    The last TAIL_LINES lines of each rank (stdout and stderr together) are kept.
+    """
+
+    def __init__(self, ranks: Sequence[RankProcess]) -> None:
+        self._lock = threading.Lock()
+        self._tails = {rank.rank: deque(maxlen=TAIL_LINES) for rank in ranks}
+        self._threads = [
+            threading.Thread(target=self._pump, args=(rank.rank, pipe, sink), daemon=True,
+                             name=f"simulators-rank{rank.rank}-output")
+            for rank in ranks
+            for pipe, sink in ((rank.proc.stdout, sys.stdout), (rank.proc.stderr, sys.stderr))
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _pump(self, rank: int, pipe: IO[str], sink: IO[str]) -> None:
+        prefix = f"[rank {rank}] "
+        with pipe:
+            for line in pipe:
+                line = line if line.endswith("\n") else line + "\n"
+                with self._lock:
+                    self._tails[rank].append(line)
+                    sink.write(prefix + line)
+                    sink.flush()
+
+    def join(self, timeout: float = 5.0) -> dict[int, str]:
+        """Wait (bounded) for the pipes to close; return each rank's output tail."""
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            return {rank: "".join(lines) for rank, lines in self._tails.items()}

@@ -1,0 +1,194 @@
+"""The one place that starts rank processes (used by the launcher and the pool).
+
+Rules every rank process gets:
+- the environment is ``os.environ`` + the torchrun variables of its rank
+  (:func:`simulators.topology.rank_env`) + ``PYTHONPATH`` listing the
+  driver's ``sys.path`` (so the driver's modules import in the rank) + the
+  caller's extras, later entries winning;
+- it leads its own session and process group, so :func:`kill_all` ends it
+  together with anything it started;
+- on Linux it gets ``PR_SET_PDEATHSIG=SIGKILL``: the kernel kills it when the
+  thread that started it dies, even if the driver is SIGKILLed. (Start ranks
+  from a thread that outlives them, normally the main thread.)
+- ``SIMULATORS_STACK_FILE`` names a file where the rank writes every thread's
+  Python stack on SIGUSR1 (installed by :mod:`simulators._bootstrap`), which
+  :mod:`simulators.watchdog` reads.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from simulators.topology import World, rank_env
+
+STACK_FILE_ENV = "SIMULATORS_STACK_FILE"
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+@dataclass(eq=False)
+class RankProcess:
+    """One started rank: its process, where its stacks and output go, and a waitable exit handle.
+
+    ``fileno()`` is a pidfd that becomes readable when the process exits, so
+    a RankProcess can be passed to ``multiprocessing.connection.wait``.
+    """
+
+    rank: int
+    proc: subprocess.Popen
+    stack_file: Path
+    log_file: Path | None
+    exit_fd: int
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def fileno(self) -> int:
+        return self.exit_fd
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+def describe_exit(returncode: int) -> str:
+    """``"exit code 1"``, or ``"signal SIGABRT"`` for a process killed by a signal."""
+    if returncode < 0:
+        try:
+            return f"signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+def shell_status(returncode: int) -> int:
+    """The status a shell would report: the exit code, or 128 + the signal number."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def child_pythonpath(extra: Sequence[str] = ()) -> str:
+    """``PYTHONPATH`` for a rank: ``extra``, then the driver's ``sys.path`` ('' becomes the cwd)."""
+    entries = [*extra, *(entry or os.getcwd() for entry in sys.path)]
+    return os.pathsep.join(dict.fromkeys(entries))
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """preexec_fn: ask the kernel to SIGKILL this child when its parent dies."""
+    if _libc is not None:
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:  # the parent died before prctl took hold
+        os._exit(1)
+
+
+def spawn_world(
+    argv: Sequence[str],
+    world: World,
+    *,
+    master_port: int,
+    workdir: Path,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    pythonpath: Sequence[str] = (),
+    logs: bool = False,
+) -> list[RankProcess]:
+    """Start ``argv`` once per rank of ``world``; return the ranks in rank order.
+
+    Output goes to pipes (``proc.stdout``/``proc.stderr``, text, for the
+    caller to read) or, with ``logs=True``, stdout and stderr together to
+    ``workdir/rank<N>.log``. If any rank fails to start, the ones already
+    started are killed and the error propagates.
+    """
+    ranks: list[RankProcess] = []
+    try:
+        for rank in range(world.size):
+            ranks.append(
+                _spawn_rank(argv, world, rank, master_port=master_port, workdir=workdir,
+                            env=env or {}, cwd=cwd, pythonpath=pythonpath, logs=logs)
+            )
+    except BaseException:
+        kill_all(ranks)
+        raise
+    return ranks
+
+
+def _spawn_rank(
+    argv: Sequence[str],
+    world: World,
+    rank: int,
+    *,
+    master_port: int,
+    workdir: Path,
+    env: Mapping[str, str],
+    cwd: str | os.PathLike[str] | None,
+    pythonpath: Sequence[str],
+    logs: bool,
+) -> RankProcess:
+    stack_file = workdir / f"rank{rank}.stacks"
+    stack_file.touch()
+    full_env = {
+        **os.environ,
+        **rank_env(world, rank, master_port),
+        "PYTHONPATH": child_pythonpath(pythonpath),
+        STACK_FILE_ENV: str(stack_file),
+        **env,
+    }
+    log_file = workdir / f"rank{rank}.log" if logs else None
+    common = dict(
+        env=full_env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=functools.partial(_die_with_parent, os.getpid()),
+    )
+    if log_file is not None:
+        with open(log_file, "wb") as log:
+            proc = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, **common)
+    else:
+        proc = subprocess.Popen(
+            list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, encoding="utf-8", errors="replace", **common,
+        )
+    return RankProcess(rank, proc, stack_file, log_file, os.pidfd_open(proc.pid))
+
+
+def kill_all(ranks: Sequence[RankProcess], timeout: float = 5.0) -> None:
+    """SIGKILL every rank's process group (the rank and what it started), then reap every rank.
+
+    Safe on ranks that already exited: a process group id is not reused
+    while any member lives, so the kill reaches only leftover children. The
+    wait is bounded by ``timeout`` in all; a rank still not reaped then is
+    reported with a RuntimeWarning.
+    """
+    for rank in ranks:
+        _signal_quietly(os.killpg, rank.pid)
+        if rank.proc.returncode is None:  # not reaped yet, so the pid is still ours
+            _signal_quietly(os.kill, rank.pid)
+    deadline = time.monotonic() + timeout
+    stuck = []
+    for rank in ranks:
+        try:
+            rank.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            stuck.append(rank.rank)
+        if rank.exit_fd >= 0:
+            os.close(rank.exit_fd)
+            rank.exit_fd = -1
+    if stuck:
+        warnings.warn(f"simulators: ranks {stuck} did not exit within {timeout}s of SIGKILL", RuntimeWarning)
+
+
+
+def _signal_quietly(kill, pid: int) -> None:
+    try:
+        kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
