@@ -1,9 +1,28 @@
 """Utilities of the reference implementation, mirroring `accelerate.utils`.
 
-Every module here imports `accelerate_ref.state` lazily (inside functions),
-so `state.py` can import from `accelerate_ref.utils` without a cycle.
+No module here imports `accelerate_ref.state` at import time (the collective
+operations import it inside their functions), so `state.py` can import from
+`accelerate_ref.utils` without a cycle.
 """
 
+from .constants import (
+    FSDP_MODEL_NAME,
+    MODEL_NAME,
+    OPTIMIZER_NAME,
+    PROFILE_PATTERN_NAME,
+    RNG_STATE_NAME,
+    SAFE_MODEL_NAME,
+    SAFE_WEIGHTS_INDEX_NAME,
+    SAFE_WEIGHTS_NAME,
+    SAFE_WEIGHTS_PATTERN_NAME,
+    SAMPLER_NAME,
+    SCALER_NAME,
+    SCHEDULER_NAME,
+    TORCH_DYNAMO_MODES,
+    WEIGHTS_INDEX_NAME,
+    WEIGHTS_NAME,
+    WEIGHTS_PATTERN_NAME,
+)
 from .dataclasses import (
     AutocastKwargs,
     BaseEnum,
@@ -22,6 +41,7 @@ from .dataclasses import (
     ProjectConfiguration,
     RNGType,
     SageMakerDistributedType,
+    TensorInformation,
     TorchDynamoPlugin,
 )
 from .environment import (
@@ -31,3 +51,66 @@ from .environment import (
     patch_environment,
     str_to_bool,
 )
+from .imports import (
+    is_aim_available,
+    is_bf16_available,
+    is_bnb_available,
+    is_clearml_available,
+    is_comet_ml_available,
+    is_cuda_available,
+    is_datasets_available,
+    is_deepspeed_available,
+    is_dvclive_available,
+    is_fp8_available,
+    is_ipex_available,
+    is_megatron_lm_available,
+    is_mlflow_available,
+    is_mlu_available,
+    is_mps_available,
+    is_msamp_available,
+    is_musa_available,
+    is_npu_available,
+    is_peft_available,
+    is_rich_available,
+    is_safetensors_available,
+    is_tensorboard_available,
+    is_torch_distributed_available,
+    is_torch_xla_available,
+    is_torchao_available,
+    is_torchdata_available,
+    is_torchvision_available,
+    is_tpu_available,
+    is_tqdm_available,
+    is_transformer_engine_available,
+    is_transformers_available,
+    is_wandb_available,
+    is_xpu_available,
+)
+from .operations import (
+    ConvertOutputsToFp32,
+    DistributedOperationException,
+    broadcast,
+    broadcast_object_list,
+    concatenate,
+    convert_outputs_to_fp32,
+    convert_to_fp32,
+    find_batch_size,
+    find_device,
+    gather,
+    gather_object,
+    get_data_structure,
+    honor_type,
+    ignorant_find_batch_size,
+    initialize_tensors,
+    is_namedtuple,
+    is_tensor_information,
+    is_torch_tensor,
+    listify,
+    pad_across_processes,
+    pad_input_tensors,
+    recursively_apply,
+    reduce,
+    send_to_device,
+    slice_tensors,
+)
+from .versions import compare_versions, is_torch_version

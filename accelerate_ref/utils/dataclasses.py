@@ -187,6 +187,17 @@ class RNGType(BaseEnum):
     GENERATOR = "generator"
 
 
+@dataclass
+class TensorInformation:
+    """The shape and dtype of a tensor, enough to allocate one like it.
+
+    Catalog: ops.recursively_apply (see `get_data_structure`, `initialize_tensors`).
+    """
+
+    shape: torch.Size
+    dtype: torch.dtype
+
+
 # --------------------------------------------------------------------------
 # Kwargs handlers
 # --------------------------------------------------------------------------

@@ -1,0 +1,44 @@
+"""File names and other constants used when saving and loading.
+
+Catalog: constants.names, save_state.file_names, save_model.default,
+save_model.sharded.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable
+
+# Accelerator.save_state() file names (catalog save_state.file_names).
+MODEL_NAME = "pytorch_model"
+SAFE_MODEL_NAME = "model"
+OPTIMIZER_NAME = "optimizer"
+SCHEDULER_NAME = "scheduler"
+SAMPLER_NAME = "sampler"
+SCALER_NAME = "scaler.pt"
+RNG_STATE_NAME = "random_states"
+FSDP_MODEL_NAME = "pytorch_model_fsdp"
+
+# Accelerator.save_model() file names (catalog save_model.default, save_model.sharded).
+WEIGHTS_NAME = f"{MODEL_NAME}.bin"
+WEIGHTS_PATTERN_NAME = MODEL_NAME + "{suffix}.bin"
+WEIGHTS_INDEX_NAME = f"{WEIGHTS_NAME}.index.json"
+SAFE_WEIGHTS_NAME = f"{SAFE_MODEL_NAME}.safetensors"
+SAFE_WEIGHTS_PATTERN_NAME = SAFE_MODEL_NAME + "{suffix}.safetensors"
+SAFE_WEIGHTS_INDEX_NAME = f"{SAFE_WEIGHTS_NAME}.index.json"
+
+# Accelerator.profile() trace files (catalog profile.context).
+PROFILE_PATTERN_NAME = "profile_{suffix}.json"
+
+# torch.compile modes accepted by TorchDynamoPlugin (catalog plugin.dynamo).
+TORCH_DYNAMO_MODES = ["default", "reduce-overhead", "max-autotune"]
+
+# Comparison operators accepted by compare_versions / is_torch_version (catalog env.checks).
+STR_OPERATION_TO_FUNC: dict[str, Callable[[Any, Any], bool]] = {
+    ">": operator.gt,
+    ">=": operator.ge,
+    "==": operator.eq,
+    "!=": operator.ne,
+    "<=": operator.le,
+    "<": operator.lt,
+}

@@ -1,0 +1,288 @@
+"""What is installed and which devices are usable on this machine.
+
+Rule for every `is_<package>_available()`: true exactly when the package can
+be imported, found with `importlib.util.find_spec` without importing it (so
+stand-in packages put on `sys.path`, such as the simulator's mock `torch_npu`
+and `torch_xla`, count). Device checks import the device's package and ask
+torch only when called, never at import time.
+Catalog: env.checks.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import Any
+
+from .environment import parse_flag_from_env, patch_environment
+from .versions import is_torch_version
+
+
+def _is_package_available(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+# --------------------------------------------------------------------------
+# Devices
+# --------------------------------------------------------------------------
+def is_cuda_available() -> bool:
+    """True when torch sees a CUDA device (NVML-based check: CUDA stays uninitialised).
+
+    Catalog: env.checks.
+    """
+    with patch_environment(PYTORCH_NVML_BASED_CUDA_CHECK="1"):
+        return _torch().cuda.is_available()
+
+
+def is_torch_xla_available(check_is_tpu: bool = False, check_is_gpu: bool = False) -> bool:
+    """True when `torch_xla` is installed and not disabled with USE_TORCH_XLA=0.
+
+    Rule: `check_is_tpu` / `check_is_gpu` additionally require the XLA
+    runtime's device type to be TPU / GPU (asking both is a ValueError).
+    Catalog: env.checks, xla.distributed_type.
+    """
+    if check_is_tpu and check_is_gpu:
+        raise ValueError("check_is_tpu and check_is_gpu cannot both be true")
+    if not parse_flag_from_env("USE_TORCH_XLA", default=True) or not _is_package_available("torch_xla"):
+        return False
+    if not (check_is_tpu or check_is_gpu):
+        return True
+    runtime = importlib.import_module("torch_xla.runtime")
+    device_type = runtime.device_type()
+    return device_type == "TPU" if check_is_tpu else device_type in ("GPU", "CUDA")
+
+
+def is_tpu_available(check_device: bool = True) -> bool:
+    """True when `torch_xla` is installed and, with `check_device`, runs on a TPU.
+
+    Catalog: env.checks.
+    """
+    return is_torch_xla_available(check_is_tpu=check_device)
+
+
+def _device_module_usable(device: str, check_device: bool) -> bool:
+    """True when `torch.<device>` exists and reports itself available.
+
+    With `check_device`, devices are counted first; a RuntimeError means "none".
+    """
+    module = getattr(_torch(), device, None)
+    if module is None:
+        return False
+    try:
+        if check_device:
+            module.device_count()
+        return bool(module.is_available())
+    except RuntimeError:
+        return False
+
+
+def _device_plugin_available(package: str, device: str, check_device: bool) -> bool:
+    """True when the out-of-tree `package` imports and makes `torch.<device>` usable."""
+    if not _is_package_available(package):
+        return False
+    try:
+        importlib.import_module(package)
+    except Exception:  # a device package may fail to import on a machine without its hardware
+        return False
+    return _device_module_usable(device, check_device)
+
+
+def is_npu_available(check_device: bool = False) -> bool:
+    """True when `torch_npu` is installed and an NPU is available to torch.
+
+    Catalog: env.checks, npu.distributed_type.
+    """
+    return _device_plugin_available("torch_npu", "npu", check_device)
+
+
+def is_mlu_available(check_device: bool = False) -> bool:
+    """True when `torch_mlu` is installed and an MLU is available to torch.
+
+    Catalog: env.checks.
+    """
+    return _device_plugin_available("torch_mlu", "mlu", check_device)
+
+
+def is_musa_available(check_device: bool = False) -> bool:
+    """True when `torch_musa` is installed and a MUSA device is available to torch.
+
+    Catalog: env.checks.
+    """
+    return _device_plugin_available("torch_musa", "musa", check_device)
+
+
+def is_xpu_available(check_device: bool = False) -> bool:
+    """True when stock torch (>= 2.7) sees an Intel XPU.
+
+    Catalog: env.checks.
+    """
+    return is_torch_version(">=", "2.7") and _device_module_usable("xpu", check_device)
+
+
+def is_mps_available(min_version: str = "1.12") -> bool:
+    """True when torch (>= `min_version`) is built with Apple MPS and it is usable.
+
+    Catalog: env.checks.
+    """
+    mps = _torch().backends.mps
+    return is_torch_version(">=", min_version) and mps.is_available() and mps.is_built()
+
+
+def is_bf16_available(ignore_tpu: bool = False) -> bool:
+    """True when bf16 is supported by the device the processes would use.
+
+    Rule: on a TPU, true unless `ignore_tpu`; on CUDA / XPU / MPS, what
+    that device reports; on CPU, true.
+    Catalog: env.checks, autocast.bf16.
+    """
+    if is_torch_xla_available(check_is_tpu=True):
+        return not ignore_tpu
+    torch = _torch()
+    if is_cuda_available():
+        return torch.cuda.is_bf16_supported()
+    if is_xpu_available():
+        return torch.xpu.is_bf16_supported()
+    if is_mps_available():
+        return torch.backends.mps.is_macos_or_newer(14, 0)
+    return True
+
+
+def is_fp8_available() -> bool:
+    """True when an FP8 engine is installed (MS-AMP, TransformerEngine or torchao).
+
+    Catalog: env.checks, plugin.unavailable_engines.
+    """
+    return is_msamp_available() or is_transformer_engine_available() or is_torchao_available()
+
+
+def is_torch_distributed_available() -> bool:
+    """True when this torch build has `torch.distributed`.
+
+    Catalog: env.checks.
+    """
+    return _torch().distributed.is_available()
+
+
+# --------------------------------------------------------------------------
+# Engines
+# --------------------------------------------------------------------------
+def is_deepspeed_available() -> bool:
+    """True when `deepspeed` is installed. Catalog: env.checks, plugin.unavailable_engines."""
+    return _is_package_available("deepspeed")
+
+
+def is_megatron_lm_available() -> bool:
+    """True when `megatron` (Megatron-LM core) is installed. Catalog: env.checks, plugin.unavailable_engines."""
+    return _is_package_available("megatron")
+
+
+def is_msamp_available() -> bool:
+    """True when `msamp` (MS-AMP) is installed. Catalog: env.checks, plugin.unavailable_engines."""
+    return _is_package_available("msamp")
+
+
+def is_transformer_engine_available() -> bool:
+    """True when `transformer_engine` is installed. Catalog: env.checks, plugin.unavailable_engines."""
+    return _is_package_available("transformer_engine")
+
+
+def is_torchao_available() -> bool:
+    """True when `torchao` is installed. Catalog: env.checks, plugin.unavailable_engines."""
+    return _is_package_available("torchao")
+
+
+def is_bnb_available() -> bool:
+    """True when `bitsandbytes` is installed. Catalog: env.checks, plugin.unavailable_engines."""
+    return _is_package_available("bitsandbytes")
+
+
+def is_ipex_available() -> bool:
+    """True when `intel_extension_for_pytorch` is installed. Catalog: env.checks."""
+    return _is_package_available("intel_extension_for_pytorch")
+
+
+# --------------------------------------------------------------------------
+# Libraries
+# --------------------------------------------------------------------------
+def is_transformers_available() -> bool:
+    """True when 🤗 `transformers` is installed. Catalog: env.checks, save.transformers_save_pretrained."""
+    return _is_package_available("transformers")
+
+
+def is_datasets_available() -> bool:
+    """True when 🤗 `datasets` is installed. Catalog: env.checks."""
+    return _is_package_available("datasets")
+
+
+def is_peft_available() -> bool:
+    """True when `peft` is installed. Catalog: env.checks."""
+    return _is_package_available("peft")
+
+
+def is_safetensors_available() -> bool:
+    """True when `safetensors` is installed. Catalog: env.checks, save_model.default."""
+    return _is_package_available("safetensors")
+
+
+def is_torchvision_available() -> bool:
+    """True when `torchvision` is installed. Catalog: env.checks."""
+    return _is_package_available("torchvision")
+
+
+def is_torchdata_available() -> bool:
+    """True when `torchdata` is installed. Catalog: env.checks."""
+    return _is_package_available("torchdata")
+
+
+def is_tqdm_available() -> bool:
+    """True when `tqdm` is installed. Catalog: env.checks."""
+    return _is_package_available("tqdm")
+
+
+def is_rich_available() -> bool:
+    """True when `rich` is installed and not disabled with ACCELERATE_DISABLE_RICH=1. Catalog: env.checks."""
+    return _is_package_available("rich") and not parse_flag_from_env("ACCELERATE_DISABLE_RICH")
+
+
+# --------------------------------------------------------------------------
+# Trackers (catalog tracking.init_log_end)
+# --------------------------------------------------------------------------
+def is_tensorboard_available() -> bool:
+    """True when `tensorboard` or `tensorboardX` is installed. Catalog: env.checks, tracking.init_log_end."""
+    return _is_package_available("tensorboard") or _is_package_available("tensorboardX")
+
+
+def is_wandb_available() -> bool:
+    """True when `wandb` is installed. Catalog: env.checks, tracking.init_log_end."""
+    return _is_package_available("wandb")
+
+
+def is_comet_ml_available() -> bool:
+    """True when `comet_ml` is installed. Catalog: env.checks, tracking.init_log_end."""
+    return _is_package_available("comet_ml")
+
+
+def is_aim_available() -> bool:
+    """True when `aim` is installed. Catalog: env.checks, tracking.init_log_end."""
+    return _is_package_available("aim")
+
+
+def is_mlflow_available() -> bool:
+    """True when `mlflow` is installed. Catalog: env.checks, tracking.init_log_end."""
+    return _is_package_available("mlflow")
+
+
+def is_clearml_available() -> bool:
+    """True when `clearml` is installed. Catalog: env.checks, tracking.init_log_end."""
+    return _is_package_available("clearml")
+
+
+def is_dvclive_available() -> bool:
+    """True when `dvclive` is installed. Catalog: env.checks, tracking.init_log_end."""
+    return _is_package_available("dvclive")

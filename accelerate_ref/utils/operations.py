@@ -1,0 +1,260 @@
+"""Collective operations on nested lists, tuples and dicts of tensors.
+
+Each operation walks the user's structure and moves single tensors with the
+backend `collectives_for` picks (so a device family plugs in there, not here).
+The local structure helpers of `structures` are re-exported, so the module
+offers the names of HF's `accelerate.utils.operations`.
+
+`PartialState` is imported inside functions: `accelerate_ref.state` imports
+`accelerate_ref.utils`, and a module-level import would be a cycle.
+
+Catalog: gather.doc_example, gather.first_dim, gather.nested, gather.scalar,
+gather_object.nested, gather_object.structures, reduce.doc_example,
+reduce.mean, reduce.none, reduce.nested, pad.doc_example,
+pad.pad_first_index_dim, broadcast.from_process,
+broadcast_object_list.in_place, debug.shape_mismatch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .collectives import Collectives, collectives_for
+from .structures import (
+    ConvertOutputsToFp32,
+    apply_to_leaves,
+    concatenate,
+    convert_outputs_to_fp32,
+    convert_to_fp32,
+    find_batch_size,
+    find_device,
+    get_data_structure,
+    get_shape,
+    honor_type,
+    ignorant_find_batch_size,
+    initialize_tensors,
+    is_namedtuple,
+    is_tensor_information,
+    is_torch_tensor,
+    listify,
+    pad_input_tensors,
+    recursively_apply,
+    send_to_device,
+    slice_tensors,
+)
+
+REDUCTIONS = ("sum", "mean", "none")
+
+
+class DistributedOperationException(Exception):
+    """A collective was called with inputs that cannot work together across processes.
+
+    Raised on every rank (never only on some, which would leave the others
+    hanging), e.g. when `ACCELERATE_DEBUG_MODE=1` finds that ranks passed
+    tensors of different shapes. Catalog: debug.shape_mismatch.
+    """
+
+
+def _describe_leaf(leaf: Any) -> Any:
+    return list(leaf.shape) if isinstance(leaf, torch.Tensor) else f"<{type(leaf).__name__}>"
+
+
+def _accept_any(leaf: Any) -> bool:
+    return True
+
+
+def _tensor_collectives(data: Any, operation: str, same_shapes: bool) -> Collectives:
+    """Check `data` and return the collectives of the current world.
+
+    Rule: in debug mode (`PartialState().debug`, from ACCELERATE_DEBUG_MODE)
+    with several processes and `same_shapes`, every rank's description of its
+    input (tensor shapes, other leaves by type) is exchanged first; if any
+    differs, every rank raises DistributedOperationException naming each
+    rank's input. Then a non-tensor leaf is a TypeError naming its type and
+    path. Catalog: debug.shape_mismatch, gather.nested.
+    """
+    from ..state import PartialState
+
+    state = PartialState()
+    collectives = collectives_for(state)
+    if same_shapes and state.debug and state.use_distributed:
+        described = recursively_apply(_describe_leaf, data, test_type=_accept_any)
+        everyone = collectives.all_gather_object(described)
+        if any(description != everyone[0] for description in everyone):
+            per_rank = "\n".join(f"  - Process {rank}: {description}" for rank, description in enumerate(everyone))
+            raise DistributedOperationException(
+                f"Cannot apply `{operation}` across processes: the input shapes differ between processes "
+                f"(they must be equal on every process).\nInput shapes:\n{per_rank}"
+            )
+    apply_to_leaves(_describe_leaf, data, reject_others_in=operation)
+    return collectives
+
+
+def _check_process_index(from_process: int, collectives: Collectives) -> None:
+    if not 0 <= from_process < collectives.num_processes:
+        raise ValueError(f"from_process={from_process} is not a process index (0 to {collectives.num_processes - 1})")
+
+
+def gather(tensor: Any) -> Any:
+    """Gather every tensor of a nested structure from all processes.
+
+    Rule: each tensor becomes the concatenation along dim 0 of every rank's
+    tensor, in rank order (first dim = num_processes x the input's); a 0-d
+    tensor becomes a 1-d tensor of length num_processes (also with one
+    process); lists/tuples/dicts are gathered leaf by leaf, structure kept;
+    a non-tensor leaf is a TypeError naming it and its path. On one process
+    the input comes back as it is (0-d tensors as length-1).
+    Catalog: gather.doc_example, gather.first_dim, gather.nested,
+    gather.scalar, debug.shape_mismatch.
+    """
+    collectives = _tensor_collectives(tensor, "gather", same_shapes=True)
+
+    def gather_one(leaf: torch.Tensor) -> torch.Tensor:
+        return collectives.all_gather((leaf.reshape(1) if leaf.ndim == 0 else leaf).contiguous())
+
+    return apply_to_leaves(gather_one, tensor)
+
+
+def gather_object(object: Any) -> list[Any]:
+    """Gather a picklable object from all processes.
+
+    Rule: a list (or tuple) gives the concatenation of every rank's items in
+    rank order (`[r]` on 2 ranks gives `[0, 1]`); any other object, a dict
+    included, gives the list of every rank's object (`{"k": r}` gives
+    `[{"k": 0}, {"k": 1}]`; HF 1.15 returns the keys, accelerate issue #2188).
+    On one process: `list(object)`, resp. `[object]`.
+    Catalog: gather_object.nested, gather_object.structures.
+    """
+    from ..state import PartialState
+
+    everyone = collectives_for(PartialState()).all_gather_object(object)
+    if isinstance(object, (list, tuple)):
+        return [item for part in everyone for item in part]
+    return everyone
+
+
+def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
+    """Reduce every tensor of a nested structure across all processes.
+
+    Rule: `reduction` is "sum" (element-wise sum over ranks), "mean" (the sum
+    divided by num_processes; integer tensors give floating results) or
+    "none" (the input returned unchanged, no communication; HF 1.15 sums
+    instead); anything else is a ValueError naming it and the valid ones.
+    `scale` multiplies the reduced value (on every backend). The utility
+    defaults to "mean"; `Accelerator.reduce` to "sum". Leaves are reduced
+    one by one, structure kept; non-tensor leaves are a TypeError.
+    Catalog: reduce.doc_example, reduce.mean, reduce.none, reduce.nested,
+    xla.reduce_scale, debug.shape_mismatch.
+    """
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"Unknown reduction {reduction!r}; valid reductions are {', '.join(map(repr, REDUCTIONS))}")
+    if reduction == "none":
+        return tensor
+    collectives = _tensor_collectives(tensor, "reduce", same_shapes=True)
+
+    def reduce_one(leaf: torch.Tensor) -> torch.Tensor:
+        result = collectives.all_reduce_sum(leaf.contiguous())
+        if reduction == "mean":
+            result = result / collectives.num_processes
+        return result * scale if scale != 1.0 else result
+
+    return apply_to_leaves(reduce_one, tensor)
+
+
+def broadcast(tensor: Any, from_process: int = 0) -> Any:
+    """Give every process the tensors of process `from_process`.
+
+    Rule: each tensor of the nested structure is overwritten in place with
+    rank `from_process`'s and returned; shapes and dtypes must agree across
+    ranks; `from_process` outside 0..num_processes-1 is a ValueError;
+    non-tensor leaves are a TypeError.
+    Catalog: broadcast.from_process, debug.shape_mismatch.
+    """
+    collectives = _tensor_collectives(tensor, "broadcast", same_shapes=True)
+    _check_process_index(from_process, collectives)
+
+    def broadcast_one(leaf: torch.Tensor) -> torch.Tensor:
+        buffer = leaf.contiguous()
+        collectives.broadcast(buffer, from_process)
+        if buffer is not leaf:
+            leaf.copy_(buffer)
+        return leaf
+
+    return apply_to_leaves(broadcast_one, tensor)
+
+
+def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list[Any]:
+    """Replace the items of `object_list` in place with those of process `from_process`.
+
+    Rule: the list is modified in place and returned; it must have the same
+    length on every rank; `from_process` outside 0..num_processes-1 is a
+    ValueError. Catalog: broadcast_object_list.in_place.
+    """
+    from ..state import PartialState
+
+    collectives = collectives_for(PartialState())
+    _check_process_index(from_process, collectives)
+    collectives.broadcast_object_list(object_list, from_process)
+    return object_list
+
+
+def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+    """Pad every tensor of a nested structure to the largest size any process has on `dim`.
+
+    Rule: each tensor is padded on `dim` (negative counts from the end) with
+    `pad_index`, at the end, or at the start with `pad_first`; a tensor
+    already at the largest size is returned as it is, and so is one with no
+    dimension `dim` (e.g. 0-d). Lists/tuples/dicts are padded leaf by leaf;
+    non-tensor leaves are a TypeError. Rank r holding `arange(r + 1)` on 2
+    ranks gives shape [2] everywhere.
+    Catalog: pad.doc_example, pad.pad_first_index_dim.
+    """
+    collectives = _tensor_collectives(tensor, "pad_across_processes", same_shapes=False)
+
+    def pad_one(leaf: torch.Tensor) -> torch.Tensor:
+        if not -leaf.ndim <= dim < leaf.ndim:
+            return leaf
+        axis = dim % leaf.ndim
+        size = leaf.shape[axis]
+        largest = int(collectives.all_gather(torch.tensor([size], device=leaf.device)).max())
+        if largest == size:
+            return leaf
+        shape = list(leaf.shape)
+        shape[axis] = largest
+        padded = leaf.new_full(shape, pad_index)
+        padded.narrow(axis, largest - size if pad_first else 0, size).copy_(leaf)
+        return padded
+
+    return apply_to_leaves(pad_one, tensor)
+
+
+__all__ = [
+    "ConvertOutputsToFp32",
+    "DistributedOperationException",
+    "broadcast",
+    "broadcast_object_list",
+    "concatenate",
+    "convert_outputs_to_fp32",
+    "convert_to_fp32",
+    "find_batch_size",
+    "find_device",
+    "gather",
+    "gather_object",
+    "get_data_structure",
+    "get_shape",
+    "honor_type",
+    "ignorant_find_batch_size",
+    "initialize_tensors",
+    "is_namedtuple",
+    "is_tensor_information",
+    "is_torch_tensor",
+    "listify",
+    "pad_across_processes",
+    "pad_input_tensors",
+    "recursively_apply",
+    "reduce",
+    "send_to_device",
+    "slice_tensors",
+]
