@@ -8,67 +8,21 @@
   pickles the outcome to ``RESULT_DIR/rank<RANK>.pkl``: ``("ok", value)``,
   or ``("error", traceback_text)`` and exit status 1 when ``fn`` raised.
 
-Before either, :func:`install_stack_dumper` arms faulthandler.
+Before either, :func:`simulators.watchdog.install_stack_dumper` arms faulthandler.
 """
 from __future__ import annotations
 
-import faulthandler
 import os
 import pickle
 import runpy
-import signal
 import sys
 import traceback
 import types
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from simulators.spawn import STACK_FILE_ENV
-
-CALL_FLAG = "--call"
-_stack_stream = None  # kept open for faulthandler for the life of the process
-
-
-def install_stack_dumper() -> None:
-    """Fatal signals dump every thread's stack to stderr; SIGUSR1 dumps them to ``$SIMULATORS_STACK_FILE``.
-
-    Without the variable, SIGUSR1 dumps to stderr. The process goes on running after a SIGUSR1 dump.
-    """
-    global _stack_stream
-    faulthandler.enable(file=sys.stderr, all_threads=True)
-    path = os.environ.get(STACK_FILE_ENV)
-    _stack_stream = open(path, "a") if path else sys.stderr
-    faulthandler.register(signal.SIGUSR1, file=_stack_stream, all_threads=True)
-
-
-def result_path(result_dir: Path, rank: int) -> Path:
-    """Where rank ``rank`` of a ``--call`` run writes its outcome."""
-    return result_dir / f"rank{rank}.pkl"
-
-
-def write_call(call_file: Path, fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
-    """Pickle a call for ``--call``; ``fn`` goes by reference, so it must be importable by name.
-
-    A function of the driver's ``__main__`` script is found by re-running
-    that script as ``__mp_main__`` in each rank, as multiprocessing does.
-    """
-    main_path = None
-    if getattr(fn, "__module__", None) == "__main__":
-        main_path = getattr(sys.modules["__main__"], "__file__", None)
-        if main_path is None:
-            raise ValueError(f"{fn!r} lives in an interactive __main__; define it in a module or script")
-    qualname = getattr(fn, "__qualname__", "")
-    if "<lambda>" in qualname or "<locals>" in qualname:
-        raise ValueError(f"{fn!r} cannot be pickled by reference; define it at module level")
-    with open(call_file, "wb") as stream:
-        pickle.dump(main_path and os.path.abspath(main_path), stream)
-        pickle.dump((fn, args, kwargs), stream)
-
-
-def read_result(path: Path) -> tuple[str, Any]:
-    """``("ok", value)`` or ``("error", traceback_text)`` as written by a rank."""
-    with open(path, "rb") as stream:
-        return pickle.load(stream)
+from simulators.calls import CALL_FLAG, result_path
+from simulators.watchdog import install_stack_dumper
 
 
 def _load_main(path: str) -> None:

@@ -25,14 +25,13 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import IO, Any, Callable, Literal
 
-from simulators._bootstrap import CALL_FLAG, read_result, result_path, write_call
+from simulators.calls import CALL_FLAG, read_result, result_path, write_call
 from simulators.ports import free_port
-from simulators.spawn import RankProcess, describe_exit, kill_all, shell_status, spawn_world
+from simulators.spawn import TAIL_LINES, RankProcess, describe_exit, kill_all, shell_status, spawn_world
 from simulators.topology import World
 from simulators.watchdog import dump_stacks
 
 TIMEOUT_STATUS = 124
-TAIL_LINES = 100
 _BOOTSTRAP = (sys.executable, "-m", "simulators._bootstrap")
 
 

@@ -31,6 +31,8 @@ from pathlib import Path
 from simulators.topology import World, rank_env
 
 STACK_FILE_ENV = "SIMULATORS_STACK_FILE"
+TAIL_LINES = 100  # lines of a rank's output kept for reports
+_TAIL_BYTES = 64 * 1024
 _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 
@@ -58,6 +60,20 @@ class RankProcess:
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    def log_tail(self, offset: int = 0, lines: int = TAIL_LINES) -> str:
+        """The last ``lines`` lines this rank wrote to its log file after byte ``offset``."""
+        if self.log_file is None:
+            return ""
+        size = self.log_file.stat().st_size
+        with open(self.log_file, "rb") as log:
+            log.seek(max(offset, size - _TAIL_BYTES))
+            text = log.read().decode("utf-8", "replace")
+        return "".join(text.splitlines(keepends=True)[-lines:])
+
+    def log_size(self) -> int:
+        """Bytes written to the log file so far (an offset for :meth:`log_tail`)."""
+        return self.log_file.stat().st_size if self.log_file is not None else 0
 
 
 def describe_exit(returncode: int) -> str:

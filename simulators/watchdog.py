@@ -1,22 +1,38 @@
-"""Python stacks of live ranks, on demand.
+"""Python stacks of live ranks, on demand: the rank side and the driver side.
 
-Each rank has faulthandler registered on SIGUSR1, writing every thread's
-stack to its stack file (see :mod:`simulators._bootstrap`). faulthandler
+Each rank calls :func:`install_stack_dumper` first thing, which registers
+faulthandler on SIGUSR1 to write every thread's stack to the rank's stack
+file; :func:`dump_stacks` signals the ranks and reads the files. faulthandler
 writes the whole dump at once from its signal handler, even while the rank
 is blocked in C code, so a dump is complete once the file has grown and then
 stayed the same size for a short settle time.
 """
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
+import sys
 import time
 from collections.abc import Sequence
 
-from simulators.spawn import RankProcess
+from simulators.spawn import STACK_FILE_ENV, RankProcess
 
 _POLL_S = 0.02
 _SETTLE_S = 0.1
+_stack_stream = None  # kept open for faulthandler for the life of the rank
+
+
+def install_stack_dumper() -> None:
+    """Fatal signals dump every thread's stack to stderr; SIGUSR1 dumps them to ``$SIMULATORS_STACK_FILE``.
+
+    Without the variable, SIGUSR1 dumps to stderr. The process goes on running after a SIGUSR1 dump.
+    """
+    global _stack_stream
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    path = os.environ.get(STACK_FILE_ENV)
+    _stack_stream = open(path, "a") if path else sys.stderr
+    faulthandler.register(signal.SIGUSR1, file=_stack_stream, all_threads=True)
 
 
 def dump_stacks(ranks: Sequence[RankProcess], timeout: float = 2.0) -> dict[int, str]:
