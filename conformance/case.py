@@ -16,8 +16,11 @@ in the implementation cannot hide the failure it is meant to reveal.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
+
+from simulators.topology import World
 
 #: Worlds a rule "makes sense at" when its catalog row says "any".
 ANY_WORLD: tuple[str, ...] = ("1", "2", "3", "4", "2x2", "2x4")
@@ -30,33 +33,47 @@ CheckFunction = Callable[[list, "WorldInfo"], None]
 class WorldInfo:
     """The world a case runs in, as the case sees it."""
 
-    machines: int
-    ranks_per_machine: int
+    world: World
     #: A directory every rank of this case run shares (fresh for each case run).
     shared_dir: str = ""
 
     @property
+    def machines(self) -> int:
+        return self.world.machines
+
+    @property
+    def ranks_per_machine(self) -> int:
+        return self.world.ranks_per_machine
+
+    @property
     def size(self) -> int:
-        return self.machines * self.ranks_per_machine
+        return self.world.size
 
     @property
     def label(self) -> str:
-        return str(self.size) if self.machines == 1 else f"{self.machines}x{self.ranks_per_machine}"
+        return self.world.label
+
+    @property
+    def rank(self) -> int:
+        """This rank's index as the launcher assigned it (the truth cases compare against)."""
+        return int(os.environ.get("RANK", "0"))
+
+    @property
+    def local_rank(self) -> int:
+        return self.rank % self.ranks_per_machine
+
+    @property
+    def machine(self) -> int:
+        return self.rank // self.ranks_per_machine
+
+    def local_ranks_of(self, local_rank: int) -> list[bool]:
+        """For each rank of the world, whether its local index is ``local_rank``."""
+        return [rank % self.ranks_per_machine == local_rank for rank in range(self.size)]
 
     @classmethod
     def parse(cls, label: str, shared_dir: str = "") -> "WorldInfo":
         """``"4"`` is one machine of 4 ranks; ``"2x2"`` two machines of 2."""
-        machines, _, per_machine = str(label).partition("x")
-        try:
-            if per_machine:
-                info = cls(int(machines), int(per_machine), shared_dir)
-            else:
-                info = cls(1, int(machines), shared_dir)
-        except ValueError:
-            raise ValueError(f"world {label!r} is neither N nor MxN") from None
-        if info.machines < 1 or info.ranks_per_machine < 1:
-            raise ValueError(f"world {label!r} needs at least one machine and one rank per machine")
-        return info
+        return cls(World.parse(str(label)), shared_dir)
 
 
 @dataclass
@@ -98,7 +115,7 @@ def case(
     env: dict[str, str] | None = None,
 ) -> Callable[[CaseFunction], Case]:
     """Register ``function`` as a case for ``catalog_id`` at ``worlds``."""
-    labels = tuple(str(WorldInfo.parse(str(world)).label) for world in worlds)
+    labels = tuple(World.parse(str(world)).label for world in worlds)
 
     def register(function: CaseFunction) -> Case:
         registered = Case(catalog_id, function, labels, env=dict(env or {}))

@@ -1,0 +1,114 @@
+"""Command line: ``python -m conformance run|list|report``.
+
+* ``run``: run the suite against ``--impl`` (or ``ACCELERATE_IMPL``) on a backend.
+* ``list``: one line per catalog ID with the cases that cover it, or ``UNCOVERED``.
+* ``report``: build the Markdown/HTML matrix from saved JSON runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from . import catalog, report
+from .backends import BACKENDS
+from .case import all_cases
+from .impl import chosen
+from .manifest import Manifest
+from .runner import DEFAULT_CASE_TIMEOUT, DEFAULT_WORLDS, RunOptions, execute
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="conformance", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("run", help="run the suite")
+    run.add_argument("--impl", help="implementation module (default: $ACCELERATE_IMPL or accelerate_ref)")
+    run.add_argument("--backend", default="sim", choices=BACKENDS)
+    run.add_argument("--worlds", default=",".join(DEFAULT_WORLDS), help="comma-separated worlds, e.g. 1,2,4,2x2")
+    run.add_argument("-k", dest="patterns", action="append", default=[], help="only cases whose ID or name matches")
+    run.add_argument("--case-timeout", type=float, default=DEFAULT_CASE_TIMEOUT, help="seconds before a case is a HANG")
+    run.add_argument("--manifest", help="a manifest of known deviations (default: the bundled one for --impl)")
+    run.add_argument("--no-manifest", action="store_true", help="ignore the bundled manifest")
+    run.add_argument("--strict", action="store_true", help="fail on an unexpected pass of a manifest entry")
+    for fmt in ("json", "junit", "markdown", "html"):
+        run.add_argument(f"--{fmt}", metavar="PATH", help=f"write a {fmt} report")
+
+    commands.add_parser("list", help="catalog IDs and the cases that cover them")
+
+    rep = commands.add_parser("report", help="matrix from saved JSON runs")
+    rep.add_argument("runs", nargs="+", metavar="RUN.json")
+    rep.add_argument("--markdown", metavar="PATH")
+    rep.add_argument("--html", metavar="PATH")
+    return parser
+
+
+def _manifest(args: argparse.Namespace, impl: str) -> Manifest | None:
+    if args.manifest:
+        return Manifest.load(args.manifest)
+    return None if args.no_manifest else Manifest.bundled(impl)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    impl = chosen(args.impl)
+    options = RunOptions(
+        impl=impl,
+        backend=args.backend,
+        worlds=[w.strip() for w in args.worlds.split(",") if w.strip()],
+        patterns=args.patterns,
+        case_timeout=args.case_timeout,
+        manifest=_manifest(args, impl),
+        strict=args.strict,
+    )
+    run = execute(options)
+    if args.json:
+        report.write_json(run, args.json)
+    if args.junit:
+        report.write_junit(run, args.junit)
+    if args.markdown:
+        report.write_markdown([run], args.markdown)
+    if args.html:
+        report.write_html([run], args.html)
+    if not run.results:
+        print("no case ran: check -k and --worlds", file=sys.stderr)
+        return 5
+    if options.strict and run.unexpected_passes:
+        print(f"--strict: {len(run.unexpected_passes)} unexpected pass(es) of manifest entries", file=sys.stderr)
+        return 1
+    return 1 if run.failed else 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    covering: dict[str, list[str]] = {}
+    for case in all_cases():
+        covering.setdefault(case.id, []).append(f"{case.key} [{','.join(case.worlds)}]")
+    ids = [e.id for e in catalog.entries()]
+    width = max(len(i) for i in ids)
+    for id_ in ids + sorted(set(covering) - set(ids)):
+        cases = covering.get(id_)
+        print(f"{id_:<{width}}  {'; '.join(cases) if cases else 'UNCOVERED'}")
+    covered = sum(1 for i in ids if i in covering)
+    print(f"\n{covered} of {len(ids)} catalog IDs covered")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    runs = [report.read_json(path) for path in args.runs]
+    if args.markdown:
+        report.write_markdown(runs, args.markdown)
+    if args.html:
+        report.write_html(runs, args.html)
+    if not (args.markdown or args.html):
+        print("nothing to write: give --markdown and/or --html", file=sys.stderr)
+        return 2
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    return {"run": cmd_run, "list": cmd_list, "report": cmd_report}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

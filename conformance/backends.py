@@ -1,0 +1,191 @@
+"""Where the ranks of a run come from.
+
+* ``sim``: the simulator's persistent rank pool on this host (gloo on
+  loopback). Cases run in lock-step on every rank; outcomes return over the
+  pool's control channel; a HANG or CRASH rebuilds the pool and the run goes
+  on.
+* ``native``: the suite runs inside ranks that torchrun / ``accelerate
+  launch`` already started (a real GPU or TPU runner). Outcomes travel over a
+  ``TCPStore`` of their own, beside the process group under test. A rank that
+  hangs past the case timeout dumps its Python stack (faulthandler) and exits,
+  which ends the launch: the results reported so far are kept.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import pickle
+import shutil
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from typing import Any, Callable, Iterable
+
+from simulators.pool import PoolResult, RankPool
+from simulators.topology import World
+
+from . import worker
+from .case import Case, WorldInfo
+from .merge import merge_incomplete, merge_replies, result
+from .results import CaseResult, Status
+
+Emit = Callable[[CaseResult], None]
+
+
+class SimBackend:
+    """Ranks from the simulator's rank pool, one pool per world (and per extra env)."""
+
+    name = "sim"
+    #: Environment every rank of this backend gets. HF accelerate needs
+    #: ``ACCELERATE_USE_CPU`` to see MULTI_CPU under a torchrun-style launch.
+    base_env: dict[str, str] = {"ACCELERATE_USE_CPU": "1"}
+
+    def __init__(self, impl: str, case_timeout: float, start_timeout: float = 180.0) -> None:
+        self.impl = impl
+        self.case_timeout = case_timeout
+        self.start_timeout = start_timeout
+
+    def worlds_supported(self, world: World) -> bool:
+        return True
+
+    def run_world(self, world: World, cases: list[Case], emit: Emit) -> None:
+        """Run ``cases`` at ``world``, emitting one result per case as it ends."""
+        for extra_env, group in _group_by_env(cases):
+            env = {**self.base_env, **extra_env, "ACCELERATE_IMPL": self.impl}
+            with RankPool(
+                world,
+                setup="conformance.worker:setup",
+                env=env,
+                start_timeout=self.start_timeout,
+                pythonpath=list(sys.path),
+            ) as pool, tempfile.TemporaryDirectory(prefix="conformance-") as scratch:
+                for case in group:
+                    emit(self._run_case(pool, case, world, scratch))
+
+    def _run_case(self, pool: RankPool, case: Case, world: World, scratch: str) -> CaseResult:
+        shared_dir = tempfile.mkdtemp(prefix=f"{case.name}-", dir=scratch)
+        info = WorldInfo(world, shared_dir)
+        started = time.perf_counter()
+        try:
+            outcome = pool.run("conformance.worker:run_case", (case.key, world.label, shared_dir), self.case_timeout)
+        finally:
+            shutil.rmtree(shared_dir, ignore_errors=True)
+        replies = _replies(outcome)
+        if outcome.status == "ok":
+            status, message = merge_replies(case, info, replies)
+        else:
+            cause = Status.HANG if outcome.status == "hang" else Status.CRASH
+            missing = sorted(set(range(world.size)) - set(replies))
+            status, message = merge_incomplete(replies, missing, cause, _incident(outcome))
+        return result(
+            case, info, self.name, self.impl, status, message, time.perf_counter() - started, replies, outcome.stacks
+        )
+
+
+def _group_by_env(cases: Iterable[Case]) -> list[tuple[dict[str, str], list[Case]]]:
+    """Cases grouped by the extra environment they need, in first-seen order."""
+    groups: dict[tuple[tuple[str, str], ...], list[Case]] = {}
+    for case in cases:
+        groups.setdefault(tuple(sorted(case.env.items())), []).append(case)
+    return [(dict(key), group) for key, group in groups.items()]
+
+
+def _replies(outcome: PoolResult) -> dict[int, dict[str, Any]]:
+    """The per-rank replies of ranks whose worker answered."""
+    replies = {}
+    for rank, rank_outcome in outcome.outcomes.items():
+        if rank_outcome.ok:
+            replies[rank] = rank_outcome.value
+        else:
+            replies[rank] = {"status": Status.ERROR.value, "message": f"rank {rank}: {rank_outcome.error}"}
+    return replies
+
+
+def _incident(outcome: PoolResult) -> str:
+    """A readable account of a hang or crash: exit codes, stacks, output tails."""
+    lines = []
+    for rank, code in sorted(outcome.exit_codes.items()):
+        lines.append(f"rank {rank} exited with {code}")
+    for rank, tail in sorted(outcome.output_tail.items()):
+        if tail.strip() and (outcome.status == "crash"):
+            lines.append(f"rank {rank} output (last lines):\n{tail.rstrip()}")
+    for rank, stack in sorted(outcome.stacks.items()):
+        lines.append(f"rank {rank} stack:\n{stack.rstrip()}")
+    return "\n".join(lines)
+
+
+class NativeBackend:
+    """Cases run in-process on ranks another launcher started; one world, the launch's own."""
+
+    name = "native"
+
+    def __init__(self, impl: str, case_timeout: float) -> None:
+        self.impl = impl
+        self.case_timeout = case_timeout
+        self.rank = int(os.environ.get("RANK", "0"))
+        size = int(os.environ.get("WORLD_SIZE", "1"))
+        per_machine = int(os.environ.get("LOCAL_WORLD_SIZE", size))
+        self.world = World.of(size, machines=size // per_machine)
+        self._store = self._connect() if self.world.size > 1 else None
+
+    @property
+    def is_reporter(self) -> bool:
+        """Only rank 0 prints and writes reports."""
+        return self.rank == 0
+
+    def _connect(self) -> Any:
+        from torch.distributed import TCPStore
+
+        port = int(os.environ.get("CONFORMANCE_STORE_PORT", int(os.environ["MASTER_PORT"]) + 1))
+        return TCPStore(
+            os.environ.get("MASTER_ADDR", "127.0.0.1"),
+            port,
+            self.world.size,
+            is_master=self.rank == 0,
+            timeout=timedelta(seconds=max(60.0, self.case_timeout * 4)),
+        )
+
+    def worlds_supported(self, world: World) -> bool:
+        return world == self.world
+
+    def run_world(self, world: World, cases: list[Case], emit: Emit) -> None:
+        scratch = os.path.join(tempfile.gettempdir(), f"conformance-native-{os.environ.get('MASTER_PORT', 'solo')}")
+        for index, case in enumerate(cases):
+            shared_dir = os.path.join(scratch, case.name)
+            os.makedirs(shared_dir, exist_ok=True)
+            started = time.perf_counter()
+            faulthandler.dump_traceback_later(self.case_timeout, exit=True)
+            try:
+                reply = worker.run_case(case.key, world.label, shared_dir)
+            finally:
+                faulthandler.cancel_dump_traceback_later()
+            replies = self._exchange(index, reply)
+            if self.is_reporter:
+                info = WorldInfo(world, shared_dir)
+                status, message = merge_replies(case, info, replies)
+                emit(result(case, info, self.name, self.impl, status, message, time.perf_counter() - started, replies))
+        if self.is_reporter:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def _exchange(self, index: int, reply: dict[str, Any]) -> dict[int, dict[str, Any]]:
+        """Every rank's reply, on rank 0; lock-step barrier for the others."""
+        if self._store is None:
+            return {0: reply}
+        self._store.set(f"case{index}/rank{self.rank}", pickle.dumps(reply))
+        keys = [f"case{index}/rank{rank}" for rank in range(self.world.size)]
+        self._store.wait(keys, timedelta(seconds=self.case_timeout * 2))
+        return {rank: pickle.loads(self._store.get(key)) for rank, key in enumerate(keys)}
+
+
+def make_backend(name: str, impl: str, case_timeout: float) -> SimBackend | NativeBackend:
+    """The backend called ``name``."""
+    if name == "sim":
+        return SimBackend(impl, case_timeout)
+    if name == "native":
+        return NativeBackend(impl, case_timeout)
+    raise ValueError(f"unknown backend {name!r}; choose one of: sim, native")
+
+
+BACKENDS = ("sim", "native")

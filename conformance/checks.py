@@ -1,0 +1,61 @@
+"""Assertion helpers whose failure messages explain themselves.
+
+Each raises AssertionError with what was checked, what was expected and
+what the implementation produced, so a FAIL in the report reads on its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+
+def expect_equal(got: Any, expected: Any, what: str) -> None:
+    """``got == expected``, compared as plain Python values (tensors via ``tolist``)."""
+    got_plain, expected_plain = plain(got), plain(expected)
+    if got_plain != expected_plain:
+        raise AssertionError(f"{what}: expected {expected_plain!r}, got {got_plain!r}")
+
+
+def expect_true(condition: bool, what: str) -> None:
+    if not condition:
+        raise AssertionError(what)
+
+
+def expect_tensor(got: Any, expected: Any, what: str) -> None:
+    """``got`` is a tensor with ``expected``'s shape and values."""
+    import torch
+
+    if not isinstance(got, torch.Tensor):
+        raise AssertionError(f"{what}: expected a tensor, got {type(got).__name__} {got!r}")
+    expected = torch.as_tensor(expected)
+    if tuple(got.shape) != tuple(expected.shape):
+        raise AssertionError(
+            f"{what}: expected shape {list(expected.shape)}, got {list(got.shape)} (values {got.tolist()!r})"
+        )
+    if got.detach().cpu().tolist() != expected.tolist():
+        raise AssertionError(f"{what}: expected {expected.tolist()!r}, got {got.detach().cpu().tolist()!r}")
+
+
+def expect_ranks(values: Sequence[Any], predicate_holds: Iterable[bool], what: str) -> None:
+    """For each rank, ``values[rank]`` is truthy exactly where ``predicate_holds`` says."""
+    expected = list(predicate_holds)
+    got = [bool(v) for v in values]
+    if got != expected:
+        wrong = [rank for rank, (g, e) in enumerate(zip(got, expected)) if g != e]
+        raise AssertionError(
+            f"{what}: expected true on ranks {[r for r, e in enumerate(expected) if e]}, "
+            f"got true on ranks {[r for r, g in enumerate(got) if g]} (wrong on ranks {wrong})"
+        )
+
+
+def plain(value: Any) -> Any:
+    """Tensors and nested containers turned into plain Python values for comparison."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().tolist()
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(plain(v) for v in value)
+    return value

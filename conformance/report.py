@@ -1,0 +1,136 @@
+"""Report writers: JSON (the full record), JUnit XML (for CI), and a Markdown or
+HTML matrix of catalog ID x implementation x backend that a person reads at a
+glance.
+
+The matrix is built from one or more runs, so runs against different
+implementations or backends (each saved as JSON) can be put side by side
+with ``python -m conformance report``.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Iterable
+from xml.etree import ElementTree as ET
+
+from . import catalog
+from .results import CaseResult, Status
+from .runner import Run
+
+Column = tuple[str, str]  # (impl, backend)
+
+
+def write_json(run: Run, path: str | Path) -> None:
+    _prepare(path).write_text(json.dumps(run.to_json(), indent=2) + "\n", encoding="utf-8")
+
+
+def read_json(path: str | Path) -> Run:
+    return Run.from_json(json.loads(Path(path).read_text(encoding="utf-8")))
+
+
+def write_junit(run: Run, path: str | Path) -> None:
+    """One ``testcase`` per case run; HANG and CRASH are errors, NOT_SUPPORTED and XFAIL skips."""
+    suite = ET.Element(
+        "testsuite",
+        name=f"conformance[{run.metadata['impl']}@{run.metadata['backend']}]",
+        tests=str(len(run.results)),
+        failures=str(sum(r.status == Status.FAIL for r in run.results)),
+        errors=str(sum(r.status in (Status.ERROR, Status.HANG, Status.CRASH) for r in run.results)),
+        skipped=str(sum(r.status in (Status.NOT_SUPPORTED, Status.XFAIL) for r in run.results)),
+        time=str(run.metadata.get("duration_s", 0)),
+    )
+    for r in run.results:
+        testcase = ET.SubElement(
+            suite, "testcase", classname=r.id, name=f"{r.case}[{r.world}]", time=f"{r.duration_s:.3f}"
+        )
+        if r.status == Status.FAIL:
+            ET.SubElement(testcase, "failure", message=_first_line(r.message)).text = r.message
+        elif r.status.is_problem:
+            ET.SubElement(testcase, "error", message=f"{r.status.value}: {_first_line(r.message)}").text = r.message
+        elif r.status in (Status.NOT_SUPPORTED, Status.XFAIL):
+            ET.SubElement(testcase, "skipped", message=f"{r.status.value}: {r.manifest_reason or r.message}")
+    ET.indent(suite)
+    _prepare(path).write_bytes(ET.tostring(suite, encoding="utf-8", xml_declaration=True))
+
+
+def matrix(runs: Iterable[Run]) -> tuple[list[Column], dict[str, dict[Column, str]]]:
+    """Columns, and for each catalog ID the cell text per column.
+
+    A cell is the status shared by every world, or the statuses with their
+    worlds (``PASS 1,2 / FAIL 3``); ``UNCOVERED`` where no case ran.
+    """
+    columns: list[Column] = []
+    per_id: dict[str, dict[Column, dict[str, list[str]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    for run in runs:
+        column = (f"{run.metadata['impl']} {run.metadata.get('impl_version', '')}".strip(), run.metadata["backend"])
+        if column not in columns:
+            columns.append(column)
+        for r in run.results:
+            per_id[r.id][column][_cell_status(r)].append(r.world)
+    ids = [e.id for e in catalog.entries()] + sorted(set(per_id) - {e.id for e in catalog.entries()})
+    cells = {
+        id_: {column: _cell(per_id[id_].get(column, {})) for column in columns}
+        for id_ in ids
+    }
+    return columns, cells
+
+
+def _cell_status(result: CaseResult) -> str:
+    return "XPASS" if result.unexpected_pass else result.status.value
+
+
+def _cell(statuses: dict[str, list[str]]) -> str:
+    if not statuses:
+        return "UNCOVERED"
+    if len(statuses) == 1:
+        return next(iter(statuses))
+    return " / ".join(f"{status} {','.join(worlds)}" for status, worlds in statuses.items())
+
+
+def write_markdown(runs: list[Run], path: str | Path) -> None:
+    columns, cells = matrix(runs)
+    header = ["ID", "area", *(f"{impl} ({backend})" for impl, backend in columns)]
+    lines = [
+        "# Conformance matrix",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    for id_, row in cells.items():
+        lines.append(f"| {id_} | {catalog.area_of(id_)} | " + " | ".join(row[c] for c in columns) + " |")
+    _prepare(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+_COLOURS = {"PASS": "#c8efc8", "XFAIL": "#f3e3a6", "NOT_SUPPORTED": "#dcdcdc", "UNCOVERED": "#ffffff"}
+
+
+def write_html(runs: list[Run], path: str | Path) -> None:
+    columns, cells = matrix(runs)
+    head = "".join(f"<th>{html.escape(impl)}<br><small>{html.escape(backend)}</small></th>" for impl, backend in columns)
+    rows = []
+    for id_, row in cells.items():
+        tds = "".join(
+            f'<td style="background:{_COLOURS.get(row[c], "#f4b6b6")}">{html.escape(row[c])}</td>' for c in columns
+        )
+        rows.append(f"<tr><td><code>{html.escape(id_)}</code></td><td>{html.escape(catalog.area_of(id_))}</td>{tds}</tr>")
+    page = (
+        "<!doctype html><html><head><meta charset='utf-8'><title>Conformance matrix</title>"
+        "<style>body{font-family:sans-serif}table{border-collapse:collapse}"
+        "td,th{border:1px solid #999;padding:2px 6px;font-size:13px}</style></head><body>"
+        f"<h1>Conformance matrix</h1><table><tr><th>ID</th><th>area</th>{head}</tr>{''.join(rows)}</table>"
+        "</body></html>\n"
+    )
+    _prepare(path).write_text(page, encoding="utf-8")
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else ""
+
+
+def _prepare(path: str | Path) -> Path:
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return target

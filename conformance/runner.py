@@ -1,0 +1,182 @@
+"""Driving a run: pick cases, run them world by world, apply the manifest, summarise.
+
+The runner prints a header naming the implementation (with its version) and
+the backend, a pytest-style progress line per world while cases run
+(``.`` pass, ``F`` fail, ``E`` error, ``H`` hang, ``C`` crash, ``s`` not
+supported, ``x`` expected failure), and a per-area summary at the end.
+"""
+
+from __future__ import annotations
+
+import platform
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import IO, Any, Sequence
+
+from simulators.topology import World
+
+from . import catalog
+from .backends import NativeBackend, make_backend
+from .case import Case, all_cases, select
+from .impl import Implementation
+from .manifest import Manifest
+from .results import CaseResult, Status
+
+DEFAULT_WORLDS = ("1", "2", "3", "4", "2x2")
+DEFAULT_CASE_TIMEOUT = 6.0
+
+
+@dataclass
+class RunOptions:
+    impl: str
+    backend: str = "sim"
+    worlds: Sequence[str] = DEFAULT_WORLDS
+    patterns: Sequence[str] = ()
+    case_timeout: float = DEFAULT_CASE_TIMEOUT
+    manifest: Manifest | None = None
+    strict: bool = False
+
+
+@dataclass
+class Run:
+    """A finished (or interrupted) run: metadata and one result per case run."""
+
+    metadata: dict[str, Any]
+    results: list[CaseResult] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        return any(r.status.is_problem for r in self.results)
+
+    @property
+    def unexpected_passes(self) -> list[CaseResult]:
+        return [r for r in self.results if r.unexpected_pass]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "metadata": self.metadata,
+            "results": [r.to_json() for r in self.results],
+            "warnings": self.warnings,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Run":
+        return cls(data["metadata"], [CaseResult.from_json(r) for r in data["results"]], data.get("warnings", []))
+
+
+def implementation_version(name: str) -> str:
+    """The implementation's version, importing it in the driver only if metadata does not say."""
+    return Implementation.load(name).version
+
+
+def metadata(options: RunOptions) -> dict[str, Any]:
+    import torch
+
+    return {
+        "impl": options.impl,
+        "impl_version": implementation_version(options.impl),
+        "backend": options.backend,
+        "worlds": list(options.worlds),
+        "case_timeout_s": options.case_timeout,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "manifest": options.manifest.source if options.manifest else None,
+    }
+
+
+def execute(options: RunOptions, out: IO[str] = sys.stdout) -> Run:
+    """Run every selected case at every requested world it applies to."""
+    backend = make_backend(options.backend, options.impl, options.case_timeout)
+    reporting = not isinstance(backend, NativeBackend) or backend.is_reporter
+    cases = select(all_cases(), options.patterns)
+    run = Run(metadata(options))
+    say = out.write if reporting else (lambda text: None)
+    say(_header(run.metadata, len(cases)))
+    started = time.perf_counter()
+    worlds = [World.parse(label) for label in options.worlds]
+    for world in worlds:
+        if not backend.worlds_supported(world):
+            run.warnings.append(f"backend {backend.name} cannot run world {world.label}: skipped")
+            continue
+        at_world = [c for c in cases if c.runs_at(world.label)]
+        if not at_world:
+            continue
+        say(f"world {world.label:>4} ({len(at_world)} cases) ")
+        out.flush()
+
+        def emit(result: CaseResult) -> None:
+            if options.manifest:
+                options.manifest.apply(result)
+            run.results.append(result)
+            say("X" if result.unexpected_pass else result.status.symbol)
+            out.flush()
+
+        backend.run_world(world, at_world, emit)
+        say("\n")
+    run.metadata["duration_s"] = round(time.perf_counter() - started, 2)
+    run.warnings.extend(_coverage_warnings(cases, worlds, options))
+    if reporting:
+        say(summary(run))
+    return run
+
+
+def _header(meta: dict[str, Any], count: int) -> str:
+    return (
+        f"conformance: impl={meta['impl']} {meta['impl_version']}  backend={meta['backend']}  "
+        f"worlds={','.join(meta['worlds'])}  torch={meta['torch']}  python={meta['python']}\n"
+        f"manifest: {meta['manifest'] or 'none'}  case timeout: {meta['case_timeout_s']} s  cases: {count}\n"
+    )
+
+
+def _coverage_warnings(cases: list[Case], worlds: list[World], options: RunOptions) -> list[str]:
+    """Warnings for cases that ran nowhere and manifest entries that matched nothing."""
+    labels = {w.label for w in worlds}
+    warnings = [
+        f"case {c.id} ({c.name}) runs only at worlds {', '.join(c.worlds)}, none of which is in this run"
+        for c in cases
+        if not labels.intersection(c.worlds)
+    ]
+    if options.manifest:
+        ran = {c.id for c in cases}
+        warnings += [
+            f"manifest {options.manifest.source}: deviation {d.id} matched no result"
+            for d in options.manifest.unused()
+            if not options.patterns or d.id in ran
+        ]
+    return warnings
+
+
+def summary(run: Run) -> str:
+    """Per-area counts, then every result that is not a plain pass, then warnings."""
+    statuses = list(Status)
+    by_area: dict[str, dict[Status, int]] = {}
+    for r in run.results:
+        counts = by_area.setdefault(catalog.area_of(r.id), dict.fromkeys(statuses, 0))
+        counts[r.status] += 1
+    width = max([len(a) for a in by_area] + [4])
+    lines = ["", f"{'area':<{width}}  " + " ".join(f"{s.value:>13}" for s in statuses)]
+    for area, counts in by_area.items():
+        lines.append(f"{area:<{width}}  " + " ".join(f"{counts[s]:>13}" for s in statuses))
+    notable = [r for r in run.results if r.status != Status.PASS or r.unexpected_pass]
+    if notable:
+        lines.append("")
+    for r in notable:
+        label = "UNEXPECTED PASS" if r.unexpected_pass else r.status.value
+        lines.append(f"{label} {r.id} [{r.case}] world={r.world}" + (f"  ({r.manifest_reason})" if r.manifest_reason else ""))
+        if r.status.is_problem:
+            lines.extend("    " + line for line in r.message.splitlines()[:40])
+    lines.extend(f"warning: {w}" for w in run.warnings)
+    total = {s: sum(1 for r in run.results if r.status == s) for s in statuses}
+    lines.append(
+        "\n"
+        + ", ".join(f"{n} {s.value.lower()}" for s, n in total.items() if n)
+        + f" in {run.metadata.get('duration_s', 0)} s"
+    )
+    return "\n".join(lines) + "\n"
