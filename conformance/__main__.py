@@ -61,7 +61,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         manifest=_manifest(args, impl),
         strict=args.strict,
     )
-    run = execute(options)
+    try:
+        run = execute(options)
+    except ImportError as error:
+        print(f"conformance: {error}", file=sys.stderr)
+        return 2
     if args.json:
         report.write_json(run, args.json)
     if args.junit:

@@ -23,7 +23,7 @@ import time
 from datetime import timedelta
 from typing import Any, Callable, Iterable
 
-from simulators.pool import PoolResult, RankPool
+from simulators.pool import PoolResult, PoolStartError, RankPool
 from simulators.topology import World
 
 from . import worker
@@ -35,7 +35,12 @@ Emit = Callable[[CaseResult], None]
 
 
 class SimBackend:
-    """Ranks from the simulator's rank pool, one pool per world (and per extra env)."""
+    """Ranks from the simulator's rank pool.
+
+    One world is live at a time: asking for a case at another world closes
+    the pools of the previous one. Cases needing extra environment get a
+    pool of their own.
+    """
 
     name = "sim"
     #: Environment every rank of this backend gets. HF accelerate needs
@@ -46,30 +51,32 @@ class SimBackend:
         self.impl = impl
         self.case_timeout = case_timeout
         self.start_timeout = start_timeout
+        self._pools: dict[tuple[World, tuple[tuple[str, str], ...]], RankPool] = {}
+        self._scratch = tempfile.TemporaryDirectory(prefix="conformance-")
 
     def worlds_supported(self, world: World) -> bool:
         return True
 
     def run_world(self, world: World, cases: list[Case], emit: Emit) -> None:
         """Run ``cases`` at ``world``, emitting one result per case as it ends."""
-        for extra_env, group in _group_by_env(cases):
-            env = {**self.base_env, **extra_env, "ACCELERATE_IMPL": self.impl}
-            with RankPool(
-                world,
-                setup="conformance.worker:setup",
-                env=env,
-                start_timeout=self.start_timeout,
-                pythonpath=list(sys.path),
-            ) as pool, tempfile.TemporaryDirectory(prefix="conformance-") as scratch:
+        try:
+            for _, group in _group_by_env(cases):
                 for case in group:
-                    emit(self._run_case(pool, case, world, scratch))
+                    emit(self.run_case(case, world))
+        finally:
+            self.close_pools()
 
-    def _run_case(self, pool: RankPool, case: Case, world: World, scratch: str) -> CaseResult:
-        shared_dir = tempfile.mkdtemp(prefix=f"{case.name}-", dir=scratch)
+    def run_case(self, case: Case, world: World) -> CaseResult:
+        """Run one case on every rank of ``world`` and merge the outcome."""
+        pool = self._pool(world, case.env)
+        shared_dir = tempfile.mkdtemp(prefix=f"{case.name}-", dir=self._scratch.name)
         info = WorldInfo(world, shared_dir)
         started = time.perf_counter()
         try:
             outcome = pool.run("conformance.worker:run_case", (case.key, world.label, shared_dir), self.case_timeout)
+        except PoolStartError as error:
+            message = f"the ranks of world {world.label} did not start:\n{error}"
+            return result(case, info, self.name, self.impl, Status.ERROR, message, time.perf_counter() - started, {})
         finally:
             shutil.rmtree(shared_dir, ignore_errors=True)
         replies = _replies(outcome)
@@ -82,6 +89,28 @@ class SimBackend:
         return result(
             case, info, self.name, self.impl, status, message, time.perf_counter() - started, replies, outcome.stacks
         )
+
+    def _pool(self, world: World, extra_env: dict[str, str]) -> RankPool:
+        key = (world, tuple(sorted(extra_env.items())))
+        if key not in self._pools:
+            self.close_pools(keep=world)
+            self._pools[key] = RankPool(
+                world,
+                setup="conformance.worker:setup",
+                env={**self.base_env, **extra_env, "ACCELERATE_IMPL": self.impl},
+                start_timeout=self.start_timeout,
+                pythonpath=list(sys.path),
+            )
+        return self._pools[key]
+
+    def close_pools(self, keep: World | None = None) -> None:
+        """Close every pool, except those of world ``keep``."""
+        for key in [k for k in self._pools if k[0] != keep]:
+            self._pools.pop(key).close()
+
+    def close(self) -> None:
+        self.close_pools()
+        self._scratch.cleanup()
 
 
 def _group_by_env(cases: Iterable[Case]) -> list[tuple[dict[str, str], list[Case]]]:
