@@ -331,7 +331,7 @@ class ProfileKwargs(KwargsHandler):
         """
         import torch.profiler
 
-        known = {activity.name.lower(): activity for activity in torch.profiler.ProfilerActivity}
+        known = {name.lower(): activity for name, activity in torch.profiler.ProfilerActivity.__members__.items()}
         activities = None
         if self.activities is not None:
             unknown = [name for name in self.activities if name not in known]

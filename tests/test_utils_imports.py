@@ -1,0 +1,148 @@
+"""Catalog: env.checks (is_torch_version, is_bf16_available, is_*_available answer truthfully)."""
+
+import importlib.metadata
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+from packaging.version import Version, parse
+
+import accelerate_ref.utils as utils
+from accelerate_ref.utils import compare_versions, is_torch_version
+
+TORCH_VERSION = parse(importlib.metadata.version("torch"))
+
+
+def test_is_torch_version():
+    """env.checks: the documented `is_torch_version(">=", "2.0")` on torch 2.x."""
+    assert is_torch_version(">=", "2.0") is (TORCH_VERSION >= Version("2.0"))
+    assert is_torch_version("<", "2.0") is (TORCH_VERSION < Version("2.0"))
+    assert is_torch_version("==", str(TORCH_VERSION))
+    assert is_torch_version("!=", "0.1")
+    assert is_torch_version(">", f"{TORCH_VERSION.major + 1}.0") is False
+
+
+def test_compare_versions():
+    assert compare_versions(Version("1.2"), "<", "1.10")  # numeric, not lexicographic
+    assert compare_versions("numpy", ">=", "1.0")
+    with pytest.raises(ValueError, match="'=>'"):
+        compare_versions("numpy", "=>", "1.0")
+    with pytest.raises(importlib.metadata.PackageNotFoundError):
+        compare_versions("accelerate-ref-no-such-dist", ">=", "1.0")
+
+
+# Checks whose meaning is the same in HF accelerate 1.15: both must answer alike here.
+SAME_AS_HF = [
+    "is_cuda_available", "is_bf16_available", "is_mps_available", "is_xpu_available", "is_npu_available",
+    "is_mlu_available", "is_musa_available", "is_torch_xla_available", "is_fp8_available",
+    "is_deepspeed_available", "is_transformers_available", "is_datasets_available", "is_peft_available",
+    "is_tensorboard_available", "is_wandb_available", "is_comet_ml_available", "is_aim_available",
+    "is_mlflow_available", "is_clearml_available", "is_dvclive_available", "is_rich_available",
+    "is_tqdm_available", "is_torchvision_available", "is_torchdata_available", "is_msamp_available",
+    "is_transformer_engine_available", "is_torchao_available", "is_torch_distributed_available",
+]
+
+
+@pytest.mark.parametrize("name", SAME_AS_HF)
+def test_same_answer_as_hf(name):
+    """env.checks: on this machine each check agrees with HF accelerate's."""
+    hf_imports = pytest.importorskip("accelerate.utils.imports")
+    assert bool(getattr(utils, name)()) == bool(getattr(hf_imports, name)())
+
+
+def test_this_machine():
+    """env.checks: a CPU-only torch with safetensors, bf16 on CPU, no device plugins."""
+    assert utils.is_safetensors_available() is True
+    assert utils.is_bf16_available() is True
+    assert utils.is_cuda_available() is torch.cuda.is_available()
+    assert utils.is_torch_xla_available() is ("torch_xla" in sys.modules or _importable("torch_xla"))
+    assert utils.is_tpu_available() is False
+
+
+def _importable(name):
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+@pytest.fixture
+def fake_packages(tmp_path, monkeypatch):
+    """Write packages under tmp_path and put it first on sys.path; forget them afterwards."""
+    created = []
+
+    def make(name, files):
+        for relative, text in files.items():
+            path = tmp_path / name / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        created.append(name)
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield make
+    for module in [m for m in sys.modules if m.split(".")[0] in created]:
+        del sys.modules[module]
+
+
+def test_package_checks_do_not_import(fake_packages):
+    """env.checks: a package counts as available when it can be found; it is not imported."""
+    fake_packages("wandb", {"__init__.py": "raise RuntimeError('imported by an availability check')\n"})
+    fake_packages("deepspeed", {"__init__.py": "raise RuntimeError('imported by an availability check')\n"})
+    assert utils.is_wandb_available() is True
+    assert utils.is_deepspeed_available() is True
+    assert "wandb" not in sys.modules and "deepspeed" not in sys.modules
+
+
+def test_rich_can_be_disabled(fake_packages, monkeypatch):
+    fake_packages("rich", {"__init__.py": ""})
+    monkeypatch.delenv("ACCELERATE_DISABLE_RICH", raising=False)
+    assert utils.is_rich_available() is True
+    monkeypatch.setenv("ACCELERATE_DISABLE_RICH", "1")
+    assert utils.is_rich_available() is False
+
+
+def test_npu_plugin_detection(fake_packages, monkeypatch):
+    """env.checks: a (mock) torch_npu on sys.path that provides torch.npu is detected."""
+    assert utils.is_npu_available() is _importable("torch_npu")
+    fake_packages("torch_npu", {"__init__.py": ""})
+    devices = SimpleNamespace(is_available=lambda: True, device_count=lambda: 2)
+    monkeypatch.setattr(torch, "npu", devices, raising=False)
+    assert utils.is_npu_available() is True
+    assert utils.is_npu_available(check_device=True) is True
+
+    def no_device():
+        raise RuntimeError("no NPU found")
+
+    monkeypatch.setattr(devices, "device_count", no_device)
+    assert utils.is_npu_available() is True
+    assert utils.is_npu_available(check_device=True) is False
+    monkeypatch.setattr(devices, "is_available", lambda: False)
+    assert utils.is_npu_available() is False
+
+
+def test_npu_plugin_that_fails_to_import(fake_packages):
+    fake_packages("torch_npu", {"__init__.py": "raise ImportError('no CANN toolkit')\n"})
+    assert utils.is_npu_available() is False
+
+
+def test_xla_detection(fake_packages, monkeypatch):
+    """env.checks, xla.distributed_type: a (mock) torch_xla is found; TPU vs GPU from its runtime."""
+    fake_packages("torch_xla", {"__init__.py": "", "runtime.py": "def device_type():\n    return 'TPU'\n"})
+    monkeypatch.delenv("USE_TORCH_XLA", raising=False)
+    assert utils.is_torch_xla_available() is True
+    assert utils.is_torch_xla_available(check_is_tpu=True) is True
+    assert utils.is_torch_xla_available(check_is_gpu=True) is False
+    assert utils.is_tpu_available() is True
+    assert utils.is_bf16_available() is True
+    assert utils.is_bf16_available(ignore_tpu=True) is False
+    with pytest.raises(ValueError):
+        utils.is_torch_xla_available(check_is_tpu=True, check_is_gpu=True)
+    monkeypatch.setenv("USE_TORCH_XLA", "0")
+    assert utils.is_torch_xla_available() is False
+    assert utils.is_tpu_available() is False
+
+
+def test_fp8_engines(fake_packages):
+    assert utils.is_fp8_available() is any(map(_importable, ("msamp", "transformer_engine", "torchao")))
+    fake_packages("transformer_engine", {"__init__.py": ""})
+    assert utils.is_fp8_available() is True
