@@ -1,0 +1,122 @@
+"""Functions that the ranks of the simulator tests call. Holds no tests.
+
+Kept free of pytest (and of torch at import time) so that a rank imports it
+in milliseconds: the launcher and pool tests start many ranks.
+"""
+import os
+import subprocess
+import sys
+import threading
+
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
+SETUP_CALLS = []
+
+
+def rank():
+    return int(os.environ["RANK"])
+
+
+def env_of_rank():
+    return {name: os.environ[name] for name in TORCHRUN_VARS} | {"pid": os.getpid()}
+
+
+def rank_and_pid():
+    return rank(), os.getpid()
+
+
+def scaled(factor, offset=0):
+    return rank() * factor + offset
+
+
+def add(a, b, *, c):
+    return a + b + c + rank()
+
+
+def fail_on_rank_1(message="only rank 1 fails"):
+    if rank() == 1:
+        raise ValueError(message)
+    assert rank() != 2, "rank 2 breaks an assertion"
+    return "fine"
+
+
+def abort_on_rank(victim):
+    if rank() == victim:
+        os.abort()
+    threading.Event().wait()
+
+
+def wait_for_ever_in_here():
+    threading.Event().wait()
+
+
+def stuck_here_on_ranks_1_and_2():
+    if rank() != 0:
+        threading.Event().wait()
+    return "rank 0 is done"
+
+
+def start_grandchild():
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]).pid
+
+
+def talk(text):
+    print(f"rank {rank()} says {text}")
+    print("on stderr too", file=sys.stderr)
+
+
+def exits():
+    sys.exit(3)
+
+
+def unpicklable():
+    return lambda: None
+
+
+def count_setup_calls():
+    SETUP_CALLS.append(os.getpid())
+
+
+def setup_calls():
+    return len(SETUP_CALLS)
+
+
+def failing_setup():
+    raise RuntimeError("setup cannot find its config")
+
+
+def dying_setup():
+    os._exit(3)
+
+
+def gloo_all_reduce():
+    """A whole gloo life in one call: init from the torchrun env, all_reduce(rank + 1), destroy."""
+    import torch.distributed as dist
+
+    init_gloo()
+    try:
+        return all_reduce(rank() + 1.0)
+    finally:
+        dist.destroy_process_group()
+
+
+def init_gloo():
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    return dist.get_world_size()
+
+
+def all_reduce(value):
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.tensor([float(value)])
+    dist.all_reduce(tensor)
+    return tensor.item()
+
+
+def destroy_gloo():
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
+    return dist.is_initialized()
