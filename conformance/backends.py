@@ -24,6 +24,7 @@ from datetime import timedelta
 from typing import Any, Callable, Iterable
 
 from simulators.pool import PoolResult, PoolStartError, RankPool
+from simulators.spawn import describe_exit
 from simulators.topology import World
 
 from . import worker
@@ -136,7 +137,7 @@ def _incident(outcome: PoolResult) -> str:
     """A readable account of a hang or crash: exit codes, stacks, output tails."""
     lines = []
     for rank, code in sorted(outcome.exit_codes.items()):
-        lines.append(f"rank {rank} exited with {code}")
+        lines.append(f"rank {rank} {describe_exit(code)}")
     for rank, tail in sorted(outcome.output_tail.items()):
         if tail.strip() and (outcome.status == "crash"):
             lines.append(f"rank {rank} output (last lines):\n{tail.rstrip()}")
