@@ -19,7 +19,7 @@ from .results import RANK_PRECEDENCE, CaseResult, RankReport, Status
 def rank_reports(replies: dict[int, dict[str, Any]]) -> list[RankReport]:
     """One report per rank that replied, in rank order."""
     return [
-        RankReport(rank, Status(reply["status"]), reply.get("message", ""))
+        RankReport(rank, Status(reply["status"]), reply.get("message", ""), round(reply.get("duration_s", 0.0), 4))
         for rank, reply in sorted(replies.items())
     ]
 

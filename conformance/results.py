@@ -49,9 +49,11 @@ class RankReport:
     rank: int
     status: Status
     message: str = ""
+    #: Time the case took inside this rank.
+    duration_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {"rank": self.rank, "status": self.status.value, "message": self.message}
+        return {"rank": self.rank, "status": self.status.value, "message": self.message, "duration_s": self.duration_s}
 
 
 @dataclass
@@ -85,7 +87,7 @@ class CaseResult:
         fields = dict(data)
         fields["status"] = Status(fields["status"])
         fields["ranks"] = [
-            RankReport(r["rank"], Status(r["status"]), r.get("message", "")) for r in fields.get("ranks", [])
+            RankReport(r["rank"], Status(r["status"]), r.get("message", ""), r.get("duration_s", 0.0)) for r in fields.get("ranks", [])
         ]
         fields["stacks"] = {int(rank): text for rank, text in fields.get("stacks", {}).items()}
         return cls(**fields)
