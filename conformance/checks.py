@@ -59,3 +59,40 @@ def plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(plain(v) for v in value)
     return value
+
+
+def layout(value: Any) -> Any:
+    """``value`` with every tensor replaced by ``"tensor[<dtype>]<shape>"`` (containers kept).
+
+    Compared with `expect_equal`, it checks that leaves are tensors of the
+    right dtype and shape and that lists stay lists, tuples tuples, dicts dicts.
+    """
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return f"tensor[{str(value.dtype).replace('torch.', '')}]{list(value.shape)}"
+    if isinstance(value, dict):
+        return {k: layout(v) for k, v in value.items()}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        return type(value)(*(layout(v) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(layout(v) for v in value)
+    return f"<{type(value).__name__}>"
+
+
+def expect_raises(function: Any, exceptions: Any, what: str) -> BaseException:
+    """``function()`` raises one of ``exceptions``; returns the exception."""
+    try:
+        returned = function()
+    except exceptions as error:
+        return error
+    names = exceptions.__name__ if isinstance(exceptions, type) else " or ".join(e.__name__ for e in exceptions)
+    raise AssertionError(f"{what}: expected {names}, got a normal return of {plain(returned)!r}")
+
+
+def shapes_mentioned(text: str) -> set[tuple[int, ...]]:
+    """Every bracketed group of integers in ``text`` (``[2, 3]``, ``(2, 3)``, ``torch.Size([2, 3])``) as a tuple."""
+    import re
+
+    groups = re.findall(r"[\[(]\s*(\d+(?:\s*,\s*\d+)*)\s*,?\s*[\])]", text)
+    return {tuple(int(n) for n in group.split(",")) for group in groups}
