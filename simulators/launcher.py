@@ -129,7 +129,7 @@ def run(
             kind, value = read_result(path) if path.exists() else ("error", None)
             if kind != "ok":
                 tail = result.output_tail.get(rank, "")
-                raise RankFailure(rank, result.exit_codes.get(rank, 0), value or tail or "(no result)", tail)
+                raise RankFailure(rank, result.exit_codes.get(rank, 0), value or tail or "(exited without a result)", tail)
             values.append(value)
         return values
 
@@ -150,7 +150,8 @@ def _execute(
         result = _watch(ranks, timeout)
     finally:
         kill_all(ranks)
-        result.output_tail = output.join()
+        tails = output.join()
+    result.output_tail = tails
     result.duration_s = time.monotonic() - started
     result.message = _report(result, timeout)
     return result

@@ -121,7 +121,10 @@ class RankPool:
                 raise
 
     def run(self, target: str, args: tuple = (), timeout: float = 10.0) -> PoolResult:
-        """Call ``target`` ("module:function") with ``args`` on every rank; (re)start the pool first if needed."""
+        """Call ``target`` ("module:function") with ``args`` on every rank; (re)start the pool first if needed.
+
+        Raises PoolStartError when that (re)start fails.
+        """
         if self._ranks and not all(rank.alive() for rank in self._ranks):
             self._teardown()  # a worker died between targets: start clean rather than blame this one
         self.start()
@@ -132,6 +135,7 @@ class RankPool:
         except BaseException:
             self._teardown()
             raise
+        result.outcomes = dict(sorted(result.outcomes.items()))
         result.output_tail = {rank.rank: rank.log_tail(offsets[rank.rank]) for rank in self._ranks}
         if result.status != "ok":
             self._teardown()
@@ -178,7 +182,7 @@ class RankPool:
                     outcomes[rank] = RankOutcome.from_exception(rank, exc)
             if crashed:
                 return PoolResult("crash", outcomes, exit_codes=_exit_codes(crashed))
-        return PoolResult("ok", dict(sorted(outcomes.items())))
+        return PoolResult("ok", outcomes)
 
     def _connect(self, server: socket.socket, authkey: bytes) -> dict[int, Connection]:
         """Accept one connection per worker and read its ("ready", rank, setup_outcome)."""
@@ -199,10 +203,17 @@ class RankPool:
                         raise self._start_error(f"rank {obj.rank} exited during start with "
                                                 f"{describe_exit(obj.proc.wait())}")
                     if obj is server:
-                        greeting.append(_accept(server, authkey))
+                        try:
+                            greeting.append(_accept(server, authkey))
+                        except (EOFError, OSError):  # the worker died while authenticating; its exit is reported next
+                            pass
                         continue
                     greeting.remove(obj)
-                    _, rank, setup_outcome = obj.recv()
+                    try:
+                        _, rank, setup_outcome = obj.recv()
+                    except EOFError:  # the worker died while greeting; its exit is reported next
+                        obj.close()
+                        continue
                     conns[rank] = obj
                     if setup_outcome is not None and not setup_outcome.ok:
                         raise self._start_error(f"setup {self.setup} failed on rank {rank}:\n{setup_outcome.error}")

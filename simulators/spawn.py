@@ -61,15 +61,15 @@ class RankProcess:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def log_tail(self, offset: int = 0, lines: int = TAIL_LINES) -> str:
-        """The last ``lines`` lines this rank wrote to its log file after byte ``offset``."""
+    def log_tail(self, offset: int = 0) -> str:
+        """The last TAIL_LINES lines this rank wrote to its log file after byte ``offset``."""
         if self.log_file is None:
             return ""
         size = self.log_file.stat().st_size
         with open(self.log_file, "rb") as log:
             log.seek(max(offset, size - _TAIL_BYTES))
             text = log.read().decode("utf-8", "replace")
-        return "".join(text.splitlines(keepends=True)[-lines:])
+        return "".join(text.splitlines(keepends=True)[-TAIL_LINES:])
 
     def log_size(self) -> int:
         """Bytes written to the log file so far (an offset for :meth:`log_tail`)."""

@@ -1,6 +1,9 @@
 """The persistent rank pool: values, errors, hangs, crashes, recovery, clean shutdown."""
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 import time
 
 import pytest
@@ -187,3 +190,33 @@ def test_a_process_group_lives_from_one_target_to_the_next(make_pool):
     for step in range(3):
         assert values(pool.run(target("all_reduce"), args=(step,))) == [2.0 * step] * 2
     assert values(pool.run(target("destroy_gloo"))) == [False, False]
+
+
+def test_a_rank_stuck_in_a_gloo_barrier_is_a_hang_with_its_stack_and_a_new_group_follows(make_pool):
+    pool = make_pool("2")
+    assert values(pool.run(target("init_gloo"), timeout=60)) == [2, 2]
+    result = pool.run(target("barrier_on_rank_0_only"), timeout=1.0)
+    assert result.status == "hang" and list(result.stacks) == [0]
+    assert "barrier_on_rank_0_only" in result.stacks[0]
+    assert values(pool.run(target("gloo_all_reduce"), timeout=60)) == [3.0, 3.0]
+
+
+def test_busy_workers_die_with_a_killed_driver(tmp_path, assert_gone):
+    driver = tmp_path / "driver.py"
+    driver.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path[:0] = {sys.path!r}
+        from simulators import RankPool, World
+        pool = RankPool(World.of(2))
+        result = pool.run("{target('rank_and_pid')}")
+        print(*(o.value[1] for o in result.outcomes.values()), flush=True)
+        pool.run("{target('wait_for_ever_in_here')}", timeout=600)
+    """))
+    process = subprocess.Popen([sys.executable, str(driver)], stdout=subprocess.PIPE, text=True)
+    try:
+        workers = [int(pid) for pid in process.stdout.readline().split()]
+    finally:
+        process.kill()
+        process.wait()
+    assert len(workers) == 2
+    assert_gone(workers)

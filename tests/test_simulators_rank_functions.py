@@ -120,3 +120,11 @@ def destroy_gloo():
 
     dist.destroy_process_group()
     return dist.is_initialized()
+
+
+def barrier_on_rank_0_only():
+    import torch.distributed as dist
+
+    if rank() == 0:
+        dist.barrier()
+    return "rank 1 skipped the barrier"
