@@ -66,6 +66,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ImportError as error:
         print(f"conformance: {error}", file=sys.stderr)
         return 2
+    if not run.reporter:
+        return 0
     if args.json:
         report.write_json(run, args.json)
     if args.junit:

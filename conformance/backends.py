@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 from datetime import timedelta
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 from simulators.pool import PoolResult, PoolStartError, RankPool
 from simulators.spawn import describe_exit
@@ -39,8 +39,9 @@ class SimBackend:
     """Ranks from the simulator's rank pool.
 
     One world is live at a time: asking for a case at another world closes
-    the pools of the previous one. Cases needing extra environment get a
-    pool of their own.
+    the pool of the previous one. After a case whose ranks did not all end
+    the same way, the pool is rebuilt: a rank that stopped early may have
+    left collectives unmatched in the process group.
     """
 
     name = "sim"
@@ -52,7 +53,7 @@ class SimBackend:
         self.impl = impl
         self.case_timeout = case_timeout
         self.start_timeout = start_timeout
-        self._pools: dict[tuple[World, tuple[tuple[str, str], ...]], RankPool] = {}
+        self._pools: dict[World, RankPool] = {}
         self._scratch = tempfile.TemporaryDirectory(prefix="conformance-")
 
     def worlds_supported(self, world: World) -> bool:
@@ -61,15 +62,14 @@ class SimBackend:
     def run_world(self, world: World, cases: list[Case], emit: Emit) -> None:
         """Run ``cases`` at ``world``, emitting one result per case as it ends."""
         try:
-            for _, group in _group_by_env(cases):
-                for case in group:
-                    emit(self.run_case(case, world))
+            for case in cases:
+                emit(self.run_case(case, world))
         finally:
             self.close_pools()
 
     def run_case(self, case: Case, world: World) -> CaseResult:
         """Run one case on every rank of ``world`` and merge the outcome."""
-        pool = self._pool(world, case.env)
+        pool = self._pool(world)
         shared_dir = tempfile.mkdtemp(prefix=f"{case.name}-", dir=self._scratch.name)
         info = WorldInfo(world, shared_dir)
         started = time.perf_counter()
@@ -83,6 +83,8 @@ class SimBackend:
         replies = _replies(outcome)
         if outcome.status == "ok":
             status, message = merge_replies(case, info, replies)
+            if len({reply["status"] for reply in replies.values()}) > 1:
+                pool.close()
         else:
             cause = Status.HANG if outcome.status == "hang" else Status.CRASH
             missing = sorted(set(range(world.size)) - set(replies))
@@ -91,35 +93,26 @@ class SimBackend:
             case, info, self.name, self.impl, status, message, time.perf_counter() - started, replies, outcome.stacks
         )
 
-    def _pool(self, world: World, extra_env: dict[str, str]) -> RankPool:
-        key = (world, tuple(sorted(extra_env.items())))
-        if key not in self._pools:
-            self.close_pools(keep=world)
-            self._pools[key] = RankPool(
+    def _pool(self, world: World) -> RankPool:
+        if world not in self._pools:
+            self.close_pools()
+            self._pools[world] = RankPool(
                 world,
                 setup="conformance.worker:setup",
-                env={**self.base_env, **extra_env, "ACCELERATE_IMPL": self.impl},
+                env={**self.base_env, "ACCELERATE_IMPL": self.impl},
                 start_timeout=self.start_timeout,
                 pythonpath=list(sys.path),
             )
-        return self._pools[key]
+        return self._pools[world]
 
-    def close_pools(self, keep: World | None = None) -> None:
-        """Close every pool, except those of world ``keep``."""
-        for key in [k for k in self._pools if k[0] != keep]:
-            self._pools.pop(key).close()
+    def close_pools(self) -> None:
+        """Close the pool of every world."""
+        while self._pools:
+            self._pools.popitem()[1].close()
 
     def close(self) -> None:
         self.close_pools()
         self._scratch.cleanup()
-
-
-def _group_by_env(cases: Iterable[Case]) -> list[tuple[dict[str, str], list[Case]]]:
-    """Cases grouped by the extra environment they need, in first-seen order."""
-    groups: dict[tuple[tuple[str, str], ...], list[Case]] = {}
-    for case in cases:
-        groups.setdefault(tuple(sorted(case.env.items())), []).append(case)
-    return [(dict(key), group) for key, group in groups.items()]
 
 
 def _replies(outcome: PoolResult) -> dict[int, dict[str, Any]]:

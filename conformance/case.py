@@ -84,8 +84,9 @@ class Case:
     function: CaseFunction
     worlds: tuple[str, ...]
     check_function: CheckFunction | None = None
-    #: Extra environment the ranks need (applied for the whole world; cases that
-    #: need it run in a pool of their own).
+    #: Extra environment set in every rank for the duration of the case (the
+    #: implementation's state is created afresh for each case, so variables
+    #: read at state creation, such as ``ACCELERATE_DEBUG_MODE``, take effect).
     env: dict[str, str] = field(default_factory=dict)
 
     @property

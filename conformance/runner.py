@@ -47,6 +47,8 @@ class Run:
     metadata: dict[str, Any]
     results: list[CaseResult] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    #: False on the ranks of a native run other than rank 0, which reports for all.
+    reporter: bool = True
 
     @property
     def failed(self) -> bool:
@@ -96,7 +98,7 @@ def execute(options: RunOptions, out: IO[str] = sys.stdout) -> Run:
     backend = make_backend(options.backend, options.impl, options.case_timeout)
     reporting = not isinstance(backend, NativeBackend) or backend.is_reporter
     cases = select(all_cases(), options.patterns)
-    run = Run(metadata(options))
+    run = Run(metadata(options), reporter=reporting)
     say = out.write if reporting else (lambda text: None)
     say(_header(run.metadata, len(cases)))
     started = time.perf_counter()
@@ -138,11 +140,8 @@ def _header(meta: dict[str, Any], count: int) -> str:
 def _coverage_warnings(cases: list[Case], worlds: list[World], options: RunOptions) -> list[str]:
     """Warnings for cases that ran nowhere and manifest entries that matched nothing."""
     labels = {w.label for w in worlds}
-    warnings = [
-        f"case {c.id} ({c.name}) runs only at worlds {', '.join(c.worlds)}, none of which is in this run"
-        for c in cases
-        if not labels.intersection(c.worlds)
-    ]
+    idle = sorted({c.id for c in cases if not labels.intersection(c.worlds)})
+    warnings = [f"{len(idle)} case(s) run at none of this run's worlds: {', '.join(idle)}"] if idle else []
     if options.manifest:
         ran = {c.id for c in cases}
         warnings += [

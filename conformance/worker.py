@@ -8,10 +8,11 @@ group under test.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import traceback
-from typing import Any
+from typing import Any, Iterator
 
 from .case import NotSupported, WorldInfo, find
 from .impl import Implementation, chosen
@@ -43,8 +44,10 @@ def run_case(key: str, world_label: str, shared_dir: str) -> dict[str, Any]:
     rank = os.environ.get("RANK", "0")
     started = time.perf_counter()
     value: Any = None
+    case = find(key)
     try:
-        value = find(key).function(impl, world)
+        with _environment(case.env):
+            value = case.function(impl, world)
         status, message = Status.PASS, ""
     except AssertionError as error:
         status, message = Status.FAIL, _describe(error, f"rank {rank}: assertion failed")
@@ -63,6 +66,21 @@ def run_case(key: str, world_label: str, shared_dir: str) -> dict[str, Any]:
         "value": value,
         "duration_s": time.perf_counter() - started,
     }
+
+
+@contextlib.contextmanager
+def _environment(extra: dict[str, str]) -> Iterator[None]:
+    """Set a case's extra environment for its duration; restore what was there."""
+    saved = {name: os.environ.get(name) for name in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _describe(error: AssertionError, prefix: str) -> str:
