@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import pickle
 import sys
 from multiprocessing.connection import Client, Connection
 from typing import Any, Callable
@@ -36,18 +37,19 @@ def call(rank: int, target: str, args: tuple) -> RankOutcome:
     """Call ``target(*args)``; whatever it raises becomes a failed outcome with its traceback."""
     try:
         return RankOutcome(rank, True, resolve(target)(*args), None)
-    except BaseException as exc:  # noqa: B036 - a target must never end the worker
+    except BaseException as exc:  # a target must never end the worker
         return RankOutcome.from_exception(rank, exc)
 
 
 def send(conn: Connection, outcome: RankOutcome) -> None:
     """Send ``outcome``; a value that cannot be pickled is sent as a failure saying so."""
     try:
-        conn.send(outcome)
-    except Exception as exc:  # pickling happens before any byte is sent
+        payload = pickle.dumps(outcome)
+    except Exception as exc:
         failed = RankOutcome.from_exception(outcome.rank, exc)
         failed.error = f"the return value cannot be sent to the driver:\n{failed.error}"
-        conn.send(failed)
+        payload = pickle.dumps(failed)
+    conn.send_bytes(payload)
 
 
 def main() -> int:

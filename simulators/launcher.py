@@ -90,7 +90,7 @@ def launch(
         raise ValueError("launch needs a script to run")
     script = Path(cwd or os.getcwd(), argv[0])
     if not script.is_file():
-        raise FileNotFoundError(f"simulators: script not found: {script}")
+        raise FileNotFoundError(f"script not found: {script}")
     with tempfile.TemporaryDirectory(prefix="simulators-launch-") as workdir:
         result = _execute([*_BOOTSTRAP, *argv], world, timeout=timeout, env=env, cwd=cwd, workdir=Path(workdir))
     if result.status != "ok":

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from simulators.outcome import RankOutcome
 from simulators.ports import free_port
