@@ -239,7 +239,11 @@ def _collective_checks():
         PartialState._reset_state()
         os.environ["ACCELERATE_DEBUG_MODE"] = "1"
         _check_debug_mode(r, n)
-    return {"rank": r, "num_processes": n, "local_rank": PartialState().local_process_index}
+    state = PartialState()
+    summary = {"rank": r, "num_processes": n, "local_rank": state.local_process_index}
+    state.wait_for_everyone()
+    state.destroy_process_group()  # as a torchrun script should; gloo may abort at exit otherwise
+    return summary
 
 
 @pytest.mark.slow

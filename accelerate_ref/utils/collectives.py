@@ -31,7 +31,9 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 class Collectives:
     """Collectives over one tensor or one picklable object, identical on every rank.
 
-    Tensors passed in are at least 1-d and contiguous (operations ensures it).
+    Tensors passed in are contiguous, and at least 1-d for `all_gather`
+    (operations ensures it). Catalog: gather.first_dim, reduce.mean,
+    broadcast.from_process, broadcast_object_list.in_place.
     """
 
     num_processes: int = 1
@@ -58,7 +60,10 @@ class Collectives:
 
 
 class LocalCollectives(Collectives):
-    """A world of one process: every collective returns this rank's own data."""
+    """A world of one process: every collective returns this rank's own data.
+
+    Catalog: gather.first_dim, reduce.mean, broadcast.from_process (at world 1).
+    """
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor
@@ -67,17 +72,21 @@ class LocalCollectives(Collectives):
         return tensor.clone()
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:
-        return None
+        pass  # the only rank is the source
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         return [obj]
 
     def broadcast_object_list(self, objects: list[Any], src: int) -> None:
-        return None
+        pass  # the only rank is the source
 
 
 class TorchDistributedCollectives(Collectives):
-    """Collectives of the default `torch.distributed` process group."""
+    """Collectives of the default `torch.distributed` process group (gloo, nccl, hccl, ...).
+
+    Catalog: gather.first_dim, gather_object.nested, reduce.mean,
+    broadcast.from_process, broadcast_object_list.in_place.
+    """
 
     def __init__(self, num_processes: int) -> None:
         self.num_processes = num_processes

@@ -47,7 +47,11 @@ class _CheckedEnum(enum.Enum, metaclass=_EnumWithContains):
 
 
 class BaseEnum(_CheckedEnum):
-    """An enum whose `str()` is its value, with a `list()` of all values."""
+    """An enum whose `str()` is its value, with a `list()` of all values.
+
+    Rule: `"value" in SomeEnum` tests values; an unknown value is a
+    ValueError listing the valid ones. Catalog: enums.values.
+    """
 
     def __str__(self) -> str:
         return str(self.value)
@@ -207,7 +211,10 @@ def _check(condition: bool, message: str) -> None:
 
 
 class KwargsHandler:
-    """Mixin for dataclasses whose non-default fields become keyword arguments."""
+    """Mixin for dataclasses whose non-default fields become keyword arguments.
+
+    Catalog: kwargs.ddp, kwargs.init_process_group.
+    """
 
     def to_dict(self) -> dict[str, Any]:
         """A deep copy of every field."""

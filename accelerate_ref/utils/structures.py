@@ -33,7 +33,10 @@ def is_tensor_information(tensor_info: Any) -> bool:
 
 
 def is_namedtuple(data: Any) -> bool:
-    """True for an instance of a `collections.namedtuple` / `typing.NamedTuple` class."""
+    """True for an instance of a `collections.namedtuple` / `typing.NamedTuple` class.
+
+    Catalog: gather.nested (namedtuples are rebuilt field by field).
+    """
     return isinstance(data, tuple) and hasattr(data, "_fields") and hasattr(data, "_asdict")
 
 
@@ -49,7 +52,10 @@ def honor_type(obj: Sequence[Any], generator: Iterable[Any]) -> Sequence[Any]:
 
 
 def format_path(path: Path) -> str:
-    """Render the location of a leaf, e.g. `input['a'][0]` (the whole input is `input`)."""
+    """Render the location of a leaf, e.g. `input['a'][0]` (the whole input is `input`).
+
+    Catalog: ops.recursively_apply (error messages name the offending leaf).
+    """
     return "input" + "".join(f"[{key!r}]" for key in path)
 
 
