@@ -1,0 +1,259 @@
+"""Meta-tests: the conformance suite catches deliberately broken implementations.
+
+Design rule (shared/DESIGN.md, "Rules of thumb"): a case must fail on an
+implementation that breaks its rule. Each module of ``tests/broken_impls``
+breaks one rule. Here the suite's cases run against each one, restricted to
+the cases of the broken rule's area at the smallest world where the break
+shows, and we assert that
+
+* the catalog ID(s) of the broken rule get the expected status at every
+  world run (FAIL for a wrong value; ERROR or FAIL where an exception is the
+  natural symptom; HANG or FAIL for a skipped collective);
+* every other ID of the selection passes, except the few named as
+  collateral (rules that really rest on the broken one);
+
+and, first at each world, the reference `accelerate_ref` runs the union of
+the selections used there and must pass it all (otherwise a "caught" break
+would prove nothing).
+
+Speed: a rank pool costs seconds to start (more on a loaded machine), so
+breaks that leave the ranks in a clean state share one pool per world
+through `broken_impls.switchboard`, which delegates to the implementation
+the driver names before each case, via the suite's own backend
+(`SimBackend.run_case`, as the pytest plugin uses it). Breaks that can
+leave ranks out of step (a collective skipped on one rank, mismatched
+shapes) or damage the process run ``isolated``: through the suite's runner
+(`conformance.runner.execute`) with pools of their own. One test also runs
+the command line against a broken module end to end.
+
+To reproduce one break by hand::
+
+    PYTHONPATH=tests python -m conformance run --impl broken_impls.print_every_rank --worlds 2 --no-manifest
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import pytest
+
+from conformance.backends import SimBackend
+from conformance.case import all_cases, select
+from conformance.results import CaseResult, Status
+from conformance.runner import DEFAULT_CASE_TIMEOUT, RunOptions, execute
+from simulators.topology import World
+
+# broken_impls is a package under tests/; the rank pool passes sys.path on to the ranks.
+TESTS_DIR = Path(__file__).resolve().parent
+if str(TESTS_DIR) not in sys.path:
+    sys.path.insert(0, str(TESTS_DIR))
+
+from broken_impls import switchboard  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+F, E, H = Status.FAIL, Status.ERROR, Status.HANG
+REFERENCE = "accelerate_ref"
+
+#: Case selections, by area, as conformance patterns over IDs.
+PROCESS = ("state.*", "print.*", "process.*", "sync.*", "trigger.*")
+
+
+@dataclass(frozen=True)
+class Break:
+    """One implementation run against a selection of cases, and how the suite must report it."""
+
+    #: ``broken_impls.<name>``, or the reference for a control entry.
+    impl: str
+    #: Catalog ID -> statuses that count as caught, required at every world run.
+    caught: dict[str, frozenset[Status]]
+    worlds: tuple[str, ...]
+    patterns: tuple[str, ...]
+    #: IDs that rest on the broken rule and may fail too; any other ID must pass.
+    collateral: frozenset[str] = frozenset()
+    #: Run through `execute` with pools of its own instead of the shared switchboard pool.
+    isolated: bool = False
+    case_timeout: float = DEFAULT_CASE_TIMEOUT
+
+    @property
+    def name(self) -> str:
+        return self.impl.rpartition(".")[2]
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}@{','.join(self.worlds)}"
+
+
+def brk(module: str, caught, worlds: Iterable[str], patterns: Iterable[str], collateral=(), **options) -> Break:
+    """A `Break` of ``broken_impls.<module>``, ``caught`` given as ``{id: status or (statuses)}``."""
+    as_sets = {
+        cid: frozenset(statuses if isinstance(statuses, (tuple, set, frozenset)) else (statuses,))
+        for cid, statuses in caught.items()
+    }
+    return Break(f"broken_impls.{module}", as_sets, tuple(worlds), tuple(patterns), frozenset(collateral), **options)
+
+
+BREAKS = [
+    # -- process topology and control ---------------------------------------
+    brk(
+        "local_index_from_global",
+        {"state.attributes": F, "process.is_local_main": F, "print.once_per_server": F},
+        ["2x2"],
+        PROCESS,
+        # Every per-machine rule rests on local_process_index.
+        collateral={"process.on_local_main_process", "process.on_local_process", "sync.local_main_process_first"},
+    ),
+    brk("print_every_rank", {"print.once_per_server": F}, ["2"], PROCESS),
+    brk("on_main_every_machine", {"process.on_main_process": F}, ["2x2"], PROCESS),
+    brk(
+        "wait_skips_barrier",
+        {"sync.wait_for_everyone": F},
+        ["2"],
+        PROCESS,
+        # main_process_first is built on the barrier.
+        collateral={"sync.main_process_first", "sync.local_main_process_first"},
+    ),
+    brk("main_first_no_wait", {"sync.main_process_first": F}, ["2"], PROCESS),
+    brk("trigger_not_reset", {"trigger.set_check": F}, ["2"], PROCESS),
+    brk("trigger_local_only", {"trigger.set_check": F}, ["2"], PROCESS),
+]
+
+
+def _world_order(label: str) -> tuple[int, str]:
+    return World.parse(label).size, label
+
+
+def _plan() -> list[Break]:
+    """Shared-pool entries grouped by world (a reference control first in each), then the isolated ones."""
+    shared = [b for b in BREAKS if not b.isolated]
+    plan: list[Break] = []
+    for world in sorted({w for b in shared for w in b.worlds}, key=_world_order):
+        here = [b for b in shared if b.worlds == (world,)]
+        patterns = tuple(dict.fromkeys(p for b in here for p in b.patterns))
+        plan.append(Break(REFERENCE, {}, (world,), patterns))
+        plan.extend(here)
+    multi = [b for b in shared if len(b.worlds) > 1]
+    isolated = [b for b in BREAKS if b.isolated]
+    for b in multi + isolated:
+        plan.append(Break(REFERENCE, {}, b.worlds, b.patterns, isolated=b.isolated))
+        plan.append(b)
+    return plan
+
+
+PLAN = _plan()
+
+
+class SharedPools:
+    """One `SimBackend` over `broken_impls.switchboard`: pools live across entries of the same world."""
+
+    def __init__(self, choice_file: Path) -> None:
+        self.choice_file = choice_file
+        self.backend = SimBackend("broken_impls.switchboard", DEFAULT_CASE_TIMEOUT)
+
+    def run(self, entry: Break) -> list[CaseResult]:
+        self.backend.case_timeout = entry.case_timeout
+        results = []
+        for label in entry.worlds:
+            results += self._run_world(entry, label)
+        return results
+
+    def _run_world(self, entry: Break, label: str) -> list[CaseResult]:
+        # Read when a pool starts: every implementation the plan runs at this world is
+        # imported then, not inside the first case's timeout.
+        preload = ",".join(dict.fromkeys(e.impl for e in PLAN if not e.isolated and label in e.worlds))
+        self.backend.base_env = {
+            **SimBackend.base_env,
+            switchboard.CHOICE_ENV: str(self.choice_file),
+            switchboard.PRELOAD_ENV: preload,
+        }
+        world = World.parse(label)
+        results = []
+        for case in (c for c in select(all_cases(), entry.patterns) if c.runs_at(label)):
+            self.choice_file.write_text(entry.impl, encoding="utf-8")
+            results.append(self.backend.run_case(case, world))
+        return results
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+@pytest.fixture(scope="module")
+def shared_pools(tmp_path_factory):
+    pools = SharedPools(tmp_path_factory.mktemp("switchboard") / "choice")
+    yield pools
+    pools.close()
+
+
+def _describe(result: CaseResult) -> str:
+    message = "\n      ".join(result.message.splitlines()[:12]) or "(no message)"
+    return f"{result.id} [{result.case}] at world {result.world}: {result.status.value}\n      {message}"
+
+
+def _summary(results: list[CaseResult]) -> str:
+    return "\n".join(f"    {r.status.value:<13} {r.id} [{r.case}] world={r.world}" for r in results)
+
+
+def _problems(entry: Break, results: list[CaseResult]) -> list[str]:
+    """What the suite reported wrongly about ``entry``: a break not caught, or an unrelated ID not passing."""
+    problems = []
+    for cid, statuses in entry.caught.items():
+        expected = " or ".join(sorted(s.value for s in statuses))
+        for world in entry.worlds:
+            found = [r for r in results if r.id == cid and r.world == world]
+            if not found:
+                problems.append(f"{cid} did not run at world {world}: no case for it there, or the patterns miss it")
+            problems += [
+                f"{cid} not caught: expected {expected}, got {_describe(r)}" for r in found if r.status not in statuses
+            ]
+    unrelated = [r for r in results if r.id not in entry.caught and r.id not in entry.collateral]
+    problems += [f"unrelated ID: expected PASS, got {_describe(r)}" for r in unrelated if r.status is not Status.PASS]
+    return problems
+
+
+@pytest.mark.parametrize("entry", PLAN, ids=lambda e: e.label)
+def test_suite_reports(entry: Break, request) -> None:
+    # Imported here too, so that what the ranks return unpickles in the driver.
+    importlib.import_module(entry.impl)
+    if entry.isolated:
+        options = RunOptions(
+            impl=entry.impl,
+            worlds=list(entry.worlds),
+            patterns=list(entry.patterns),
+            case_timeout=entry.case_timeout,
+            manifest=None,
+        )
+        results = execute(options, out=io.StringIO()).results
+    else:
+        results = request.getfixturevalue("shared_pools").run(entry)
+    assert results, f"{entry.impl}: no case ran for patterns {list(entry.patterns)} at worlds {entry.worlds}"
+    problems = _problems(entry, results)
+    if entry.impl == REFERENCE:
+        headline = "the reference must pass every case the meta-tests use, or a caught break proves nothing"
+    else:
+        headline = f"break {entry.impl} was not reported as it should be"
+    assert not problems, (
+        f"{headline} (worlds {','.join(entry.worlds)}, patterns {list(entry.patterns)}):\n  - "
+        + "\n  - ".join(problems)
+        + f"\n\nall results:\n{_summary(results)}"
+    )
+
+
+def test_command_line_reports_a_break() -> None:
+    """``python -m conformance run --impl broken_impls.<break>`` exits non-zero and names the failing ID."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    command = [
+        sys.executable, "-m", "conformance", "run", "--impl", "broken_impls.print_every_rank",
+        "--worlds", "2", "-k", "print.*", "--no-manifest",
+    ]
+    done = subprocess.run(command, cwd=TESTS_DIR.parent, env=env, capture_output=True, text=True, timeout=240)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, f"a run with a failing case must exit non-zero, got 0:\n{output}"
+    assert "FAIL print.once_per_server" in output, f"the report should name the failing ID:\n{output}"
+    assert "broken_impls.print_every_rank" in output, f"the run header should name the implementation:\n{output}"
