@@ -212,7 +212,8 @@ def test_busy_workers_die_with_a_killed_driver(tmp_path, assert_gone):
         print(*(o.value[1] for o in result.outcomes.values()), flush=True)
         pool.run("{target('wait_for_ever_in_here')}", timeout=600)
     """))
-    process = subprocess.Popen([sys.executable, str(driver)], stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen([sys.executable, str(driver)], stdout=subprocess.PIPE, text=True,
+                               env={**os.environ, "TMPDIR": str(tmp_path)})  # the pool's files, left by the kill
     try:
         workers = [int(pid) for pid in process.stdout.readline().split()]
     finally:
