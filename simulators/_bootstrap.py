@@ -31,6 +31,13 @@ def _load_main(path: str) -> None:
     sys.modules["__main__"] = sys.modules["__mp_main__"] = module
 
 
+def _release_process_group() -> None:
+    """Destroy a process group the function left behind, so gloo does not abort at interpreter exit."""
+    distributed = sys.modules.get("torch.distributed")
+    if distributed is not None and distributed.is_available() and distributed.is_initialized():
+        distributed.destroy_process_group()
+
+
 def _call(call_file: str, result_dir: str) -> int:
     result = result_path(Path(result_dir), int(os.environ["RANK"]))
     with open(call_file, "rb") as stream:
@@ -42,6 +49,7 @@ def _call(call_file: str, result_dir: str) -> int:
         outcome: tuple[str, Any] = ("ok", fn(*args, **kwargs))
     except BaseException:
         outcome = ("error", traceback.format_exc())
+    _release_process_group()
     try:
         payload = pickle.dumps(outcome)
     except Exception as exc:

@@ -122,16 +122,29 @@ def run(
         result = _execute(argv, shape, timeout=timeout, env=env, cwd=None, workdir=workdir)
         if result.status == "timeout":
             raise RankTimeout(timeout, result.running, result.stacks)
-        order = [result.failed_rank] if result.failed_rank is not None else range(shape.size)
+        if result.failed_rank is not None:
+            raise _rank_failure(result, workdir, result.failed_rank)
         values = []
-        for rank in order:
-            path = result_path(workdir, rank)
-            kind, value = read_result(path) if path.exists() else ("error", None)
+        for rank in range(shape.size):
+            kind, value = _read_result(workdir, rank)
             if kind != "ok":
-                tail = result.output_tail.get(rank, "")
-                raise RankFailure(rank, result.exit_codes.get(rank, 0), value or tail or "(exited without a result)", tail)
+                raise _rank_failure(result, workdir, rank)
             values.append(value)
         return values
+
+
+def _read_result(workdir: Path, rank: int) -> tuple[str, Any]:
+    path = result_path(workdir, rank)
+    return read_result(path) if path.exists() else ("error", None)
+
+
+def _rank_failure(result: LaunchResult, workdir: Path, rank: int) -> RankFailure:
+    """The failure of ``rank``: its traceback, or, if it returned and then died, say so."""
+    tail = result.output_tail.get(rank, "")
+    kind, value = _read_result(workdir, rank)
+    if kind == "ok":  # the function returned, then the process died (an abort at interpreter exit, say)
+        value = f"rank {rank} returned from the function but then exited abnormally"
+    return RankFailure(rank, result.exit_codes.get(rank, 0), value or tail or "(exited without a result)", tail)
 
 
 def _execute(

@@ -191,6 +191,13 @@ def test_run_reports_a_rank_killed_by_a_signal():
     assert "abort_on_rank" in caught.value.output_tail  # faulthandler's report of the fatal signal
 
 
+def test_run_fails_when_a_rank_returns_and_then_dies():
+    with pytest.raises(RankFailure) as caught:
+        simulators.run(ranks.returns_then_dies_at_exit_on_rank, world=2, args=(0,), timeout=30)
+    assert (caught.value.rank, caught.value.exit_code) == (0, 3)
+    assert "returned from the function but then exited abnormally" in caught.value.traceback
+
+
 def test_run_raises_rank_timeout_with_the_stacks():
     with pytest.raises(RankTimeout) as caught:
         simulators.run(ranks.wait_for_ever_in_here, world=2, timeout=1.5)

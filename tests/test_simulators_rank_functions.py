@@ -68,6 +68,15 @@ def exits():
     sys.exit(3)
 
 
+def returns_then_dies_at_exit_on_rank(victim):
+    """Return normally, but leave the interpreter's exit to end the process with code 3."""
+    import atexit
+
+    if rank() == victim:
+        atexit.register(os._exit, 3)
+    return rank()
+
+
 def unpicklable():
     return lambda: None
 
