@@ -8,11 +8,11 @@ group under test.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 import traceback
-from typing import Any, Iterator
+from typing import Any
+from unittest import mock
 
 from .case import NotSupported, WorldInfo, find
 from .impl import Implementation, chosen
@@ -46,7 +46,7 @@ def run_case(key: str, world_label: str, shared_dir: str) -> dict[str, Any]:
     value: Any = None
     case = find(key)
     try:
-        with _environment(case.env):
+        with mock.patch.dict(os.environ, case.env):
             value = case.function(impl, world)
         status, message = Status.PASS, ""
     except AssertionError as error:
@@ -66,21 +66,6 @@ def run_case(key: str, world_label: str, shared_dir: str) -> dict[str, Any]:
         "value": value,
         "duration_s": time.perf_counter() - started,
     }
-
-
-@contextlib.contextmanager
-def _environment(extra: dict[str, str]) -> Iterator[None]:
-    """Set a case's extra environment for its duration; restore what was there."""
-    saved = {name: os.environ.get(name) for name in extra}
-    os.environ.update(extra)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def _describe(error: AssertionError, prefix: str) -> str:
