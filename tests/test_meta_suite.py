@@ -59,11 +59,14 @@ from broken_impls import switchboard  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-F, E, H = Status.FAIL, Status.ERROR, Status.HANG
+F, E, H, C = Status.FAIL, Status.ERROR, Status.HANG, Status.CRASH
 REFERENCE = "accelerate_ref"
 
 #: Case selections, by area, as conformance patterns over IDs.
 PROCESS = ("state.*", "print.*", "process.*", "sync.*", "trigger.*")
+COLLECTIVES = ("gather.*", "gather_object.*", "reduce.*", "pad.*", "broadcast.*", "broadcast_object_list.*", "debug.*")
+OPS = ("ops.*",)
+INFERENCE = ("split.*",)
 
 
 @dataclass(frozen=True)
@@ -72,15 +75,19 @@ class Break:
 
     #: ``broken_impls.<name>``, or the reference for a control entry.
     impl: str
-    #: Catalog ID -> statuses that count as caught, required at every world run.
+    #: Catalog ID (or, to be specific where an ID has several cases, a case's function name)
+    #: -> statuses that count as caught.
     caught: dict[str, frozenset[Status]]
-    worlds: tuple[str, ...]
+    world: str
     patterns: tuple[str, ...]
     #: IDs that rest on the broken rule and may fail too; any other ID must pass.
     collateral: frozenset[str] = frozenset()
     #: Run through `execute` with pools of its own instead of the shared switchboard pool.
     isolated: bool = False
     case_timeout: float = DEFAULT_CASE_TIMEOUT
+    #: A known weakness of the suite that keeps this break from being reported as
+    #: it should be: the entry is an expected failure (strict, so a fix shows up).
+    known_gap: str = ""
 
     @property
     def name(self) -> str:
@@ -88,16 +95,16 @@ class Break:
 
     @property
     def label(self) -> str:
-        return f"{self.name}@{','.join(self.worlds)}"
+        return f"{self.name}@{self.world}"
 
 
-def brk(module: str, caught, worlds: Iterable[str], patterns: Iterable[str], collateral=(), **options) -> Break:
+def brk(module: str, caught, world: str, patterns: Iterable[str], collateral=(), **options) -> Break:
     """A `Break` of ``broken_impls.<module>``, ``caught`` given as ``{id: status or (statuses)}``."""
     as_sets = {
         cid: frozenset(statuses if isinstance(statuses, (tuple, set, frozenset)) else (statuses,))
         for cid, statuses in caught.items()
     }
-    return Break(f"broken_impls.{module}", as_sets, tuple(worlds), tuple(patterns), frozenset(collateral), **options)
+    return Break(f"broken_impls.{module}", as_sets, world, tuple(patterns), frozenset(collateral), **options)
 
 
 BREAKS = [
@@ -105,24 +112,101 @@ BREAKS = [
     brk(
         "local_index_from_global",
         {"state.attributes": F, "process.is_local_main": F, "print.once_per_server": F},
-        ["2x2"],
+        "2x2",
         PROCESS,
         # Every per-machine rule rests on local_process_index.
         collateral={"process.on_local_main_process", "process.on_local_process", "sync.local_main_process_first"},
     ),
-    brk("print_every_rank", {"print.once_per_server": F}, ["2"], PROCESS),
-    brk("on_main_every_machine", {"process.on_main_process": F}, ["2x2"], PROCESS),
+    brk("print_every_rank", {"print.once_per_server": F}, "2", PROCESS),
+    brk("on_main_every_machine", {"process.on_main_process": F}, "2x2", PROCESS),
     brk(
         "wait_skips_barrier",
         {"sync.wait_for_everyone": F},
-        ["2"],
+        "2",
         PROCESS,
         # main_process_first is built on the barrier.
         collateral={"sync.main_process_first", "sync.local_main_process_first"},
     ),
-    brk("main_first_no_wait", {"sync.main_process_first": F}, ["2"], PROCESS),
-    brk("trigger_not_reset", {"trigger.set_check": F}, ["2"], PROCESS),
-    brk("trigger_local_only", {"trigger.set_check": F}, ["2"], PROCESS),
+    brk("main_first_no_wait", {"sync.main_process_first": F}, "2", PROCESS),
+    brk("trigger_not_reset", {"trigger.set_check": F}, "2", PROCESS),
+    brk("trigger_local_only", {"trigger.set_check": F}, "2", PROCESS),
+    # -- collectives ------------------------------------------------------------
+    brk("mean_as_sum", {"reduce.mean": F, "reduce.nested": F}, "2", COLLECTIVES),
+    brk("reduce_none_sums", {"reduce.none": F}, "2", COLLECTIVES),
+    brk("reduce_default_sum", {"reduce.mean": F}, "2", COLLECTIVES),
+    brk(
+        "gather_reversed",
+        {"gather.doc_example": F, "gather.first_dim": F, "gather.nested": F, "gather.scalar": F},
+        "4",
+        COLLECTIVES,
+    ),
+    brk("gather_scalar_flat", {"gather.scalar": F}, "2", COLLECTIVES),
+    brk("gather_nested_tuples_as_lists", {"gather.nested": F}, "2", COLLECTIVES),
+    brk("gather_object_dict_keys", {"gather_object.structures": F}, "2", COLLECTIVES),
+    brk("gather_object_not_flattened", {"gather_object.nested": F}, "2", COLLECTIVES),
+    brk("pad_ignored", {"pad.doc_example": F, "pad.pad_first_index_dim": F}, "2", COLLECTIVES),
+    brk("pad_first_ignored", {"pad.pad_first_index_dim": F}, "2", COLLECTIVES),
+    brk("pad_index_ignored", {"pad.pad_first_index_dim": F}, "2", COLLECTIVES),
+    brk(
+        "broadcast_from_zero",
+        {"broadcast.from_process": F},
+        "2",
+        COLLECTIVES,
+        # The debug-mode broadcast case broadcasts from the last rank as its control.
+        collateral={"debug.shape_mismatch"},
+    ),
+    brk("broadcast_object_list_copy", {"broadcast_object_list.in_place": F}, "2", COLLECTIVES),
+    # The other ranks block in all_gather: HANG, or FAIL when the last rank's own
+    # wrong result is reported as the cause. Later cases must still run and pass.
+    brk(
+        "collective_skipped_on_one_rank",
+        {"gather.first_dim": (F, H)},
+        "2",
+        ("gather.first_dim", "reduce.mean", "broadcast.from_process"),
+        isolated=True,
+        case_timeout=4.0,
+    ),
+    # Without the check gloo gets buffers of different sizes: on gather and reduce it
+    # aborts the rank that receives more than it expects (CRASH; were it to wait
+    # instead, HANG); broadcast goes through with the wrong data or an error that
+    # names no shapes (FAIL).
+    brk(
+        "debug_mode_ignored",
+        {"debug_shape_mismatch_gather": (C, H), "debug_shape_mismatch_reduce": (C, H), "debug_shape_mismatch_broadcast": F},
+        "2",
+        ("debug.*",),
+        isolated=True,
+        case_timeout=4.0,
+    ),
+    # -- local operations ---------------------------------------------------------
+    brk("send_to_device_ignores_skip_keys", {"ops.send_to_device": F}, "1", OPS),
+    brk("concatenate_ignores_dim", {"ops.concatenate": F}, "1", OPS),
+    brk(
+        "recursively_apply_never_raises",
+        {"ops.recursively_apply": F},
+        "1",
+        OPS,
+        known_gap=(
+            "reported as ERROR, not FAIL: conformance.checks.plain rebuilds a namedtuple from a generator "
+            "(TypeError) while expect_raises describes the unexpected return value"
+        ),
+    ),
+    brk("slice_tensors_drops_others", {"ops.slice_tensors": F}, "1", OPS),
+    brk("convert_to_fp32_all_floats", {"ops.convert_to_fp32": F}, "1", OPS),
+    brk("listify_keeps_tensors", {"ops.listify": F}, "1", OPS),
+    # -- inference helpers ----------------------------------------------------------
+    brk("split_no_padding", {"split.padding": F}, "2", INFERENCE, collateral={"split.fewer_inputs_than_ranks"}),
+    brk(
+        "split_uneven_extras_last",
+        {"split.doc_example": F},
+        "2",
+        INFERENCE,
+        # Every split rule at an uneven count sees the shares move.
+        collateral={"split.padding", "split.tensor_dict", "split.fewer_inputs_than_ranks"},
+    ),
+    brk("split_dict_unchecked", {"split.tensor_dict": F}, "2", INFERENCE),
+    brk("split_empty_share_filled", {"split.fewer_inputs_than_ranks": F}, "2", INFERENCE),
+    brk("split_pads_with_share_last", {"split.padding": F}, "4", INFERENCE),
 ]
 
 
@@ -131,20 +215,15 @@ def _world_order(label: str) -> tuple[int, str]:
 
 
 def _plan() -> list[Break]:
-    """Shared-pool entries grouped by world (a reference control first in each), then the isolated ones."""
-    shared = [b for b in BREAKS if not b.isolated]
+    """Shared-pool entries grouped by world, each group led by a reference control over the union
+    of the patterns any entry uses at that world (isolated ones included); then the isolated ones."""
     plan: list[Break] = []
-    for world in sorted({w for b in shared for w in b.worlds}, key=_world_order):
-        here = [b for b in shared if b.worlds == (world,)]
+    for world in sorted({b.world for b in BREAKS}, key=_world_order):
+        here = [b for b in BREAKS if b.world == world]
         patterns = tuple(dict.fromkeys(p for b in here for p in b.patterns))
-        plan.append(Break(REFERENCE, {}, (world,), patterns))
-        plan.extend(here)
-    multi = [b for b in shared if len(b.worlds) > 1]
-    isolated = [b for b in BREAKS if b.isolated]
-    for b in multi + isolated:
-        plan.append(Break(REFERENCE, {}, b.worlds, b.patterns, isolated=b.isolated))
-        plan.append(b)
-    return plan
+        plan.append(Break(REFERENCE, {}, world, patterns))
+        plan.extend(b for b in here if not b.isolated)
+    return plan + [b for b in BREAKS if b.isolated]
 
 
 PLAN = _plan()
@@ -159,23 +238,17 @@ class SharedPools:
 
     def run(self, entry: Break) -> list[CaseResult]:
         self.backend.case_timeout = entry.case_timeout
-        results = []
-        for label in entry.worlds:
-            results += self._run_world(entry, label)
-        return results
-
-    def _run_world(self, entry: Break, label: str) -> list[CaseResult]:
         # Read when a pool starts: every implementation the plan runs at this world is
         # imported then, not inside the first case's timeout.
-        preload = ",".join(dict.fromkeys(e.impl for e in PLAN if not e.isolated and label in e.worlds))
+        preload = ",".join(dict.fromkeys(e.impl for e in PLAN if not e.isolated and e.world == entry.world))
         self.backend.base_env = {
             **SimBackend.base_env,
             switchboard.CHOICE_ENV: str(self.choice_file),
             switchboard.PRELOAD_ENV: preload,
         }
-        world = World.parse(label)
+        world = World.parse(entry.world)
         results = []
-        for case in (c for c in select(all_cases(), entry.patterns) if c.runs_at(label)):
+        for case in (c for c in select(all_cases(), entry.patterns) if c.runs_at(entry.world)):
             self.choice_file.write_text(entry.impl, encoding="utf-8")
             results.append(self.backend.run_case(case, world))
         return results
@@ -203,28 +276,34 @@ def _summary(results: list[CaseResult]) -> str:
 def _problems(entry: Break, results: list[CaseResult]) -> list[str]:
     """What the suite reported wrongly about ``entry``: a break not caught, or an unrelated ID not passing."""
     problems = []
-    for cid, statuses in entry.caught.items():
+    for key, statuses in entry.caught.items():
         expected = " or ".join(sorted(s.value for s in statuses))
-        for world in entry.worlds:
-            found = [r for r in results if r.id == cid and r.world == world]
-            if not found:
-                problems.append(f"{cid} did not run at world {world}: no case for it there, or the patterns miss it")
-            problems += [
-                f"{cid} not caught: expected {expected}, got {_describe(r)}" for r in found if r.status not in statuses
-            ]
-    unrelated = [r for r in results if r.id not in entry.caught and r.id not in entry.collateral]
+        found = [r for r in results if key in (r.id, r.case)]
+        if not found:
+            problems.append(f"{key} did not run at world {entry.world}: no case for it there, or the patterns miss it")
+        problems += [
+            f"{key} not caught: expected {expected}, got {_describe(r)}" for r in found if r.status not in statuses
+        ]
+    unrelated = [
+        r for r in results if r.id not in entry.collateral and not any(key in (r.id, r.case) for key in entry.caught)
+    ]
     problems += [f"unrelated ID: expected PASS, got {_describe(r)}" for r in unrelated if r.status is not Status.PASS]
     return problems
 
 
-@pytest.mark.parametrize("entry", PLAN, ids=lambda e: e.label)
+def _param(entry: Break):
+    marks = [pytest.mark.xfail(strict=True, reason=entry.known_gap)] if entry.known_gap else []
+    return pytest.param(entry, id=entry.label, marks=marks)
+
+
+@pytest.mark.parametrize("entry", [_param(e) for e in PLAN])
 def test_suite_reports(entry: Break, request) -> None:
     # Imported here too, so that what the ranks return unpickles in the driver.
     importlib.import_module(entry.impl)
     if entry.isolated:
         options = RunOptions(
             impl=entry.impl,
-            worlds=list(entry.worlds),
+            worlds=[entry.world],
             patterns=list(entry.patterns),
             case_timeout=entry.case_timeout,
             manifest=None,
@@ -232,14 +311,14 @@ def test_suite_reports(entry: Break, request) -> None:
         results = execute(options, out=io.StringIO()).results
     else:
         results = request.getfixturevalue("shared_pools").run(entry)
-    assert results, f"{entry.impl}: no case ran for patterns {list(entry.patterns)} at worlds {entry.worlds}"
+    assert results, f"{entry.impl}: no case ran for patterns {list(entry.patterns)} at world {entry.world}"
     problems = _problems(entry, results)
     if entry.impl == REFERENCE:
         headline = "the reference must pass every case the meta-tests use, or a caught break proves nothing"
     else:
         headline = f"break {entry.impl} was not reported as it should be"
     assert not problems, (
-        f"{headline} (worlds {','.join(entry.worlds)}, patterns {list(entry.patterns)}):\n  - "
+        f"{headline} (world {entry.world}, patterns {list(entry.patterns)}):\n  - "
         + "\n  - ".join(problems)
         + f"\n\nall results:\n{_summary(results)}"
     )

@@ -1,0 +1,20 @@
+"""Broken: `ACCELERATE_DEBUG_MODE=1` is ignored: collectives never compare shapes across ranks first.
+
+Rule: in debug mode, a gather/reduce/broadcast whose shapes differ across
+ranks raises on every rank an error naming each rank's shape. Without the
+check, gloo gets mismatched buffers (an error that names no shapes, garbage,
+or a hang). Caught at world 2 by ``debug.shape_mismatch``.
+"""
+
+from broken_impls._wrap import BrokenCopy
+
+ref = BrokenCopy(__name__)
+original = ref.get("utils.operations._tensor_collectives")
+
+
+def _tensor_collectives(data, operation, same_shapes):
+    return original(data, operation, same_shapes=False)
+
+
+ref.replace("utils.operations._tensor_collectives", _tensor_collectives)
+ref.export(globals())
