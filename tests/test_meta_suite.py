@@ -312,6 +312,10 @@ def test_suite_reports(entry: Break, request) -> None:
     else:
         results = request.getfixturevalue("shared_pools").run(entry)
     assert results, f"{entry.impl}: no case ran for patterns {list(entry.patterns)} at world {entry.world}"
+    # Shown with ``pytest -rP``: what the suite reported for the broken rule.
+    print(f"{entry.label}: " + (", ".join(
+        f"{r.case}={r.status.value}" for r in results if any(key in (r.id, r.case) for key in entry.caught)
+    ) or f"{len(results)} results, {sum(r.status is Status.PASS for r in results)} PASS"))
     problems = _problems(entry, results)
     if entry.impl == REFERENCE:
         headline = "the reference must pass every case the meta-tests use, or a caught break proves nothing"
