@@ -130,6 +130,18 @@ BREAKS = [
     brk("main_first_no_wait", {"sync.main_process_first": F}, "2", PROCESS),
     brk("trigger_not_reset", {"trigger.set_check": F}, "2", PROCESS),
     brk("trigger_local_only", {"trigger.set_check": F}, "2", PROCESS),
+    brk("on_process_ignores_index", {"process.on_process": F}, "2", PROCESS),
+    brk("on_last_process_runs_on_main", {"process.on_last_process": F}, "2", PROCESS),
+    brk("on_local_process_uses_global_index", {"process.on_local_process": F}, "2x2", PROCESS),
+    brk("local_main_first_no_wait", {"sync.local_main_process_first": F}, "2", PROCESS),
+    brk(
+        "main_on_every_machine",
+        {"process.is_main": F, "state.attributes": F},
+        "2x2",
+        PROCESS,
+        # Rules that single out the main process.
+        collateral={"process.on_main_process", "sync.main_process_first", "sync.wait_for_everyone"},
+    ),
     # -- collectives ------------------------------------------------------------
     brk("mean_as_sum", {"reduce.mean": F, "reduce.nested": F}, "2", COLLECTIVES),
     brk("reduce_none_sums", {"reduce.none": F}, "2", COLLECTIVES),

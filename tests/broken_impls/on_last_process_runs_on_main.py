@@ -1,0 +1,17 @@
+"""Broken: `on_last_process` runs the function on the main process.
+
+Rule: the decorated function runs on the last rank only. Caught at world 2
+by ``process.on_last_process``.
+"""
+
+from broken_impls._wrap import BrokenCopy
+
+ref = BrokenCopy(__name__)
+
+
+def on_last_process(self, function=None):
+    return self._only_if(function, lambda state: state.is_main_process)
+
+
+ref.replace("state.PartialState.on_last_process", on_last_process)
+ref.export(globals())
