@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import builtins
 import os
+import weakref
 from contextlib import contextmanager
 from functools import partial
 from typing import Any, Callable, Iterator, TypeVar
@@ -356,9 +357,19 @@ def _precision(value: str | None) -> str:
 
 
 class GradientState(_SharedState):
-    """Whether gradients are synchronised on this step, and the accumulation settings.
+    """Whether gradients are synchronised on this step, and the data loaders being iterated.
 
     Outside gradient accumulation every step syncs (``sync_gradients`` True).
+    Prepared data loaders register themselves here while they are iterated
+    (`_add_dataloader` / `_remove_dataloader`); the innermost one is the
+    ``active_dataloader``, and ``end_of_dataloader`` / ``remainder`` are read
+    from it: True on its last batch, and the number of real samples in its
+    last global batch (``-1`` when unknown or outside any loader). That is
+    how `Accelerator.gather_for_metrics` drops the samples ``even_batches``
+    duplicated. Loaders are held by weak reference, so a loader that is
+    dropped mid-epoch does not stay registered.
+    Catalog: gather_for_metrics.doc_example, gather_for_metrics.full_epoch,
+    accumulate.end_of_dataloader, accumulate.scheduler, accumulate.plugin.
     """
 
     def __init__(self, gradient_accumulation_plugin: GradientAccumulationPlugin | None = None) -> None:
@@ -368,12 +379,76 @@ class GradientState(_SharedState):
             return
         self.plugin = gradient_accumulation_plugin or GradientAccumulationPlugin(num_steps=1)
         self.sync_gradients = True
-        self.end_of_dataloader = False
-        self.remainder = -1
+        self._dataloader_references_ref: list[weakref.ref] = []
+
+    # -- accumulation settings, from the plugin ----------------------------
 
     @property
     def num_steps(self) -> int:
-        return self.plugin.num_steps
+        """Batches per optimizer update (``num_steps=None`` in the plugin means 1)."""
+        return self.plugin.num_steps or 1
+
+    @property
+    def adjust_scheduler(self) -> bool:
+        """Whether a prepared scheduler steps only on real optimizer updates (plugin default True)."""
+        return self.plugin.adjust_scheduler
+
+    @property
+    def sync_with_dataloader(self) -> bool:
+        """Whether gradients sync on the last batch of a loader, mid-cycle included."""
+        return self.plugin.sync_with_dataloader
+
+    @property
+    def sync_each_batch(self) -> bool:
+        """Whether gradients sync on every batch even while accumulating."""
+        return self.plugin.sync_each_batch
+
+    def _set_sync_gradients(self, sync_gradients: bool) -> None:
+        """Set whether the current step synchronises gradients (the Accelerator calls it)."""
+        self.sync_gradients = sync_gradients
+
+    # -- data loaders being iterated -----------------------------------------
+
+    @property
+    def dataloader_references(self) -> list[Any]:
+        """The loaders being iterated, outermost first (loaders garbage-collected since are left out)."""
+        loaders = (reference() for reference in self._dataloader_references_ref)
+        return [loader for loader in loaders if loader is not None]
+
+    @dataloader_references.setter
+    def dataloader_references(self, loaders: list[Any]) -> None:
+        self._dataloader_references_ref = [weakref.ref(loader) for loader in loaders]
+
+    @property
+    def active_dataloader(self) -> Any:
+        """The innermost loader being iterated, or None."""
+        loaders = self.dataloader_references
+        return loaders[-1] if loaders else None
+
+    @property
+    def in_dataloader(self) -> bool:
+        """Whether some prepared loader is being iterated."""
+        return self.active_dataloader is not None
+
+    @property
+    def end_of_dataloader(self) -> bool:
+        """True while the active loader's last batch is out; False outside any loader."""
+        active = self.active_dataloader
+        return bool(active is not None and active.end_of_dataloader)
+
+    @property
+    def remainder(self) -> int:
+        """Real samples in the active loader's last global batch; -1 when unknown or outside any loader."""
+        active = self.active_dataloader
+        return -1 if active is None else active.remainder
+
+    def _add_dataloader(self, dataloader: Any) -> None:
+        """Register ``dataloader`` as the active loader (a loader calls it when an epoch starts)."""
+        self.dataloader_references = self.dataloader_references + [dataloader]
+
+    def _remove_dataloader(self, dataloader: Any) -> None:
+        """Unregister ``dataloader`` (a loader calls it when its epoch ends)."""
+        self.dataloader_references = [loader for loader in self.dataloader_references if loader is not dataloader]
 
     @staticmethod
     def _reset_state() -> None:
