@@ -1,27 +1,43 @@
 """The `Accelerator`: one object a training script talks to.
 
-This module holds the constructor, the topology attributes, process control
-and the collective methods. Each method states the documented rule it
-implements and the catalog ID that checks it.
+This module holds the constructor, the topology attributes, process control,
+the collective methods and the training path (prepare, backward,
+accumulation, clipping, mixed precision). Each method states the documented
+rule it implements and the catalog ID that checks it; the mechanics live in
+`precision` (autocast, scaler), `gradient_sync` (DDP synchronisation, uneven
+inputs), `optimizer`, `scheduler` and `utils.other` / `utils.memory`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import torch
 
+from . import gradient_sync
+from .optimizer import AcceleratedOptimizer
+from .precision import MixedPrecision
+from .scheduler import AcceleratedScheduler
 from .state import AcceleratorState, GradientState, PartialState
 from .utils import operations
+from .utils.constants import PROFILE_PATTERN_NAME
 from .utils.dataclasses import (
+    AutocastKwargs,
     DataLoaderConfiguration,
+    DistributedDataParallelKwargs,
     DistributedType,
     GradientAccumulationPlugin,
+    GradScalerKwargs,
     InitProcessGroupKwargs,
     KwargsHandler,
+    ProfileKwargs,
     ProjectConfiguration,
 )
+from .utils.memory import release_memory
+from .utils.other import extract_model_from_parallel, has_device_map
+from .utils.structures import recursively_apply
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -90,7 +106,22 @@ class Accelerator:
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.dynamo_backend = dynamo_backend
         self.kwargs_handlers = handlers
+        self.init_handler = init_kwargs
+        self.ddp_handler = handlers.get(DistributedDataParallelKwargs)
+        self.scaler_handler = handlers.get(GradScalerKwargs)
+        self.autocast_handler = handlers.get(AutocastKwargs)
+        self.profile_handler = handlers.get(ProfileKwargs)
         self.flag_tensor: torch.Tensor | None = None
+        self._precision = MixedPrecision(self.mixed_precision, self.device, self.autocast_handler, self.scaler_handler)
+        #: The fp16 gradient scaler (None otherwise) and whether forwards autocast, as HF names them.
+        self.scaler = self._precision.scaler
+        self.native_amp = self._precision.native_amp
+        #: Calls of `accumulate` since the last synchronised step (reset by `free_memory`).
+        self.step = 0
+        self._models: list[torch.nn.Module] = []
+        self._optimizers: list[AcceleratedOptimizer] = []
+        self._schedulers: list[AcceleratedScheduler] = []
+        self._dataloaders: list[Any] = []
 
     # -- topology (catalog state.attributes) -----------------------------
 
@@ -145,6 +176,18 @@ class Accelerator:
     @property
     def split_batches(self) -> bool:
         return self.dataloader_config.split_batches
+
+    @property
+    def even_batches(self) -> bool:
+        return self.dataloader_config.even_batches
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """Whether the last optimizer update was skipped because fp16 gradients overflowed.
+
+        Catalog: autocast.fp16_scaler.
+        """
+        return any(optimizer.step_was_skipped for optimizer in self._optimizers)
 
     @property
     def project_dir(self) -> str | None:
@@ -235,6 +278,363 @@ class Accelerator:
     def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
         """Catalog: ``pad.*``. See `accelerate_ref.utils.pad_across_processes`."""
         return operations.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """Gather for metric computation, dropping the samples `even_batches` duplicated.
+
+        Rule: tensors (nested structures of them) are gathered like `gather`;
+        anything else, or everything with ``use_gather_object=True``, with
+        `gather_object`. On the last batch of a prepared loader whose global
+        batch had fewer real samples than ranks times batch size, only the
+        first ``remainder`` gathered samples are kept. Catalog:
+        gather_for_metrics.doc_example, gather_for_metrics.tuple,
+        gather_for_metrics.use_gather_object, gather_for_metrics.full_epoch.
+        """
+        use_gather_object = use_gather_object or not _only_tensors(input_data)
+        gathered = operations.gather_object(input_data) if use_gather_object else operations.gather(input_data)
+        remainder = self.gradient_state.remainder
+        if not (self.gradient_state.end_of_dataloader and remainder > 0):
+            return gathered
+        if use_gather_object:
+            return gathered[:remainder]
+        return recursively_apply(lambda tensor: tensor[:remainder], gathered)
+
+    # -- prepare -------------------------------------------------------------
+
+    def prepare(self, *args: Any, device_placement: Sequence[bool] | None = None) -> Any:
+        """Prepare models, optimizers, data loaders and schedulers; return them in the same order.
+
+        Rules: each object goes to its ``prepare_*`` method (schedulers after
+        every optimizer of the call, so a scheduler finds its optimizer in
+        the same call); an object of any other type comes back unchanged.
+        ``device_placement`` gives one flag per object (``[True, True,
+        False, False]`` places only the first two) and must be as long as
+        ``args``. One object comes back alone, several as a tuple.
+        Catalog: prepare.order, prepare.device_placement_list, prepare.verify_device_map.
+        """
+        if device_placement is None:
+            device_placement = [None] * len(args)
+        elif len(device_placement) != len(args):
+            raise ValueError(
+                f"device_placement needs one flag per object: {len(args)} objects, {len(device_placement)} flags"
+            )
+        placements = list(zip(args, device_placement))
+        prepared = [self._prepare_one(obj, placement, schedulers=False) for obj, placement in placements]
+        prepared = [self._prepare_one(obj, placement, schedulers=True) for obj, (_, placement) in zip(prepared, placements)]
+        return prepared[0] if len(prepared) == 1 else tuple(prepared)
+
+    def _prepare_one(self, obj: Any, device_placement: bool | None, schedulers: bool) -> Any:
+        """First pass (``schedulers=False``): loaders, models, optimizers; second pass: schedulers."""
+        if schedulers:
+            is_scheduler = isinstance(obj, torch.optim.lr_scheduler.LRScheduler)
+            return self.prepare_scheduler(obj) if is_scheduler else obj
+        if isinstance(obj, torch.utils.data.DataLoader):
+            return self.prepare_data_loader(obj, device_placement=device_placement)
+        if isinstance(obj, torch.nn.Module):
+            return self.prepare_model(obj, device_placement=device_placement)
+        if isinstance(obj, torch.optim.Optimizer):
+            return self.prepare_optimizer(obj, device_placement=device_placement)
+        return obj
+
+    def prepare_model(
+        self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
+    ) -> torch.nn.Module:
+        """Prepare one model: place it, apply mixed precision, wrap it for distributed training.
+
+        Rules: moved to `device` when ``device_placement`` (default: the
+        Accelerator's); its forward autocasts under mixed precision; unless
+        ``evaluation_mode``, wrapped in ``DistributedDataParallel`` (with the
+        `DistributedDataParallelKwargs` handler's arguments) when several
+        processes train and it has trainable parameters. A model dispatched
+        over several devices with a device map cannot be trained by several
+        processes: ValueError. A model prepared before comes back as it is.
+        Catalog: prepare.single_methods, prepare.unwrap, prepare.evaluation_mode,
+        prepare.verify_device_map, kwargs.ddp, autocast.bf16.
+        """
+        if getattr(model, "_is_accelerate_prepared", False):
+            return _remember(self._models, model)
+        if self.use_distributed and self.verify_device_map(model):
+            raise ValueError(
+                "This model was dispatched over several devices with a device map (device_map='auto'); "
+                "it cannot be trained by several processes. Run one process, or load the model on one device."
+            )
+        if device_placement if device_placement is not None else self.device_placement:
+            model = model.to(self.device)
+        self._precision.wrap_forward(model)
+        if not evaluation_mode and self.use_distributed and any(p.requires_grad for p in model.parameters()):
+            model = torch.nn.parallel.DistributedDataParallel(
+                model,
+                device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                **(self.ddp_handler.to_kwargs() if self.ddp_handler is not None else {}),
+            )
+        model._is_accelerate_prepared = True
+        return _remember(self._models, model)
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> AcceleratedOptimizer:
+        """Wrap an optimizer so that it steps only on synchronised steps (through the scaler under fp16).
+
+        Catalog: prepare.single_methods, accumulate.doc_example, autocast.fp16_scaler.
+        """
+        if getattr(optimizer, "_is_accelerate_prepared", False):
+            return _remember(self._optimizers, optimizer)
+        placement = device_placement if device_placement is not None else self.device_placement
+        prepared = AcceleratedOptimizer(optimizer, device_placement=placement, scaler=self.scaler)
+        prepared._is_accelerate_prepared = True
+        return _remember(self._optimizers, prepared)
+
+    def prepare_scheduler(self, scheduler: torch.optim.lr_scheduler.LRScheduler) -> AcceleratedScheduler:
+        """Wrap a scheduler so that it steps with its optimizer's real updates.
+
+        Rule: the scheduler's optimizer must have been prepared before (or in
+        the same `prepare` call); otherwise the scheduler could not know when
+        its optimizer really steps: ValueError.
+        Catalog: prepare.single_methods, accumulate.scheduler.
+        """
+        if getattr(scheduler, "_is_accelerate_prepared", False):
+            return _remember(self._schedulers, scheduler)
+        owner = getattr(scheduler, "optimizer", None)
+        optimizer = next((o for o in self._optimizers if owner is o or owner is o.optimizer), None)
+        if optimizer is None:
+            raise ValueError(
+                f"prepare_scheduler: the optimizer of this {type(scheduler).__name__} was not prepared; "
+                "prepare the optimizer first, or pass both to the same prepare() call"
+            )
+        prepared = AcceleratedScheduler(
+            scheduler, optimizer, step_with_optimizer=self.step_scheduler_with_optimizer, split_batches=self.split_batches
+        )
+        prepared._is_accelerate_prepared = True
+        return _remember(self._schedulers, prepared)
+
+    def prepare_data_loader(
+        self,
+        data_loader: torch.utils.data.DataLoader,
+        device_placement: bool | None = None,
+        slice_fn_for_dispatch: Callable[..., Any] | None = None,
+    ) -> Any:
+        """Shard a data loader over the processes with the Accelerator's `DataLoaderConfiguration`.
+
+        Rule: see `accelerate_ref.data_loader.prepare_data_loader`; batches go
+        to `device` when ``device_placement`` (default: the Accelerator's).
+        Catalog: prepare.single_methods, data.*.
+        """
+        from .data_loader import prepare_data_loader
+
+        if getattr(data_loader, "_is_accelerate_prepared", False):
+            return _remember(self._dataloaders, data_loader)
+        config = self.dataloader_config
+        prepared = prepare_data_loader(
+            data_loader,
+            device=self.device,
+            num_processes=self.num_processes,
+            process_index=self.process_index,
+            split_batches=config.split_batches,
+            put_on_device=device_placement if device_placement is not None else self.device_placement,
+            rng_types=list(self.rng_types) if self.rng_types is not None else None,
+            dispatch_batches=config.dispatch_batches,
+            even_batches=config.even_batches,
+            slice_fn_for_dispatch=slice_fn_for_dispatch,
+            use_seedable_sampler=config.use_seedable_sampler,
+            data_seed=config.data_seed,
+            non_blocking=config.non_blocking,
+            use_stateful_dataloader=config.use_stateful_dataloader,
+        )
+        prepared._is_accelerate_prepared = True
+        return _remember(self._dataloaders, prepared)
+
+    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
+        """A loader that yields ``dataloader``'s batches from the ``num_batches + 1``-th on.
+
+        Catalog: data.skip_first_batches.
+        """
+        from .data_loader import skip_first_batches
+
+        return skip_first_batches(dataloader, num_batches=num_batches)
+
+    def unwrap_model(
+        self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
+    ) -> torch.nn.Module:
+        """The user's model without what `prepare` wrapped around it.
+
+        Catalog: prepare.unwrap, unwrap.keep_fp32_wrapper. See `utils.extract_model_from_parallel`.
+        """
+        return extract_model_from_parallel(model, keep_fp32_wrapper, keep_torch_compile)
+
+    def verify_device_map(self, model: torch.nn.Module) -> bool:
+        """True when ``model`` was dispatched over several devices with a device map.
+
+        Catalog: prepare.verify_device_map. See `utils.other.has_device_map`.
+        """
+        return has_device_map(model)
+
+    # -- backward, accumulation, synchronisation ------------------------------
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """Use instead of ``loss.backward()``: divides the loss by the accumulation steps, scales it under fp16.
+
+        Rule: gradients become those of ``loss / gradient_accumulation_steps``
+        (times the scaler's scale under fp16, undone before the update);
+        ``kwargs`` go to ``backward`` (``retain_graph=True``, ...).
+        Catalog: backward.loss, accumulate.doc_example, autocast.fp16_scaler.
+        """
+        loss = loss / self.gradient_accumulation_steps
+        self._precision.scale_loss(loss).backward(**kwargs)
+
+    @contextlib.contextmanager
+    def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
+        """Wrap one training step; gradients synchronise every ``gradient_accumulation_steps`` steps.
+
+        Rules: each call counts one step; `sync_gradients` is True on every
+        ``gradient_accumulation_steps``-th step and, with
+        ``sync_with_dataloader`` (the default), on the last batch of a
+        prepared loader (the count restarts there). On the other steps the
+        models' gradient synchronisation is off (`no_sync`) unless the plugin
+        says ``sync_each_batch``, and the prepared optimizer and scheduler do
+        not step. Catalog: accumulate.doc_example, accumulate.plugin,
+        accumulate.end_of_dataloader, accumulate.scheduler.
+        """
+        self._count_step()
+        must_sync = self.sync_gradients or (self.use_distributed and self.gradient_state.sync_each_batch)
+        with contextlib.ExitStack() as stack:
+            if not must_sync:
+                for model in models:
+                    stack.enter_context(self.no_sync(model))
+            yield
+
+    def _count_step(self) -> None:
+        """Advance `step` and decide whether this step synchronises gradients (see `accumulate`)."""
+        state = self.gradient_state
+        if state.sync_with_dataloader and state.end_of_dataloader:
+            self.step = 0
+            state._set_sync_gradients(True)
+        else:
+            self.step += 1
+            state._set_sync_gradients(self.step % state.num_steps == 0)
+
+    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """Inside, backward passes of ``model`` keep gradients local; the next backward outside syncs.
+
+        Rule: ``DistributedDataParallel.no_sync`` of a prepared model when
+        several processes train; a no-op for a model that is not wrapped.
+        Catalog: no_sync.doc_example (erratum: the example calls
+        ``no_sync()`` without its model and reuses the first loss).
+        """
+        return model.no_sync() if self.use_distributed and hasattr(model, "no_sync") else contextlib.nullcontext()
+
+    @staticmethod
+    def trigger_sync_in_backward(model: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """The backward pass inside synchronises gradients, even of forwards run under `no_sync`.
+
+        A no-op outside distributed training. Catalog: no_sync.trigger_sync_in_backward.
+        """
+        return gradient_sync.sync_in_next_backward(model)
+
+    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> contextlib.AbstractContextManager:
+        """Train or evaluate to the end when ranks have different numbers of batches.
+
+        Rules: torch's ``Join`` over ``joinables`` (DDP models), enabled when
+        batches are uneven; ranks that run out shadow the others'
+        collectives instead of leaving them hanging. ``even_batches``
+        overrides the prepared map-style loaders' setting inside the block
+        and is restored after. On every backend (gloo included), not only
+        GPUs; a no-op on one process.
+        Catalog: join.uneven_inputs.
+        """
+        if not self.use_distributed:
+            return contextlib.nullcontext()
+        uneven = not (self.even_batches if even_batches is None else even_batches)
+        return gradient_sync.join(joinables, enable=uneven, dataloaders=self._dataloaders, even_batches=even_batches)
+
+    # -- gradients -------------------------------------------------------------
+
+    def unscale_gradients(self, optimizer: torch.optim.Optimizer | list[torch.optim.Optimizer] | None = None) -> None:
+        """Divide gradients by the fp16 scaler's scale (all prepared optimizers by default); a no-op otherwise.
+
+        Catalog: unscale.noop, clip.grad_norm.
+        """
+        if optimizer is None:
+            optimizers = self._optimizers
+        else:
+            optimizers = optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]
+        self._precision.unscale(optimizers)
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> torch.Tensor:
+        """Use instead of ``torch.nn.utils.clip_grad_norm_``: unscales first, returns the total norm.
+
+        Catalog: clip.grad_norm.
+        """
+        self.unscale_gradients()
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        """Use instead of ``torch.nn.utils.clip_grad_value_``: unscales first.
+
+        Catalog: clip.grad_value.
+        """
+        self.unscale_gradients()
+        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+
+    def autocast(self, autocast_handler: AutocastKwargs | None = None) -> contextlib.AbstractContextManager:
+        """Run the block in the configured mixed precision; ``autocast_handler`` overrides the Accelerator's.
+
+        Catalog: autocast.bf16. See `precision.MixedPrecision.autocast`.
+        """
+        return self._precision.autocast(autocast_handler)
+
+    # -- memory, profiling ------------------------------------------------------
+
+    def free_memory(self, *objects: Any) -> list[None]:
+        """Forget every prepared object, reset `step` to 0, collect garbage.
+
+        Rule: the Accelerator holds no reference to what it prepared anymore,
+        so once the script drops its own (``model, optimizer =
+        accelerator.free_memory(model, optimizer)`` rebinds them to None),
+        the objects are freed. Catalog: free_memory.resets.
+        """
+        self._models, self._optimizers, self._schedulers, self._dataloaders = [], [], [], []
+        self.step = 0
+        return release_memory(*objects)
+
+    def clear(self, *objects: Any) -> list[None]:
+        """Alias of `free_memory`. Catalog: free_memory.resets."""
+        return self.free_memory(*objects)
+
+    @contextlib.contextmanager
+    def profile(self, profile_handler: ProfileKwargs | None = None) -> Iterator[torch.profiler.profile]:
+        """Profile the block with torch's profiler, yielded to the block.
+
+        Rule: the profiler is built from ``profile_handler``, else the
+        Accelerator's `ProfileKwargs`, else the defaults; with
+        ``output_trace_dir`` each process writes a Chrome trace
+        ``profile_<process_index>.json`` there, and all wait for each other.
+        Catalog: profile.context (erratum: the example passes
+        ``kwarg_handler=[...]``; the argument is ``kwargs_handlers``).
+        """
+        handler = profile_handler or self.profile_handler or ProfileKwargs()
+        with handler.build() as profiler:
+            yield profiler
+        if handler.output_trace_dir is None:
+            return
+        os.makedirs(handler.output_trace_dir, exist_ok=True)
+        profiler.export_chrome_trace(
+            os.path.join(handler.output_trace_dir, PROFILE_PATTERN_NAME.format(suffix=self.process_index))
+        )
+        self.wait_for_everyone()
+
+
+def _remember(prepared: list[Any], obj: Any) -> Any:
+    """Add ``obj`` to one of the Accelerator's lists of prepared objects (once) and return it."""
+    if not any(obj is known for known in prepared):
+        prepared.append(obj)
+    return obj
+
+
+def _only_tensors(data: Any) -> bool:
+    """Whether every leaf of the nested structure ``data`` is a tensor."""
+    try:
+        recursively_apply(lambda tensor: tensor, data, error_on_other_type=True)
+    except TypeError:
+        return False
+    return True
 
 
 def _index_handlers(handlers: list[KwargsHandler]) -> dict[type, KwargsHandler]:

@@ -1,0 +1,134 @@
+"""The prepared optimizer: steps only when gradients are synchronised, through the scaler under fp16.
+
+Catalog: accumulate.doc_example, accumulate.plugin, autocast.fp16_scaler,
+prepare.order, prepare.single_methods.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+
+from .state import AcceleratorState, GradientState
+from .utils.structures import send_to_device
+
+
+class AcceleratedOptimizer(torch.optim.Optimizer):
+    """Wraps the user's optimizer; `Accelerator.prepare` returns it in its place.
+
+    Rules:
+
+    * ``step()`` and ``zero_grad()`` act only when ``GradientState`` says
+      gradients are synchronised on this step; while accumulating they do
+      nothing, so the weights change once per accumulation cycle
+      (catalog ``accumulate.doc_example``, ``accumulate.plugin``).
+    * With a ``scaler`` (fp16), ``step()`` goes through ``scaler.step`` and
+      ``scaler.update``; a step the scaler skips because gradients overflowed
+      sets `step_was_skipped` (catalog ``autocast.fp16_scaler``).
+    * With ``device_placement``, the optimizer's state is moved to the
+      state's device.
+
+    ``state``, ``param_groups`` and ``defaults`` are the wrapped optimizer's.
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        device_placement: bool = True,
+        scaler: Optional[torch.amp.GradScaler] = None,
+    ) -> None:
+        # torch.optim.Optimizer.__init__ is not called: every attribute it would set is the wrapped one's.
+        self.optimizer = optimizer
+        self.scaler = scaler
+        self.device_placement = device_placement
+        self.accelerator_state = AcceleratorState()
+        self.gradient_state = GradientState()
+        self._step_was_skipped = False
+        if device_placement:
+            self.optimizer.load_state_dict(send_to_device(self.optimizer.state_dict(), self.accelerator_state.device))
+
+    # -- the wrapped optimizer's attributes ---------------------------------
+
+    @property
+    def state(self) -> Any:
+        return self.optimizer.state
+
+    @state.setter
+    def state(self, state: Any) -> None:
+        self.optimizer.state = state
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, param_groups: list[dict[str, Any]]) -> None:
+        self.optimizer.param_groups = param_groups
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return self.optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, defaults: dict[str, Any]) -> None:
+        self.optimizer.defaults = defaults
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        self.optimizer.add_param_group(param_group)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state_dict)
+
+    def train(self) -> None:
+        """Put optimizers that have modes (schedule-free ones) in training mode."""
+        if callable(getattr(self.optimizer, "train", None)):
+            self.optimizer.train()
+
+    def eval(self) -> None:
+        """Put optimizers that have modes (schedule-free ones) in evaluation mode."""
+        if callable(getattr(self.optimizer, "eval", None)):
+            self.optimizer.eval()
+
+    # -- the rules ------------------------------------------------------------
+
+    def zero_grad(self, set_to_none: Optional[bool] = None) -> None:
+        """Clear gradients, but only on a step where gradients are synchronised.
+
+        Catalog: accumulate.doc_example.
+        """
+        if not self.gradient_state.sync_gradients:
+            return
+        if set_to_none is None:
+            self.optimizer.zero_grad()
+        else:
+            self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
+        """Update the weights, but only on a step where gradients are synchronised.
+
+        Under fp16 the scaler unscales, skips the update if any gradient is
+        inf/NaN, and adjusts its scale; a skip shows as a scale that went
+        down, recorded in `step_was_skipped`.
+        Catalog: accumulate.doc_example, autocast.fp16_scaler.
+        """
+        if not self.gradient_state.sync_gradients:
+            return None
+        if self.scaler is None:
+            return self.optimizer.step(closure)
+        scale_before = self.scaler.get_scale()
+        result = self.scaler.step(self.optimizer, closure)  # positional: GradScaler refuses closure=...
+        self.scaler.update()
+        self._step_was_skipped = self.scaler.get_scale() < scale_before
+        return result
+
+    @property
+    def step_was_skipped(self) -> bool:
+        """Whether the last synchronised step was skipped because gradients overflowed (fp16).
+
+        Catalog: autocast.fp16_scaler.
+        """
+        return self._step_was_skipped

@@ -1,0 +1,115 @@
+"""Memory helpers: retry with a smaller batch after running out of memory, release references.
+
+Catalog: memory.find_executable_batch_size, free_memory.resets.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import inspect
+from typing import Any, Callable, Optional
+
+import torch
+
+#: Messages by which torch reports that an allocation failed (CUDA/HIP/XPU, MPS, CPU, HPU) or that
+#: cuDNN cannot run the requested size.
+OUT_OF_MEMORY_MESSAGES = (
+    " out of memory.",
+    "MPS backend out of memory",
+    "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED.",
+    "DefaultCPUAllocator: can't allocate memory",
+    "FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed",
+)
+
+
+def clear_device_cache(garbage_collection: bool = False) -> None:
+    """Run the garbage collector if asked, then empty the accelerator's allocator cache, if any.
+
+    Catalog: free_memory.resets, memory.find_executable_batch_size.
+    """
+    if garbage_collection:
+        gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def release_memory(*objects: Any) -> list[None]:
+    """Drop the given references and free what they held; returns as many ``None`` to rebind.
+
+    Rule: ``a, b = release_memory(a, b)`` leaves the caller's names bound to
+    ``None``, then the garbage collector runs and the device cache is emptied.
+    Catalog: free_memory.resets.
+    """
+    released: list[None] = [None] * len(objects)
+    del objects
+    clear_device_cache(garbage_collection=True)
+    return released
+
+
+def should_reduce_batch_size(exception: BaseException) -> bool:
+    """True when ``exception`` says memory ran out (any device) or cuDNN refused the size.
+
+    Rule: a `RuntimeError` (torch's out-of-memory errors are ones) whose
+    single argument contains one of `OUT_OF_MEMORY_MESSAGES`.
+    Catalog: memory.find_executable_batch_size.
+    """
+    if not isinstance(exception, RuntimeError) or len(exception.args) != 1:
+        return False
+    return any(message in str(exception.args[0]) for message in OUT_OF_MEMORY_MESSAGES)
+
+
+def find_executable_batch_size(
+    function: Optional[Callable[..., Any]] = None,
+    starting_batch_size: int = 128,
+    reduce_batch_size_fn: Optional[Callable[[], int]] = None,
+) -> Callable[..., Any]:
+    """Decorator: call ``function(batch_size, *args)``, halving ``batch_size`` after each out-of-memory error.
+
+    Rule: the first call gets ``starting_batch_size``; every failure that
+    `should_reduce_batch_size` recognises frees memory and retries with half
+    the batch size (or what ``reduce_batch_size_fn()`` returns), and the size
+    that worked is kept for later calls; any other exception propagates
+    unchanged; reaching 0 raises RuntimeError. The caller does not pass
+    ``batch_size`` (``train(model, optimizer)`` for ``train(batch_size,
+    model, optimizer)``); passing it anyway is a TypeError that says so.
+    Usable bare or as ``@find_executable_batch_size(starting_batch_size=...)``.
+    Catalog: memory.find_executable_batch_size.
+    """
+    if function is None:
+        return functools.partial(
+            find_executable_batch_size,
+            starting_batch_size=starting_batch_size,
+            reduce_batch_size_fn=reduce_batch_size_fn,
+        )
+    batch_size = starting_batch_size
+
+    def halve() -> int:
+        return batch_size // 2
+
+    reduce = reduce_batch_size_fn or halve
+
+    @functools.wraps(function)
+    def run_with_executable_batch_size(*args: Any, **kwargs: Any) -> Any:
+        nonlocal batch_size
+        parameters = list(inspect.signature(function).parameters)
+        if len(args) >= len(parameters):
+            passed = ", ".join(f"{name}={value!r}" for name, value in zip(parameters[1:], args[1:]))
+            raise TypeError(
+                f"`{function.__name__}` got its batch size from the caller; the decorator passes it. "
+                f"Call `{function.__name__}({passed})` instead."
+            )
+        clear_device_cache(garbage_collection=True)
+        while True:
+            if batch_size <= 0:
+                raise RuntimeError("No executable batch size found, reached zero.")
+            try:
+                return function(batch_size, *args, **kwargs)
+            except Exception as error:
+                if not should_reduce_batch_size(error):
+                    raise
+            # Out of the except block: the failed attempt's traceback (and its tensors) is gone.
+            clear_device_cache(garbage_collection=True)
+            batch_size = reduce()
+
+    return run_with_executable_batch_size
