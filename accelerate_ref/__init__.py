@@ -7,6 +7,7 @@ changing one import: ``from accelerate_ref import Accelerator``.
 from .accelerator import Accelerator
 from .state import AcceleratorState, GradientState, PartialState
 from .utils.dataclasses import (
+    AutocastKwargs,
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,
     DistributedType,
@@ -16,12 +17,14 @@ from .utils.dataclasses import (
     ProfileKwargs,
     ProjectConfiguration,
 )
+from .utils.memory import find_executable_batch_size
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Accelerator",
     "AcceleratorState",
+    "AutocastKwargs",
     "DataLoaderConfiguration",
     "DistributedDataParallelKwargs",
     "DistributedType",
@@ -32,4 +35,5 @@ __all__ = [
     "PartialState",
     "ProfileKwargs",
     "ProjectConfiguration",
+    "find_executable_batch_size",
 ]

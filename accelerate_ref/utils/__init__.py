@@ -86,6 +86,7 @@ from .imports import (
     is_wandb_available,
     is_xpu_available,
 )
+from .memory import clear_device_cache, find_executable_batch_size, release_memory, should_reduce_batch_size
 from .operations import (
     ConvertOutputsToFp32,
     DistributedOperationException,
@@ -113,4 +114,5 @@ from .operations import (
     send_to_device,
     slice_tensors,
 )
+from .other import extract_model_from_parallel, is_compiled_module
 from .versions import compare_versions, is_torch_version
