@@ -5,6 +5,7 @@ changing one import: ``from accelerate_ref import Accelerator``.
 """
 
 from .accelerator import Accelerator
+from .data_loader import skip_first_batches
 from .state import AcceleratorState, GradientState, PartialState
 from .utils.dataclasses import (
     AutocastKwargs,
@@ -36,4 +37,5 @@ __all__ = [
     "ProfileKwargs",
     "ProjectConfiguration",
     "find_executable_batch_size",
+    "skip_first_batches",
 ]

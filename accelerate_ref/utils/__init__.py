@@ -115,4 +115,5 @@ from .operations import (
     slice_tensors,
 )
 from .other import extract_model_from_parallel, is_compiled_module
+from .random import set_seed, synchronize_rng_state, synchronize_rng_states
 from .versions import compare_versions, is_torch_version

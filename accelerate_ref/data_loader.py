@@ -1,0 +1,580 @@
+"""Data loaders prepared for distributed training.
+
+`prepare_data_loader` turns a user's `torch.utils.data.DataLoader` into one
+of two loaders, both real `DataLoader` subclasses:
+
+* `DataLoaderShard` (the default): every process iterates its own shard,
+  chosen by `samplers.BatchSamplerShard` (map-style datasets) or
+  `samplers.IterableDatasetShard` (iterable ones). Before each epoch the
+  random generators named in ``rng_types`` are synchronised from process 0,
+  so shuffles agree and shards stay disjoint.
+* `DataLoaderDispatcher` (``dispatch_batches=True``, the default for an
+  `IterableDataset` when batches are put on the device): only process 0
+  iterates the user's loader; it broadcasts each global batch and every
+  process keeps its slice.
+
+While a prepared loader is iterated it is registered in `GradientState`,
+with ``end_of_dataloader`` (True on its last batch) and ``remainder`` (the
+number of real samples in its last global batch), which
+`Accelerator.gather_for_metrics` uses to drop the samples padding added.
+
+Catalog: every ID of "Data loading" (data.*), and gather_for_metrics.*
+through `GradientState`.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import itertools
+import math
+from typing import Any, Callable, Iterable, Iterator, Optional, Union
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler
+
+from .samplers import (
+    BatchSamplerShard,
+    IterableDatasetShard,
+    SeedableRandomSampler,
+    SkipBatchSampler,
+    check_split_batch_size,
+)
+from .state import GradientState, PartialState
+from .utils.dataclasses import RNGType
+from .utils.operations import (
+    broadcast,
+    broadcast_object_list,
+    concatenate,
+    find_batch_size,
+    get_data_structure,
+    initialize_tensors,
+    send_to_device,
+    slice_tensors,
+)
+from .utils.random import synchronize_rng_states
+
+#: DataLoader arguments that prepared loaders set themselves; every other one is carried over.
+_REBUILT_ARGUMENTS = frozenset({"self", "dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "drop_last"})
+
+
+def _carried_arguments(dataloader: DataLoader) -> dict[str, Any]:
+    """The user's DataLoader arguments that a rebuilt loader keeps (workers, collate_fn, pin_memory, ...)."""
+    names = inspect.signature(DataLoader.__init__).parameters
+    return {name: getattr(dataloader, name) for name in names if name not in _REBUILT_ARGUMENTS and hasattr(dataloader, name)}
+
+
+def _batching_chain(dataloader: DataLoader) -> Iterator[Any]:
+    """The loader's batch sampler, the batch samplers it wraps in turn, then its dataset."""
+    node = dataloader.batch_sampler
+    while node is not None:
+        yield node
+        node = getattr(node, "batch_sampler", None)
+    yield dataloader.dataset
+
+
+def _total_batch_size(dataloader: DataLoader) -> Optional[int]:
+    """Samples per step over all processes: a shard's global batch size, else the loader's batch size."""
+    chain = list(_batching_chain(dataloader))
+    for node in chain:
+        if isinstance(node, (BatchSamplerShard, IterableDatasetShard)):
+            return node.total_batch_size
+    sizes = [dataloader.batch_size] + [getattr(node, "batch_size", None) for node in chain]
+    return next((size for size in sizes if size is not None), None)
+
+
+def _set_epoch_everywhere(dataloader: DataLoader, epoch: int) -> None:
+    """Call ``set_epoch(epoch)`` on every batch sampler, sampler and dataset of the loader that has one."""
+    candidates: list[Any] = []
+    for node in _batching_chain(dataloader):
+        candidates += [node, getattr(node, "sampler", None)]
+    seen: set[int] = set()
+    for candidate in candidates:
+        if candidate is not None and id(candidate) not in seen and hasattr(candidate, "set_epoch"):
+            seen.add(id(candidate))
+            candidate.set_epoch(epoch)
+
+
+class DataLoaderStateMixin:
+    """What a loader tells `GradientState` while it is iterated.
+
+    Rule: when an epoch starts the loader registers itself (`begin`) with
+    ``end_of_dataloader`` False and ``remainder`` = total dataset length
+    modulo total batch size (-1 when the length is unknown or the loader
+    drops its last batch); ``end_of_dataloader`` turns True just before the
+    last batch is yielded; when the epoch completes it unregisters (`end`).
+    A loader left mid-epoch stays registered until it starts again (the
+    documented example reads the state after ``next(iter(loader))``).
+    Catalog: gather_for_metrics.doc_example, gather_for_metrics.full_epoch,
+    accumulate.end_of_dataloader.
+    """
+
+    end_of_dataloader: bool = False
+    remainder: int = -1
+    _drop_last: bool = False
+
+    def reset(self) -> None:
+        """Forget the previous epoch's end-of-data state."""
+        self.end_of_dataloader = False
+        self.remainder = -1
+
+    def begin(self) -> None:
+        """Register with `GradientState` for a new epoch."""
+        self.reset()
+        if not self._drop_last:
+            try:
+                self.remainder = self.total_dataset_length % self.total_batch_size  # type: ignore[attr-defined]
+            except TypeError:  # a dataset without a length, or batches of varying size
+                self.remainder = -1
+        GradientState()._add_dataloader(self)
+
+    def end(self) -> None:
+        """Unregister from `GradientState` at the end of an epoch."""
+        GradientState()._remove_dataloader(self)
+
+    @property
+    def total_dataset_length(self) -> int:
+        """Samples in the whole dataset, over all processes (TypeError when it has no length)."""
+        dataset = self.dataset  # type: ignore[attr-defined]
+        return len(dataset.dataset if isinstance(dataset, IterableDatasetShard) else dataset)
+
+    def _flag_last(self, batches: Iterable[Any]) -> Iterator[Any]:
+        """Yield ``batches`` with ``end_of_dataloader`` True while the last one is out."""
+        for batch, is_last in _mark_last(batches):
+            self.end_of_dataloader = is_last
+            yield batch
+
+
+def _mark_last(items: Iterable[Any]) -> Iterator[tuple[Any, bool]]:
+    """``(item, is_last)`` for each item, looking one ahead."""
+    iterator = iter(items)
+    current = next(iterator, _NOTHING)
+    if current is _NOTHING:
+        return
+    for following in iterator:
+        yield current, False
+        current = following
+    yield current, True
+
+
+_NOTHING = object()
+
+
+class DataLoaderShard(DataLoaderStateMixin, DataLoader):
+    """A `DataLoader` over this process's shard that places batches and keeps shuffles in sync.
+
+    Rule, for each epoch: first the generators in ``rng_types`` take process
+    0's state (``"generator"`` is ``synchronized_generator``, the sampler's or
+    the iterable dataset's own), so every process shuffles identically; then
+    ``set_epoch(iteration)`` reaches every sampler and dataset that takes an
+    epoch; batches are moved to ``device`` (when not None), the first
+    ``skip_batches`` left out; a completed epoch advances ``iteration``.
+    ``len()`` is the number of batches this process yields.
+    Catalog: data.shard_disjoint, data.shuffle_sync, data.device_placement,
+    data.len_after_prepare, data.skip_first_batches, data.seedable_sampler.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        device: Optional[torch.device] = None,
+        rng_types: Optional[list[Union[str, RNGType]]] = None,
+        synchronized_generator: Optional[torch.Generator] = None,
+        skip_batches: int = 0,
+        _drop_last: bool = False,
+        _non_blocking: bool = False,
+        iteration: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(dataset, **kwargs)
+        self.device = device
+        self.rng_types = rng_types
+        self.synchronized_generator = synchronized_generator
+        self.skip_batches = skip_batches
+        self._drop_last = _drop_last
+        self._non_blocking = _non_blocking
+        self.iteration = iteration
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.rng_types:
+            synchronize_rng_states(self.rng_types, self.synchronized_generator)
+        self.begin()
+        self.set_epoch(self.iteration)
+        batches = itertools.islice(super().__iter__(), self.skip_batches, None)
+        for batch in self._flag_last(batches):
+            yield batch if self.device is None else send_to_device(batch, self.device, non_blocking=self._non_blocking)
+        self.iteration += 1
+        self.end()
+
+    def __len__(self) -> int:
+        return max(super().__len__() - self.skip_batches, 0)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make ``epoch`` the current epoch of the loader and of its samplers and dataset."""
+        self.iteration = epoch
+        _set_epoch_everywhere(self, epoch)
+
+    @property
+    def total_batch_size(self) -> Optional[int]:
+        """Samples per step over all processes (the script's batch size, times num_processes unless split)."""
+        return _total_batch_size(self)
+
+
+class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
+    """A `DataLoader` that only process 0 iterates; each global batch is broadcast and sliced.
+
+    Rule: process 0 takes one batch of the underlying loader per step
+    (``split_batches=True``) or ``num_processes`` of them concatenated; a
+    short last step is dropped with ``_drop_last``, else padded with samples
+    from the start of the first step until it splits evenly; the batch's
+    layout, then its tensors, are broadcast from process 0, and process ``i``
+    keeps the ``i``-th of ``num_processes`` equal slices (``slice_fn``,
+    default `slice_tensors`). Batches land on the process's device. The
+    other processes never iterate the underlying loader. ``remainder`` is
+    the real size of the last step. ``len()`` is the number of steps.
+    Catalog: data.dispatch_batches, data.iterable_dataset, data.len_after_prepare.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        split_batches: bool = False,
+        skip_batches: int = 0,
+        _drop_last: bool = False,
+        _non_blocking: bool = False,
+        slice_fn: Optional[Callable[..., Any]] = None,
+        iteration: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(dataset, **kwargs)
+        self.split_batches = split_batches
+        self.skip_batches = skip_batches
+        self._drop_last = _drop_last
+        self._non_blocking = _non_blocking
+        self.slice_fn = slice_fn if slice_fn is not None else slice_tensors
+        self.iteration = iteration
+        self.state = PartialState()
+        self.device = self.state.device
+
+    @property
+    def _batches_per_step(self) -> int:
+        return 1 if self.split_batches else self.state.num_processes
+
+    def __iter__(self) -> Iterator[Any]:
+        self.begin()
+        self.set_epoch(self.iteration)
+        source = self._padded_steps(super().__iter__()) if self.state.is_main_process else None
+        for index, (batch, is_last) in enumerate(self._received_steps(source)):
+            self.end_of_dataloader = is_last
+            if index >= self.skip_batches:
+                yield batch
+        self.iteration += 1
+        self.end()
+
+    def _padded_steps(self, batches: Iterator[Any]) -> Iterator[tuple[Any, int, bool]]:
+        """On process 0: (global batch padded to split evenly, its real size, whether it is the last)."""
+        per_step = self._batches_per_step
+        steps = iter(lambda: list(itertools.islice(batches, per_step)), [])
+        kept = (step for step in steps if len(step) == per_step or not self._drop_last)
+        first: Any = None
+        for step, is_last in _mark_last(kept):
+            batch = _concatenate_step(step)
+            first = batch if first is None else first
+            real = find_batch_size(batch)
+            padding = math.ceil(real / self.state.num_processes) * self.state.num_processes - real
+            if padding:
+                batch = concatenate([batch, _repeat_from_start(first, padding)])
+            yield batch, real, is_last
+
+    def _received_steps(self, source: Optional[Iterator[tuple[Any, int, bool]]]) -> Iterator[tuple[Any, bool]]:
+        """On every process: (this process's slice of each global batch, whether it is the last)."""
+        num_processes, index = self.state.num_processes, self.state.process_index
+        while True:
+            announced = next(source, None) if source is not None else None
+            header = [None if announced is None else (get_data_structure(announced[0]), announced[1], announced[2])]
+            broadcast_object_list(header, from_process=0)
+            if header[0] is None:
+                return
+            layout, real, is_last = header[0]
+            batch = announced[0] if announced is not None else initialize_tensors(layout)
+            batch = broadcast(send_to_device(batch, self.device, non_blocking=self._non_blocking), from_process=0)
+            share = find_batch_size(batch) // num_processes
+            mine = self.slice_fn(batch, slice(index * share, (index + 1) * share), process_index=index, num_processes=num_processes)
+            if is_last:
+                self.remainder = real
+            yield mine, is_last
+            if is_last:
+                return
+
+    def __len__(self) -> int:
+        steps = super().__len__() / self._batches_per_step
+        return max((math.floor(steps) if self._drop_last else math.ceil(steps)) - self.skip_batches, 0)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make ``epoch`` the current epoch of the loader and of its samplers and dataset."""
+        self.iteration = epoch
+        _set_epoch_everywhere(self, epoch)
+
+    @property
+    def total_batch_size(self) -> Optional[int]:
+        """Samples per step over all processes."""
+        size = _total_batch_size(self)
+        return None if size is None else size * self._batches_per_step
+
+
+def _concatenate_step(batches: list[Any]) -> Any:
+    try:
+        return concatenate(batches)
+    except RuntimeError as error:
+        raise RuntimeError(
+            "dispatch_batches=True concatenates num_processes batches per step, which needs tensors of the same "
+            "shape beyond the first dimension; pass split_batches=True (one batch per step, sliced) or "
+            "dispatch_batches=False (each process loads its own batches)"
+        ) from error
+
+
+def _repeat_from_start(batch: Any, count: int) -> Any:
+    """The first ``count`` samples of ``batch``, repeated as often as needed."""
+    repeats = math.ceil(count / find_batch_size(batch))
+    return slice_tensors(concatenate([batch] * repeats), slice(0, count))
+
+
+class SkipDataLoader(DataLoaderStateMixin, DataLoader):
+    """A plain `DataLoader` that leaves out its first ``skip_batches`` batches.
+
+    Used by `skip_first_batches` for an unprepared loader over an iterable
+    dataset, whose batches cannot be skipped by index.
+    Catalog: data.skip_first_batches.
+    """
+
+    def __init__(self, dataset: Any, skip_batches: int = 0, **kwargs: Any) -> None:
+        super().__init__(dataset, **kwargs)
+        self.skip_batches = skip_batches
+        self._drop_last = self.drop_last
+
+    def __iter__(self) -> Iterator[Any]:
+        self.begin()
+        yield from self._flag_last(itertools.islice(super().__iter__(), self.skip_batches, None))
+        self.end()
+
+    def __len__(self) -> int:
+        return max(super().__len__() - self.skip_batches, 0)
+
+    @property
+    def total_batch_size(self) -> Optional[int]:
+        return self.batch_size
+
+
+# -- building prepared loaders ---------------------------------------------------
+
+
+def _batch_size(dataloader: DataLoader) -> Optional[int]:
+    """The batch size of the loader, or of its batch sampler (None for batches of varying size)."""
+    if dataloader.batch_size is not None:
+        return dataloader.batch_size
+    return getattr(dataloader.batch_sampler, "batch_size", None)
+
+
+def _sampler_of(batch_sampler: Any) -> Any:
+    return getattr(batch_sampler, "sampler", None)
+
+
+def _seedable(batch_sampler: Any, data_seed: Optional[int]) -> Any:
+    """A copy of ``batch_sampler`` drawing from a `SeedableRandomSampler` where it had a `RandomSampler`."""
+    sampler = _sampler_of(batch_sampler)
+    if not isinstance(sampler, RandomSampler):
+        return batch_sampler
+    seedable_copy = copy.copy(batch_sampler)
+    seedable_copy.sampler = SeedableRandomSampler(
+        sampler.data_source,
+        replacement=sampler.replacement,
+        num_samples=sampler._num_samples,
+        generator=sampler.generator,
+        data_seed=data_seed,
+    )
+    return seedable_copy
+
+
+def _own_generator(sampler: Any) -> Optional[torch.Generator]:
+    """The generator ``sampler`` shuffles with, given one (seeded from torch's RNG) if it had none."""
+    if not hasattr(sampler, "generator"):
+        return None
+    if sampler.generator is None:
+        sampler.generator = torch.Generator()
+        sampler.generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+    return sampler.generator
+
+
+def _wants_generator(rng_types: Optional[list[Union[str, RNGType]]]) -> bool:
+    return any(RNGType(rng_type) == RNGType.GENERATOR for rng_type in rng_types or [])
+
+
+def prepare_data_loader(
+    dataloader: DataLoader,
+    device: Optional[torch.device] = None,
+    num_processes: Optional[int] = None,
+    process_index: Optional[int] = None,
+    split_batches: bool = False,
+    put_on_device: bool = False,
+    rng_types: Optional[list[Union[str, RNGType]]] = None,
+    dispatch_batches: Optional[bool] = None,
+    even_batches: bool = True,
+    slice_fn_for_dispatch: Optional[Callable[..., Any]] = None,
+    use_seedable_sampler: bool = False,
+    data_seed: Optional[int] = None,
+    non_blocking: bool = False,
+    use_stateful_dataloader: bool = False,
+) -> DataLoader:
+    """Wrap ``dataloader`` so that process ``process_index`` of ``num_processes`` gets its share.
+
+    Rules (``num_processes`` / ``process_index`` default to `PartialState`'s):
+
+    * a `DataLoaderDispatcher` when ``dispatch_batches`` (default: the
+      dataset is an `IterableDataset` and ``put_on_device``; it requires
+      ``put_on_device``), else a `DataLoaderShard` over a
+      `BatchSamplerShard` (map-style) or an `IterableDatasetShard`;
+    * per step the processes together take ``batch_size * num_processes``
+      samples, or ``batch_size`` with ``split_batches`` (which must then be a
+      multiple of ``num_processes``: ValueError naming both);
+    * ``even_batches`` (default) pads the last step with samples from the
+      start so every process gets the same number of batches; without it
+      nothing is duplicated and processes may get one batch fewer;
+    * ``rng_types`` are synchronised from process 0 before each epoch; for
+      ``"generator"`` a shuffling sampler is given its own generator (seeded
+      from torch's RNG) if it has none; ``"generator"`` is ignored where
+      there is no generator to synchronise;
+    * ``use_seedable_sampler`` replaces a `RandomSampler` with a
+      `SeedableRandomSampler` (order = f(``data_seed`` or the torch seed, epoch));
+    * batches go to ``device`` when ``put_on_device``;
+    * anything but a `DataLoader` is a TypeError; a map-style loader
+      without batches (``batch_size=None`` and no batch sampler) a ValueError.
+
+    The user's loader is left usable. Catalog: data.shard_disjoint,
+    data.effective_batch, data.split_batches, data.even_batches,
+    data.uneven_batches, data.shuffle_sync, data.dispatch_batches,
+    data.iterable_dataset, data.seedable_sampler, data.device_placement,
+    data.len_after_prepare.
+    """
+    if not isinstance(dataloader, DataLoader):
+        raise TypeError(f"prepare_data_loader takes a torch.utils.data.DataLoader, got {type(dataloader).__name__}")
+    if use_stateful_dataloader:
+        raise NotImplementedError("use_stateful_dataloader (torchdata's StatefulDataLoader) is not supported by accelerate_ref")
+    state = PartialState()
+    num_processes = state.num_processes if num_processes is None else num_processes
+    process_index = state.process_index if process_index is None else process_index
+    dataset = dataloader.dataset
+    iterable = isinstance(dataset, IterableDataset)
+    if dispatch_batches is None:
+        dispatch_batches = put_on_device and iterable
+    if dispatch_batches and not put_on_device:
+        raise ValueError("dispatch_batches=True sends batches from process 0 to each device: it needs put_on_device=True")
+    batch_size = _batch_size(dataloader)
+    if split_batches:
+        check_split_batch_size(batch_size, num_processes)
+    if not iterable and dataloader.batch_sampler is None:
+        raise ValueError("prepare_data_loader needs a batched DataLoader (a batch_size or a batch_sampler)")
+    batch_sampler = None if iterable else dataloader.batch_sampler
+    if batch_sampler is not None and use_seedable_sampler:
+        batch_sampler = _seedable(batch_sampler, data_seed)
+    batching = (
+        {"batch_sampler": batch_sampler}
+        if batch_sampler is not None
+        else {"batch_size": batch_size, "drop_last": dataloader.drop_last}
+    )
+    common = {"_drop_last": dataloader.drop_last, "_non_blocking": non_blocking, **_carried_arguments(dataloader)}
+    if dispatch_batches:
+        return DataLoaderDispatcher(dataset, split_batches=split_batches, slice_fn=slice_fn_for_dispatch, **batching, **common)
+
+    generator = None
+    if num_processes > 1 and iterable:
+        dataset = IterableDatasetShard(
+            dataset, batch_size, dataloader.drop_last, num_processes, process_index, split_batches
+        )
+        generator = getattr(dataloader.dataset, "generator", None)
+        if split_batches:
+            batching["batch_size"] = batch_size // num_processes
+    elif num_processes > 1:
+        if _wants_generator(rng_types) and not use_seedable_sampler:
+            generator = _own_generator(_sampler_of(batch_sampler))
+        batching["batch_sampler"] = BatchSamplerShard(
+            batch_sampler, num_processes, process_index, split_batches, even_batches
+        )
+    if not isinstance(generator, torch.Generator):
+        generator = None
+        rng_types = [t for t in rng_types or [] if RNGType(t) != RNGType.GENERATOR]
+    return DataLoaderShard(
+        dataset,
+        device=device if put_on_device else None,
+        rng_types=list(rng_types or []),
+        synchronized_generator=generator,
+        **batching,
+        **common,
+    )
+
+
+def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
+    """A loader that yields what ``dataloader`` yields, from batch ``num_batches`` on.
+
+    Rule: a prepared loader stays prepared (same device, shuffle
+    synchronisation and epoch); where batches come from a batch sampler,
+    the skipped batches are left out by index (nothing is loaded); over an
+    iterable dataset they are loaded and dropped. ``len()`` is what
+    remains. Anything but a `DataLoader` is a TypeError.
+    Catalog: data.skip_first_batches.
+    """
+    if not isinstance(dataloader, DataLoader):
+        raise TypeError(f"skip_first_batches takes a torch.utils.data.DataLoader, got {type(dataloader).__name__}")
+    dataset = dataloader.dataset
+    iterable = isinstance(dataset, IterableDataset)
+    carried = _carried_arguments(dataloader)
+    per_step = dataloader._batches_per_step if isinstance(dataloader, DataLoaderDispatcher) else 1
+
+    def batching(skipped_by_index: int) -> dict[str, Any]:
+        if iterable:
+            return {"batch_size": dataloader.batch_size, "drop_last": dataloader.drop_last}
+        return {"batch_sampler": SkipBatchSampler(dataloader.batch_sampler, skipped_by_index)}
+
+    skip_by_index = 0 if iterable else num_batches * per_step
+    skip_by_loading = num_batches if iterable else 0
+    if isinstance(dataloader, DataLoaderDispatcher):
+        return DataLoaderDispatcher(
+            dataset,
+            split_batches=dataloader.split_batches,
+            skip_batches=skip_by_loading,
+            _drop_last=dataloader._drop_last,
+            _non_blocking=dataloader._non_blocking,
+            slice_fn=dataloader.slice_fn,
+            iteration=dataloader.iteration,
+            **batching(skip_by_index),
+            **carried,
+        )
+    if isinstance(dataloader, DataLoaderShard):
+        return DataLoaderShard(
+            dataset,
+            device=dataloader.device,
+            rng_types=dataloader.rng_types,
+            synchronized_generator=dataloader.synchronized_generator,
+            skip_batches=skip_by_loading,
+            _drop_last=dataloader._drop_last,
+            _non_blocking=dataloader._non_blocking,
+            iteration=dataloader.iteration,
+            **batching(skip_by_index),
+            **carried,
+        )
+    if iterable:
+        return SkipDataLoader(dataset, skip_batches=num_batches, **batching(0), **carried)
+    return DataLoader(dataset, **batching(num_batches), **carried)
+
+
+__all__ = [
+    "BatchSamplerShard",
+    "DataLoaderDispatcher",
+    "DataLoaderShard",
+    "DataLoaderStateMixin",
+    "IterableDatasetShard",
+    "SeedableRandomSampler",
+    "SkipBatchSampler",
+    "SkipDataLoader",
+    "prepare_data_loader",
+    "skip_first_batches",
+]
