@@ -67,6 +67,7 @@ PROCESS = ("state.*", "print.*", "process.*", "sync.*", "trigger.*")
 COLLECTIVES = ("gather.*", "gather_object.*", "reduce.*", "pad.*", "broadcast.*", "broadcast_object_list.*", "debug.*")
 OPS = ("ops.*",)
 INFERENCE = ("split.*",)
+UTILITIES = ("constants.*", "enums.*", "env.*", "mixed_precision.*", "cpu.*")
 
 
 @dataclass(frozen=True)
@@ -206,6 +207,22 @@ BREAKS = [
     brk("slice_tensors_drops_others", {"ops.slice_tensors": F}, "1", OPS),
     brk("convert_to_fp32_all_floats", {"ops.convert_to_fp32": F}, "1", OPS),
     brk("listify_keeps_tensors", {"ops.listify": F}, "1", OPS),
+    # -- utilities ---------------------------------------------------------------------
+    brk("constants_wrong", {"constants.names": F}, "1", UTILITIES),
+    # A documented name missing is an AttributeError in a script: ERROR.
+    brk("constant_missing", {"constants.names": E}, "1", UTILITIES),
+    brk("enum_value_wrong", {"enums.values": F}, "1", UTILITIES),
+    brk("distributed_type_not_reexported", {"enums.values": F}, "1", UTILITIES),
+    brk("patch_environment_leaks", {"env.patch_environment": F}, "1", UTILITIES),
+    brk("patch_environment_keeps_case", {"env.patch_environment": F}, "1", UTILITIES),
+    brk("patch_environment_not_restored_on_error", {"env.patch_environment": F}, "1", UTILITIES),
+    brk("clear_environment_keeps_changes", {"env.clear_environment": F}, "1", UTILITIES),
+    brk("clear_environment_not_cleared", {"env.clear_environment": F}, "1", UTILITIES),
+    brk("torch_version_reversed", {"env.checks": F}, "1", UTILITIES),
+    brk("comet_ml_never_available", {"env.checks": F}, "1", UTILITIES),
+    brk("mixed_precision_env_ignored", {"mixed_precision_env_default": F}, "1", UTILITIES),
+    brk("mixed_precision_env_overrides_argument", {"mixed_precision_argument_wins": F}, "1", UTILITIES),
+    brk("grad_accum_env_ignored", {"mixed_precision_env_default": F}, "1", UTILITIES),
     # -- inference helpers ----------------------------------------------------------
     brk("split_no_padding", {"split.padding": F}, "2", INFERENCE, collateral={"split.fewer_inputs_than_ranks"}),
     brk(
@@ -342,7 +359,7 @@ def test_suite_reports(entry: Break, request) -> None:
 
 def test_command_line_reports_a_break() -> None:
     """``python -m conformance run --impl broken_impls.<break>`` exits non-zero and names the failing ID."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")]))}
     command = [
         sys.executable, "-m", "conformance", "run", "--impl", "broken_impls.print_every_rank",
         "--worlds", "2", "-k", "print.*", "--no-manifest",
@@ -352,3 +369,38 @@ def test_command_line_reports_a_break() -> None:
     assert done.returncode != 0, f"a run with a failing case must exit non-zero, got 0:\n{output}"
     assert "FAIL print.once_per_server" in output, f"the report should name the failing ID:\n{output}"
     assert "broken_impls.print_every_rank" in output, f"the run header should name the implementation:\n{output}"
+
+
+def test_every_break_is_planned_and_documented() -> None:
+    """Each module of broken_impls has an entry here, and its docstring names what must catch it."""
+    import pkgutil
+
+    import broken_impls
+
+    modules = {m.name for m in pkgutil.iter_modules(broken_impls.__path__) if not m.name.startswith("_")}
+    planned = {b.name for b in BREAKS}
+    assert modules - {"switchboard"} - planned == set(), f"broken modules with no entry in BREAKS: {sorted(modules - {'switchboard'} - planned)}"
+    assert planned - modules == set(), f"entries in BREAKS with no module in broken_impls: {sorted(planned - modules)}"
+    id_of_case = {c.name: c.id for c in all_cases()}
+    undocumented = []
+    for b in BREAKS:
+        doc = importlib.import_module(b.impl).__doc__ or ""
+        wanted = {id_of_case.get(key, key) for key in b.caught}
+        undocumented += [f"{b.impl}: docstring does not name {cid}" for cid in sorted(wanted) if cid not in doc]
+    assert not undocumented, "a broken module's docstring names the rule it breaks and what catches it:\n" + "\n".join(undocumented)
+
+
+def test_broken_copies_leave_the_reference_alone() -> None:
+    """Loading every broken module never imports the real accelerate_ref (its copies import relatively),
+    so a break can neither leak into the reference nor miss half of the copy."""
+    code = (
+        "import importlib, pkgutil, sys, broken_impls\n"
+        "for m in pkgutil.iter_modules(broken_impls.__path__):\n"
+        "    if not m.name.startswith('_') and m.name != 'switchboard':\n"
+        "        importlib.import_module('broken_impls.' + m.name)\n"
+        "leaked = sorted(k for k in sys.modules if k == 'accelerate_ref' or k.startswith('accelerate_ref.'))\n"
+        "assert not leaked, f'the copies imported the real reference: {leaked}'\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", code], cwd=TESTS_DIR.parent, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"importing the broken implementations failed:\n{done.stdout}{done.stderr}"

@@ -55,23 +55,30 @@ class BrokenCopy:
         owner, attribute = self._owner_of(dotted)
         return getattr(owner, attribute)
 
-    def replace(self, dotted: str, new: Any) -> Any:
+    def replace(self, dotted: str, new: Any, everywhere: bool = True) -> Any:
         """Put ``new`` at ``dotted`` and wherever the copy bound the old object by name; return the old one.
 
         ``"state.PartialState.print"`` replaces a class attribute (a method or
         property) of the copy's class; ``"utils.operations.reduce"`` a module
         global, rebound also in ``utils`` and every other loaded module of the
-        copy (``from .operations import reduce`` made a second binding).
+        copy (``from .operations import reduce`` made a second binding), unless
+        ``everywhere`` is false.
         """
         owner, attribute = self._owner_of(dotted)
         old = getattr(owner, attribute)
-        if isinstance(owner, ModuleType):
-            for module in self._modules():
-                for key, value in list(vars(module).items()):
-                    if value is old:
-                        setattr(module, key, new)
+        if isinstance(owner, ModuleType) and everywhere:
+            for module, key in self._bindings(old):
+                setattr(module, key, new)
         else:
             setattr(owner, attribute, new)
+        return old
+
+    def remove(self, dotted: str) -> Any:
+        """Delete the module global at ``dotted`` and every other binding of it in the copy; return it."""
+        owner, attribute = self._owner_of(dotted)
+        old = getattr(owner, attribute)
+        for module, key in self._bindings(old):
+            delattr(module, key)
         return old
 
     def patch_method(self, dotted: str, make: Callable[[Any], Any]) -> None:
@@ -107,6 +114,10 @@ class BrokenCopy:
         namespace["__getattr__"] = __getattr__
 
     # -- internals ---------------------------------------------------------
+
+    def _bindings(self, obj: Any) -> list[tuple[ModuleType, str]]:
+        """Every (module, name) of the copy whose global is ``obj``."""
+        return [(m, key) for m in self._modules() for key, value in list(vars(m).items()) if value is obj]
 
     def _modules(self) -> list[ModuleType]:
         prefix = self.name + "."
