@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator, Sequence, TypeVar
 import torch
 
 from . import gradient_sync
+from .data_loader import prepare_data_loader, skip_first_batches
 from .optimizer import AcceleratedOptimizer
 from .precision import MixedPrecision
 from .scheduler import AcceleratedScheduler
@@ -358,7 +359,8 @@ class Accelerator:
                 "This model was dispatched over several devices with a device map (device_map='auto'); "
                 "it cannot be trained by several processes. Run one process, or load the model on one device."
             )
-        if device_placement if device_placement is not None else self.device_placement:
+        placement = device_placement if device_placement is not None else self.device_placement
+        if placement and not self.verify_device_map(model):  # a dispatched model stays where its map put it
             model = model.to(self.device)
         self._precision.wrap_forward(model)
         if not evaluation_mode and self.use_distributed and any(p.requires_grad for p in model.parameters()):
@@ -417,8 +419,6 @@ class Accelerator:
         to `device` when ``device_placement`` (default: the Accelerator's).
         Catalog: prepare.single_methods, data.*.
         """
-        from .data_loader import prepare_data_loader
-
         if getattr(data_loader, "_is_accelerate_prepared", False):
             return _remember(self._dataloaders, data_loader)
         config = self.dataloader_config
@@ -446,8 +446,6 @@ class Accelerator:
 
         Catalog: data.skip_first_batches.
         """
-        from .data_loader import skip_first_batches
-
         return skip_first_batches(dataloader, num_batches=num_batches)
 
     def unwrap_model(
