@@ -87,7 +87,11 @@ def expect_raises(function: Any, exceptions: Any, what: str) -> BaseException:
     except exceptions as error:
         return error
     names = exceptions.__name__ if isinstance(exceptions, type) else " or ".join(e.__name__ for e in exceptions)
-    raise AssertionError(f"{what}: expected {names}, got a normal return of {plain(returned)!r}")
+    try:
+        shown = repr(plain(returned))
+    except Exception:  # e.g. a namedtuple, which plain() cannot rebuild
+        shown = repr(returned)
+    raise AssertionError(f"{what}: expected {names}, got a normal return of {shown}")
 
 
 def shapes_mentioned(text: str) -> set[tuple[int, ...]]:
