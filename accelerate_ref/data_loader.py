@@ -230,8 +230,10 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
     layout, then its tensors, are broadcast from process 0, and process ``i``
     keeps the ``i``-th of ``num_processes`` equal slices (``slice_fn``,
     default `slice_tensors`). Batches land on the process's device. The
-    other processes never iterate the underlying loader. ``remainder`` is
-    the real size of the last step. ``len()`` is the number of steps.
+    other processes never iterate the underlying loader. The first
+    ``skip_batches`` steps are dropped on process 0 (after serving as
+    padding). ``remainder`` is the real size of the last step. ``len()`` is
+    the number of steps.
     Catalog: data.dispatch_batches, data.iterable_dataset, data.len_after_prepare.
     """
 
@@ -263,11 +265,12 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
     def __iter__(self) -> Iterator[Any]:
         self.begin()
         self.set_epoch(self.iteration)
-        source = self._padded_steps(super().__iter__()) if self.state.is_main_process else None
-        for index, (batch, is_last) in enumerate(self._received_steps(source)):
+        source = None
+        if self.state.is_main_process:  # skipped steps are dropped here, after they gave the padding
+            source = itertools.islice(self._padded_steps(super().__iter__()), self.skip_batches, None)
+        for batch, is_last in self._received_steps(source):
             self.end_of_dataloader = is_last
-            if index >= self.skip_batches:
-                yield batch
+            yield batch
         self.iteration += 1
         self.end()
 
@@ -512,40 +515,40 @@ def prepare_data_loader(
     )
 
 
+def _skipping_batches(dataloader: DataLoader, num_batches: int) -> dict[str, Any]:
+    """The batching arguments of a copy of ``dataloader`` that leaves out ``num_batches`` batches by index."""
+    if isinstance(dataloader.dataset, IterableDataset):
+        return {"batch_size": dataloader.batch_size, "drop_last": dataloader.drop_last}
+    batch_sampler = dataloader.batch_sampler
+    return {"batch_sampler": SkipBatchSampler(batch_sampler, num_batches) if num_batches else batch_sampler}
+
+
 def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
     """A loader that yields what ``dataloader`` yields, from batch ``num_batches`` on.
 
     Rule: a prepared loader stays prepared (same device, shuffle
-    synchronisation and epoch); where batches come from a batch sampler,
-    the skipped batches are left out by index (nothing is loaded); over an
-    iterable dataset they are loaded and dropped. ``len()`` is what
-    remains. Anything but a `DataLoader` is a TypeError.
+    synchronisation and epoch); where each process draws its batches from
+    a batch sampler, the skipped ones are left out by index (nothing is
+    loaded); over an iterable dataset, and for a dispatching loader (whose
+    last step is padded from its first), they are loaded and dropped.
+    ``len()`` is what remains. Anything but a `DataLoader` is a TypeError.
     Catalog: data.skip_first_batches.
     """
     if not isinstance(dataloader, DataLoader):
         raise TypeError(f"skip_first_batches takes a torch.utils.data.DataLoader, got {type(dataloader).__name__}")
     dataset = dataloader.dataset
-    iterable = isinstance(dataset, IterableDataset)
     carried = _carried_arguments(dataloader)
-    per_step = dataloader._batches_per_step if isinstance(dataloader, DataLoaderDispatcher) else 1
-
-    def batching(skipped_by_index: int) -> dict[str, Any]:
-        if iterable:
-            return {"batch_size": dataloader.batch_size, "drop_last": dataloader.drop_last}
-        return {"batch_sampler": SkipBatchSampler(dataloader.batch_sampler, skipped_by_index)}
-
-    skip_by_index = 0 if iterable else num_batches * per_step
-    skip_by_loading = num_batches if iterable else 0
+    by_loading = num_batches if isinstance(dataset, IterableDataset) else 0
     if isinstance(dataloader, DataLoaderDispatcher):
         return DataLoaderDispatcher(
             dataset,
             split_batches=dataloader.split_batches,
-            skip_batches=skip_by_loading,
+            skip_batches=num_batches,
             _drop_last=dataloader._drop_last,
             _non_blocking=dataloader._non_blocking,
             slice_fn=dataloader.slice_fn,
             iteration=dataloader.iteration,
-            **batching(skip_by_index),
+            **_skipping_batches(dataloader, 0),
             **carried,
         )
     if isinstance(dataloader, DataLoaderShard):
@@ -554,16 +557,16 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
             device=dataloader.device,
             rng_types=dataloader.rng_types,
             synchronized_generator=dataloader.synchronized_generator,
-            skip_batches=skip_by_loading,
+            skip_batches=by_loading,
             _drop_last=dataloader._drop_last,
             _non_blocking=dataloader._non_blocking,
             iteration=dataloader.iteration,
-            **batching(skip_by_index),
+            **_skipping_batches(dataloader, num_batches - by_loading),
             **carried,
         )
-    if iterable:
-        return SkipDataLoader(dataset, skip_batches=num_batches, **batching(0), **carried)
-    return DataLoader(dataset, **batching(num_batches), **carried)
+    if by_loading:
+        return SkipDataLoader(dataset, skip_batches=by_loading, **_skipping_batches(dataloader, 0), **carried)
+    return DataLoader(dataset, **_skipping_batches(dataloader, num_batches), **carried)
 
 
 __all__ = [
