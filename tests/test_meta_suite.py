@@ -261,9 +261,12 @@ class SharedPools:
 
     def run(self, entry: Break) -> list[CaseResult]:
         self.backend.case_timeout = entry.case_timeout
-        # Read when a pool starts: every implementation the plan runs at this world is
-        # imported then, not inside the first case's timeout.
-        preload = ",".join(dict.fromkeys(e.impl for e in PLAN if not e.isolated and e.world == entry.world))
+        # Read when a pool (re)starts: the reference (which brings torch and the bulk of
+        # the imports) and this entry's implementation are imported then, within the start
+        # timeout. A later entry's broken copy is imported in its first case, in a fraction
+        # of a second; preloading them all would slow every restart of the pool (one follows
+        # each case whose ranks disagree).
+        preload = ",".join(dict.fromkeys([REFERENCE, entry.impl]))
         self.backend.base_env = {
             **SimBackend.base_env,
             switchboard.CHOICE_ENV: str(self.choice_file),
