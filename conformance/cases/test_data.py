@@ -296,16 +296,23 @@ def _same_shuffle_everywhere(values, world):
 SEEDABLE_LENGTH = 32
 
 
-def _seeded_run(impl, seed: int, noise: int) -> list[list[int]]:
-    """Two epochs of a loader prepared with use_seedable_sampler after set_seed(seed); ``noise`` draws in between."""
+def _seeded_run(impl, seed: int, noise: int) -> dict[str, list[list[int]]]:
+    """Epochs 0 and 1 of a loader prepared with use_seedable_sampler after set_seed(seed), then replayed.
+
+    ``noise`` other random draws happen between epochs; the replay calls
+    ``set_seed(seed)`` and ``set_epoch(e)`` again on the same loader.
+    """
     impl.utils.set_seed(seed)
     acc = _accelerator(impl, use_seedable_sampler=True)
     loader = acc.prepare(DataLoader(range(SEEDABLE_LENGTH), batch_size=4, shuffle=True))
-    epochs = []
-    for _ in range(2):
-        epochs.append(_flat(_epoch(loader)))
-        torch.rand(noise)  # the training step's own randomness must not change the data order
-    return epochs
+    runs = {"epochs": [], "replayed": []}
+    for name in runs:
+        impl.utils.set_seed(seed)
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            runs[name].append(_flat(_epoch(loader)))
+            torch.rand(noise)  # the training step's own randomness must not change the data order
+    return runs
 
 
 @case("data.seedable_sampler", worlds=POWER_OF_TWO_WORLDS)
@@ -313,8 +320,9 @@ def seedable_sampler(impl, world):
     """``use_seedable_sampler=True`` with ``set_seed`` gives the same order on every run.
 
     Two runs in the same process, with different amounts of other random
-    draws between epochs, must yield the same batches; the shards stay
-    disjoint and the order is shuffled.
+    draws between epochs, yield the same batches, and so does replaying
+    the same loader after ``set_seed`` and ``set_epoch``; the shards stay
+    disjoint and the order is shuffled anew each epoch.
     """
     impl.Accelerator()
     return {"runs": [_seeded_run(impl, 1234, noise) for noise in (1, 17)], "other_seed": _seeded_run(impl, 4321, 1)}
@@ -324,13 +332,15 @@ def seedable_sampler(impl, world):
 def _same_order_every_run(values, world):
     for rank, value in enumerate(values):
         first, second = value["runs"]
-        expect_equal(second, first, f"rank {rank}: the second run's epochs (same seed)")
+        expect_equal(first["replayed"], first["epochs"], f"rank {rank}: epochs replayed after set_seed and set_epoch")
+        expect_equal(second["epochs"], first["epochs"], f"rank {rank}: the second run's epochs (same seed)")
     for epoch in range(2):
-        _expect_partition([v["runs"][0][epoch] for v in values], SEEDABLE_LENGTH, f"seedable sampler, epoch {epoch}")
-    order = [sample for v in values for sample in v["runs"][0][0]]
-    other = [sample for v in values for sample in v["other_seed"][0]]
-    expect_true(order != list(range(SEEDABLE_LENGTH)), "use_seedable_sampler with shuffle=True did not shuffle")
-    expect_true(order != other, "seeds 1234 and 4321 gave the same order")
+        _expect_partition([v["runs"][0]["epochs"][epoch] for v in values], SEEDABLE_LENGTH, f"seedable sampler, epoch {epoch}")
+    orders = [[sample for v in values for sample in v["runs"][0]["epochs"][epoch]] for epoch in range(2)]
+    other = [sample for v in values for sample in v["other_seed"]["epochs"][0]]
+    expect_true(orders[0] != list(range(SEEDABLE_LENGTH)), "use_seedable_sampler with shuffle=True did not shuffle")
+    expect_true(orders[0] != orders[1], "epochs 0 and 1 were shuffled the same way")
+    expect_true(orders[0] != other, "seeds 1234 and 4321 gave the same order")
 
 
 # -- iterable datasets and dispatching -------------------------------------------------
