@@ -7,6 +7,7 @@ A manifest is a TOML file with one ``[[deviation]]`` table per deviation::
     status = "FAIL"                  # the status the case is expected to end with
     worlds = ["2", "3", "4", "2x2"]  # optional: only at these worlds
     backends = ["sim"]               # optional: only on these backends
+    case = "reduce_none"             # optional: only this case function of the ID
     reason = "reduce(t, 'none') sums instead of returning t (HF accelerate 1.15)"
 
 A result matching a deviation becomes XFAIL. A matching case that passes is
@@ -36,12 +37,14 @@ class Deviation:
     reason: str
     worlds: tuple[str, ...] = ()
     backends: tuple[str, ...] = ()
+    case: str = ""
 
     def matches(self, result: CaseResult) -> bool:
         return (
             result.id == self.id
             and (not self.worlds or result.world in self.worlds)
             and (not self.backends or result.backend in self.backends)
+            and (not self.case or result.case == self.case)
         )
 
 
@@ -77,6 +80,7 @@ class Manifest:
                     entry["reason"],
                     tuple(str(w) for w in entry.get("worlds", ())),
                     tuple(entry.get("backends", ())),
+                    entry.get("case", ""),
                 )
             )
         return cls(source, deviations)

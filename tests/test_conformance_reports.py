@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from dataclasses import replace
 import sys
 from pathlib import Path
 from xml.etree import ElementTree as ET
@@ -58,6 +59,12 @@ worlds = ["4"]
 reason = "only at 4"
 
 [[deviation]]
+id = "gather.nested"
+status = "FAIL"
+case = "gather_nested_tuples"
+reason = "one case of the ID only"
+
+[[deviation]]
 id = "never.run"
 status = "HANG"
 reason = "matches nothing"
@@ -74,6 +81,10 @@ def test_manifest_marks_expected_failures_and_unexpected_passes():
     assert other_world.status == Status.ERROR, "a deviation limited to world 4 must not excuse world 2"
     different_status = manifest.apply(result("reduce.none", Status.HANG))
     assert different_status.status == Status.HANG, "a HANG is not the FAIL the manifest expects"
+    other_case = manifest.apply(result("gather.nested", Status.FAIL))
+    assert other_case.status == Status.FAIL, "a deviation naming one case must not excuse another case of the ID"
+    named_case = manifest.apply(replace(result("gather.nested", Status.FAIL), case="gather_nested_tuples"))
+    assert named_case.status == Status.XFAIL
     assert [d.id for d in manifest.unused()] == ["split.padding", "never.run"]
 
 
