@@ -292,22 +292,27 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
     def _received_steps(self, source: Optional[Iterator[tuple[Any, int, bool]]]) -> Iterator[tuple[Any, bool]]:
         """On every process: (this process's slice of each global batch, whether it is the last)."""
         num_processes, index = self.state.num_processes, self.state.process_index
-        while True:
-            announced = next(source, None) if source is not None else None
-            header = [None if announced is None else (get_data_structure(announced[0]), announced[1], announced[2])]
-            broadcast_object_list(header, from_process=0)
-            if header[0] is None:
+        is_last = False
+        while not is_last:
+            step = self._broadcast_step(next(source, None) if source is not None else None)
+            if step is None:
                 return
-            layout, real, is_last = header[0]
-            batch = announced[0] if announced is not None else initialize_tensors(layout)
-            batch = broadcast(send_to_device(batch, self.device, non_blocking=self._non_blocking), from_process=0)
+            batch, real, is_last = step
             share = find_batch_size(batch) // num_processes
             mine = self.slice_fn(batch, slice(index * share, (index + 1) * share), process_index=index, num_processes=num_processes)
             if is_last:
                 self.remainder = real
             yield mine, is_last
-            if is_last:
-                return
+
+    def _broadcast_step(self, announced: Optional[tuple[Any, int, bool]]) -> Optional[tuple[Any, int, bool]]:
+        """Process 0's ``announced`` step on every process (its layout first, then its tensors); None at the end."""
+        header = [None if announced is None else (get_data_structure(announced[0]), announced[1], announced[2])]
+        broadcast_object_list(header, from_process=0)
+        if header[0] is None:
+            return None
+        layout, real, is_last = header[0]
+        batch = announced[0] if announced is not None else initialize_tensors(layout)
+        return broadcast(send_to_device(batch, self.device, non_blocking=self._non_blocking), from_process=0), real, is_last
 
     def __len__(self) -> int:
         steps = super().__len__() / self._batches_per_step
@@ -488,23 +493,12 @@ def prepare_data_loader(
     if dispatch_batches:
         return DataLoaderDispatcher(dataset, split_batches=split_batches, slice_fn=slice_fn_for_dispatch, **batching, **common)
 
-    generator = None
-    if num_processes > 1 and iterable:
-        dataset = IterableDatasetShard(
-            dataset, batch_size, dataloader.drop_last, num_processes, process_index, split_batches
-        )
-        generator = getattr(dataloader.dataset, "generator", None)
-        if split_batches:
-            batching["batch_size"] = batch_size // num_processes
-    elif num_processes > 1:
-        if _wants_generator(rng_types) and not use_seedable_sampler:
-            generator = _own_generator(_sampler_of(batch_sampler))
-        batching["batch_sampler"] = BatchSamplerShard(
-            batch_sampler, num_processes, process_index, split_batches, even_batches
-        )
-    if not isinstance(generator, torch.Generator):
-        generator = None
-        rng_types = [t for t in rng_types or [] if RNGType(t) != RNGType.GENERATOR]
+    own_generator = _wants_generator(rng_types) and not use_seedable_sampler
+    dataset, batching, generator = _share_of_process(
+        dataloader, batching, num_processes, process_index, split_batches, even_batches, own_generator
+    )
+    if generator is None:
+        rng_types = [rng_type for rng_type in rng_types or [] if RNGType(rng_type) != RNGType.GENERATOR]
     return DataLoaderShard(
         dataset,
         device=device if put_on_device else None,
@@ -513,6 +507,36 @@ def prepare_data_loader(
         **batching,
         **common,
     )
+
+
+def _share_of_process(
+    dataloader: DataLoader,
+    batching: dict[str, Any],
+    num_processes: int,
+    process_index: int,
+    split_batches: bool,
+    even_batches: bool,
+    own_generator: bool,
+) -> tuple[Any, dict[str, Any], Optional[torch.Generator]]:
+    """The dataset and batching arguments of process ``process_index``'s shard, and the generator to keep in sync.
+
+    The generator is the iterable dataset's own, or (with ``own_generator``)
+    the shuffling sampler's, created if needed; None when there is none.
+    """
+    if num_processes == 1:
+        return dataloader.dataset, batching, None
+    if isinstance(dataloader.dataset, IterableDataset):
+        batch_size = batching["batch_size"]
+        shard = IterableDatasetShard(
+            dataloader.dataset, batch_size, dataloader.drop_last, num_processes, process_index, split_batches
+        )
+        per_process = batch_size // num_processes if split_batches else batch_size
+        generator = getattr(dataloader.dataset, "generator", None)
+        return shard, {**batching, "batch_size": per_process}, generator if isinstance(generator, torch.Generator) else None
+    batch_sampler = batching["batch_sampler"]
+    generator = _own_generator(_sampler_of(batch_sampler)) if own_generator else None
+    shard_sampler = BatchSamplerShard(batch_sampler, num_processes, process_index, split_batches, even_batches)
+    return dataloader.dataset, {"batch_sampler": shard_sampler}, generator
 
 
 def _skipping_batches(dataloader: DataLoader, num_batches: int) -> dict[str, Any]:
