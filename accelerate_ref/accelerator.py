@@ -102,7 +102,7 @@ class Accelerator:
         self.device_placement = device_placement
         self.dataloader_config = dataloader_config or DataLoaderConfiguration(split_batches=split_batches)
         self.project_configuration = project_config or ProjectConfiguration(project_dir=project_dir)
-        self.rng_types = rng_types
+        self.rng_types = list(rng_types) if rng_types is not None else ["generator"]
         self.log_with = log_with
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.dynamo_backend = dynamo_backend
@@ -429,7 +429,7 @@ class Accelerator:
             process_index=self.process_index,
             split_batches=config.split_batches,
             put_on_device=device_placement if device_placement is not None else self.device_placement,
-            rng_types=list(self.rng_types) if self.rng_types is not None else None,
+            rng_types=list(self.rng_types),
             dispatch_batches=config.dispatch_batches,
             even_batches=config.even_batches,
             slice_fn_for_dispatch=slice_fn_for_dispatch,
