@@ -16,6 +16,8 @@ import gc
 import json
 import os
 import random
+import socket
+import time
 import weakref
 from datetime import timedelta
 from typing import Any, Iterable
@@ -994,20 +996,40 @@ def kwargs_ddp(impl, world):
     expect_true(all(g is None or not g.any() for g in unused), "the unused head should get no gradient")
 
 
+def _agreed_free_port(world: Any, timeout: float = 10.0) -> int:
+    """A free loopback port chosen by rank 0 and read by every rank from the case's shared directory."""
+    path = os.path.join(world.shared_dir, "master_port")
+    if world.rank == 0:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        with open(path + ".tmp", "w", encoding="utf-8") as handle:
+            handle.write(str(port))
+        os.replace(path + ".tmp", path)
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"rank {world.rank}: rank 0 wrote no port to {path} within {timeout} s")
+        time.sleep(0.01)
+    with open(path, encoding="utf-8") as handle:
+        return int(handle.read())
+
+
 @case("kwargs.init_process_group", worlds=DISTRIBUTED_WORLDS)
 def kwargs_init_process_group(impl, world):
     """``InitProcessGroupKwargs(timeout=timedelta(seconds=800))`` reaches the process group's creation.
 
     The rank pool keeps one process group across cases, so this case first
-    tears it down (every rank) for the Accelerator to create it again; the
-    timeout is read back from torch's default group.
+    tears it down (every rank) for the Accelerator to create it again, on a
+    fresh port (objects of earlier cases may keep the old group's store
+    alive on the old one); the timeout is read back from torch's default group.
     """
     import torch.distributed as dist
 
-    gc.collect()  # objects of earlier cases (DDP models) must not keep the old group and its store alive
+    gc.collect()
     if dist.is_initialized():
         dist.destroy_process_group()
-    gc.collect()
+    os.environ["MASTER_PORT"] = str(_agreed_free_port(world))  # the worker restores the environment after the case
     impl.Accelerator(kwargs_handlers=[impl.InitProcessGroupKwargs(timeout=timedelta(seconds=800))])
     expect_true(dist.is_initialized(), "the Accelerator should have created the process group")
     group = dist.distributed_c10d._get_default_group()
