@@ -313,22 +313,16 @@ class Accelerator:
         ``args``. One object comes back alone, several as a tuple.
         Catalog: prepare.order, prepare.device_placement_list, prepare.verify_device_map.
         """
-        if device_placement is None:
-            device_placement = [None] * len(args)
-        elif len(device_placement) != len(args):
-            raise ValueError(
-                f"device_placement needs one flag per object: {len(args)} objects, {len(device_placement)} flags"
-            )
-        placements = list(zip(args, device_placement))
-        prepared = [self._prepare_one(obj, placement, schedulers=False) for obj, placement in placements]
-        prepared = [self._prepare_one(obj, placement, schedulers=True) for obj, (_, placement) in zip(prepared, placements)]
+        flags = list(device_placement) if device_placement is not None else [None] * len(args)
+        if len(flags) != len(args):
+            raise ValueError(f"device_placement needs one flag per object: {len(args)} objects, {len(flags)} flags")
+        first_pass = [self._prepare_one(obj, flag) for obj, flag in zip(args, flags)]
+        scheduler_type = torch.optim.lr_scheduler.LRScheduler
+        prepared = [self.prepare_scheduler(obj) if isinstance(obj, scheduler_type) else obj for obj in first_pass]
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
-    def _prepare_one(self, obj: Any, device_placement: bool | None, schedulers: bool) -> Any:
-        """First pass (``schedulers=False``): loaders, models, optimizers; second pass: schedulers."""
-        if schedulers:
-            is_scheduler = isinstance(obj, torch.optim.lr_scheduler.LRScheduler)
-            return self.prepare_scheduler(obj) if is_scheduler else obj
+    def _prepare_one(self, obj: Any, device_placement: bool | None) -> Any:
+        """The first pass of `prepare`: loaders, models and optimizers; anything else unchanged."""
         if isinstance(obj, torch.utils.data.DataLoader):
             return self.prepare_data_loader(obj, device_placement=device_placement)
         if isinstance(obj, torch.nn.Module):
@@ -363,12 +357,8 @@ class Accelerator:
         if placement and not self.verify_device_map(model):  # a dispatched model stays where its map put it
             model = model.to(self.device)
         self._precision.wrap_forward(model)
-        if not evaluation_mode and self.use_distributed and any(p.requires_grad for p in model.parameters()):
-            model = torch.nn.parallel.DistributedDataParallel(
-                model,
-                device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                **(self.ddp_handler.to_kwargs() if self.ddp_handler is not None else {}),
-            )
+        if not evaluation_mode and self.use_distributed:
+            model = gradient_sync.wrap_for_data_parallel(model, self.device, self.ddp_handler)
         model._is_accelerate_prepared = True
         return _remember(self._models, model)
 

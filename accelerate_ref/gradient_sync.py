@@ -1,11 +1,11 @@
-"""How gradient synchronisation of a `DistributedDataParallel` model is switched on and off.
+"""Data-parallel gradient synchronisation: the DDP wrapper and switching its synchronisation.
 
-`Accelerator.accumulate` and `Accelerator.no_sync` use DDP's own ``no_sync``;
-this module holds the two mechanisms torch offers no one-call API for:
-synchronising a backward whose forward ran under ``no_sync``, and joining
-ranks that ran out of batches.
+`Accelerator.prepare_model` wraps models here; `Accelerator.accumulate` and
+`Accelerator.no_sync` use DDP's own ``no_sync``; this module also holds the
+two mechanisms torch offers no one-call API for: synchronising a backward
+whose forward ran under ``no_sync``, and joining ranks that ran out of batches.
 
-Catalog: no_sync.trigger_sync_in_backward, join.uneven_inputs.
+Catalog: prepare.unwrap, kwargs.ddp, no_sync.trigger_sync_in_backward, join.uneven_inputs.
 """
 
 from __future__ import annotations
@@ -16,6 +16,26 @@ from typing import Any, Iterator, Optional
 
 import torch
 from torch.distributed.algorithms.join import Join
+
+from .utils.dataclasses import DistributedDataParallelKwargs
+
+
+def wrap_for_data_parallel(
+    model: torch.nn.Module, device: torch.device, handler: Optional[DistributedDataParallelKwargs]
+) -> torch.nn.Module:
+    """``model`` in a ``DistributedDataParallel`` built with the handler's arguments.
+
+    Rule: only a model with trainable parameters is wrapped (DDP has nothing
+    to synchronise otherwise); on a GPU the wrapper is pinned to the
+    process's device. Catalog: prepare.unwrap, kwargs.ddp.
+    """
+    if not any(parameter.requires_grad for parameter in model.parameters()):
+        return model
+    return torch.nn.parallel.DistributedDataParallel(
+        model,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        **(handler.to_kwargs() if handler is not None else {}),
+    )
 
 
 @contextlib.contextmanager
