@@ -160,7 +160,127 @@ def _mark_last(items: Iterable[Any]) -> Iterator[tuple[Any, bool]]:
 _NOTHING = object()
 
 
-class DataLoaderShard(DataLoaderStateMixin, DataLoader):
+class DataLoaderPositionMixin:
+    """Where a prepared loader is in its epoch, so that a resumed run yields what an uninterrupted one would.
+
+    Rules (catalog save_state.resume_data_order):
+
+    * an epoch's order is decided by the loader's order generator (the
+      synchronised generator, else the sampler's or the dataset's own);
+      its state when the epoch began is recorded, with the number of
+      batches handed out since;
+    * `state_dict` gives the epoch (``iteration``), whether it has begun,
+      the batches handed out in it, the generator state its order starts
+      from and a `SeedableRandomSampler`'s seed; `load_state_dict`
+      restores them, and the loader is then positioned there;
+    * a `skip_first_batches` copy of a positioned loader (one restored by
+      `load_state_dict`, or left in the middle of an epoch) continues that
+      epoch: it replays the epoch's order from its recorded start, redoes
+      none of the epoch's start (no RNG synchronisation, no draw from
+      torch's RNG for the iterator's base seed, both of which the
+      interrupted run made before it saved), counts its batches in the
+      loader's position, and when it completes the epoch the loader moves
+      on to the next one. A copy of a loader that is not positioned is a
+      loader of its own, as before.
+    """
+
+    iteration: int
+    #: The positioned loader whose epoch this `skip_first_batches` copy continues, else None.
+    _continues: Optional["DataLoaderPositionMixin"] = None
+    #: Batches of the epoch this copy leaves out (where it starts in the epoch).
+    _skipped: int = 0
+    _epoch_started: bool = False
+    _epoch_start_rng: Optional[torch.Tensor] = None
+    _batches_in_epoch: int = 0
+    _restored: bool = False
+
+    @property
+    def _positioned(self) -> bool:
+        return self._epoch_started or self._restored
+
+    @property
+    def _keeper(self) -> "DataLoaderPositionMixin":
+        """The loader that keeps the position: the one this copy continues, else itself."""
+        return self._continues if self._continues is not None else self
+
+    def _continues_started_epoch(self) -> bool:
+        return self._continues is not None and self._continues._epoch_started
+
+    def _order_generator(self) -> Optional[torch.Generator]:
+        """The generator that decides the order of the loader's batches, if any."""
+        candidates = [getattr(self, "synchronized_generator", None)]
+        candidates += [getattr(getattr(node, "sampler", None), "generator", None) for node in _batching_chain(self)]
+        candidates.append(getattr(getattr(self.dataset, "dataset", self.dataset), "generator", None))
+        return next((c for c in candidates if isinstance(c, torch.Generator)), None)
+
+    def _seedable_sampler(self) -> Optional[SeedableRandomSampler]:
+        samplers = (getattr(node, "sampler", None) for node in _batching_chain(self))
+        return next((s for s in samplers if isinstance(s, SeedableRandomSampler)), None)
+
+    def _epoch_iterator(self, continuing: bool) -> Iterator[Any]:
+        """``DataLoader.__iter__``, which draws the epoch's base seed from torch's RNG (not again when continuing)."""
+        if not continuing:
+            return DataLoader.__iter__(self)  # type: ignore[arg-type]
+        state = torch.get_rng_state()
+        try:
+            return DataLoader.__iter__(self)  # type: ignore[arg-type]
+        finally:
+            torch.set_rng_state(state)
+
+    def _enter_epoch(self) -> None:
+        """Record the start of an epoch, or, continuing a begun one, put its order generator back to that start."""
+        keeper, generator = self._keeper, self._order_generator()
+        if self._continues_started_epoch():
+            if generator is not None and keeper._epoch_start_rng is not None:
+                generator.set_state(keeper._epoch_start_rng)
+        else:
+            keeper._epoch_started = True
+            keeper._epoch_start_rng = generator.get_state() if generator is not None else None
+        keeper._batches_in_epoch = self._skipped
+
+    def _count_batch(self) -> None:
+        self._keeper._batches_in_epoch += 1
+
+    def _leave_epoch(self) -> None:
+        """A completed epoch: the keeper moves on to the next one and holds no position anymore."""
+        keeper = self._keeper
+        keeper.iteration = self.iteration
+        keeper._epoch_started, keeper._epoch_start_rng, keeper._batches_in_epoch, keeper._restored = False, None, 0, False
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's position: epoch, whether it began, batches handed out, order generator state, sampler seed.
+
+        Catalog: save_state.resume_data_order.
+        """
+        keeper, generator = self._keeper, self._order_generator()
+        if keeper._epoch_started:
+            generator_state = keeper._epoch_start_rng
+        else:
+            generator_state = generator.get_state() if generator is not None else None
+        seedable = self._seedable_sampler()
+        return {
+            "iteration": keeper.iteration,
+            "epoch_started": keeper._epoch_started,
+            "batches_in_epoch": keeper._batches_in_epoch,
+            "generator_state": generator_state,
+            "sampler_seed": seedable.initial_seed if seedable is not None else None,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Position the loader where `state_dict` says (see the class rules). Catalog: save_state.resume_data_order."""
+        generator, seedable = self._order_generator(), self._seedable_sampler()
+        if generator is not None and state_dict["generator_state"] is not None:
+            generator.set_state(state_dict["generator_state"])
+        if seedable is not None and state_dict["sampler_seed"] is not None:
+            seedable.initial_seed = state_dict["sampler_seed"]
+        self.iteration = state_dict["iteration"]
+        self._epoch_started = state_dict["epoch_started"]
+        self._epoch_start_rng = state_dict["generator_state"] if self._epoch_started else None
+        self._batches_in_epoch = state_dict["batches_in_epoch"]
+        self._restored = True
+
+
+class DataLoaderShard(DataLoaderPositionMixin, DataLoaderStateMixin, DataLoader):
     """A `DataLoader` over this process's shard that places batches and keeps shuffles in sync.
 
     Rule, for each epoch: first the generators in ``rng_types`` take process
@@ -196,14 +316,18 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
         self.iteration = iteration
 
     def __iter__(self) -> Iterator[Any]:
-        if self.rng_types:
+        continuing = self._continues_started_epoch()
+        if self.rng_types and not continuing:
             synchronize_rng_states(self.rng_types, self.synchronized_generator)
         self.begin()
+        self._enter_epoch()
         self.set_epoch(self.iteration)
-        batches = itertools.islice(super().__iter__(), self.skip_batches, None)
+        batches = itertools.islice(self._epoch_iterator(continuing), self.skip_batches, None)
         for batch in self._flag_last(batches):
+            self._count_batch()
             yield batch if self.device is None else send_to_device(batch, self.device, non_blocking=self._non_blocking)
         self.iteration += 1
+        self._leave_epoch()
         self.end()
 
     def __len__(self) -> int:
@@ -220,7 +344,7 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
         return _total_batch_size(self)
 
 
-class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
+class DataLoaderDispatcher(DataLoaderPositionMixin, DataLoaderStateMixin, DataLoader):
     """A `DataLoader` that only process 0 iterates; each global batch is broadcast and sliced.
 
     Rule: process 0 takes one batch of the underlying loader per step
@@ -263,15 +387,19 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
         return 1 if self.split_batches else self.state.num_processes
 
     def __iter__(self) -> Iterator[Any]:
+        continuing = self._continues_started_epoch()
         self.begin()
+        self._enter_epoch()
         self.set_epoch(self.iteration)
         source = None
         if self.state.is_main_process:  # skipped steps are dropped here, after they gave the padding
-            source = itertools.islice(self._padded_steps(super().__iter__()), self.skip_batches, None)
+            source = itertools.islice(self._padded_steps(self._epoch_iterator(continuing)), self.skip_batches, None)
         for batch, is_last in self._received_steps(source):
             self.end_of_dataloader = is_last
+            self._count_batch()
             yield batch
         self.iteration += 1
+        self._leave_epoch()
         self.end()
 
     def _padded_steps(self, batches: Iterator[Any]) -> Iterator[tuple[Any, int, bool]]:
@@ -523,8 +651,9 @@ def _share_of_process(
     The generator is the iterable dataset's own, or (with ``own_generator``)
     the shuffling sampler's, created if needed; None when there is none.
     """
-    if num_processes == 1:
-        return dataloader.dataset, batching, None
+    if num_processes == 1:  # nothing to synchronise, but the order generator makes the epoch resumable
+        sampler = _sampler_of(batching.get("batch_sampler"))
+        return dataloader.dataset, batching, _own_generator(sampler) if own_generator else None
     if isinstance(dataloader.dataset, IterableDataset):
         batch_size = batching["batch_size"]
         shard = IterableDatasetShard(
@@ -547,16 +676,28 @@ def _skipping_batches(dataloader: DataLoader, num_batches: int) -> dict[str, Any
     return {"batch_sampler": SkipBatchSampler(batch_sampler, num_batches) if num_batches else batch_sampler}
 
 
+def _continuing(dataloader: DataLoaderPositionMixin, num_batches: int, copy: DataLoaderPositionMixin) -> Any:
+    """``copy``, starting ``num_batches`` into ``dataloader``'s epoch, continuing it if it is positioned."""
+    copy._skipped = dataloader._skipped + num_batches
+    if dataloader._keeper._positioned:
+        copy._continues = dataloader._keeper
+    return copy
+
+
 def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
     """A loader that yields what ``dataloader`` yields, from batch ``num_batches`` on.
 
     Rule: a prepared loader stays prepared (same device, shuffle
-    synchronisation and epoch); where each process draws its batches from
+    synchronisation and epoch); a prepared loader restored by
+    ``load_state_dict`` (`Accelerator.load_state`) or left in the middle of
+    an epoch is continued: the copy replays that epoch's order and the
+    loader moves on to the next epoch when the copy completes it (see
+    `DataLoaderPositionMixin`). Where each process draws its batches from
     a batch sampler, the skipped ones are left out by index (nothing is
     loaded); over an iterable dataset, and for a dispatching loader (whose
     last step is padded from its first), they are loaded and dropped.
     ``len()`` is what remains. Anything but a `DataLoader` is a TypeError.
-    Catalog: data.skip_first_batches.
+    Catalog: data.skip_first_batches, save_state.resume_data_order.
     """
     if not isinstance(dataloader, DataLoader):
         raise TypeError(f"skip_first_batches takes a torch.utils.data.DataLoader, got {type(dataloader).__name__}")
@@ -564,7 +705,7 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
     carried = _carried_arguments(dataloader)
     by_loading = num_batches if isinstance(dataset, IterableDataset) else 0
     if isinstance(dataloader, DataLoaderDispatcher):
-        return DataLoaderDispatcher(
+        return _continuing(dataloader, num_batches, DataLoaderDispatcher(
             dataset,
             split_batches=dataloader.split_batches,
             skip_batches=num_batches,
@@ -574,9 +715,9 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
             iteration=dataloader.iteration,
             **_skipping_batches(dataloader, 0),
             **carried,
-        )
+        ))
     if isinstance(dataloader, DataLoaderShard):
-        return DataLoaderShard(
+        return _continuing(dataloader, num_batches, DataLoaderShard(
             dataset,
             device=dataloader.device,
             rng_types=dataloader.rng_types,
@@ -587,7 +728,7 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
             iteration=dataloader.iteration,
             **_skipping_batches(dataloader, num_batches - by_loading),
             **carried,
-        )
+        ))
     if by_loading:
         return SkipDataLoader(dataset, skip_batches=by_loading, **_skipping_batches(dataloader, 0), **carried)
     return DataLoader(dataset, **_skipping_batches(dataloader, num_batches), **carried)
@@ -596,6 +737,7 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
 __all__ = [
     "BatchSamplerShard",
     "DataLoaderDispatcher",
+    "DataLoaderPositionMixin",
     "DataLoaderShard",
     "DataLoaderStateMixin",
     "IterableDatasetShard",

@@ -1,0 +1,264 @@
+"""Model weights on disk: splitting a state dict into shards, and loading files, indexes and folders into a model.
+
+The layouts are those `Accelerator.save_model` writes: one file
+(``model.safetensors`` / ``pytorch_model.bin``), or shards
+``model-00001-of-00003.safetensors`` ... with an index
+``model.safetensors.index.json`` mapping each weight to its shard
+(``{"metadata": {"total_size": bytes}, "weight_map": {name: file}}``).
+
+Catalog: shard_checkpoint.doc_example, save_model.sharded, save_model.reload.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import warnings
+from typing import Any, Optional, Union
+
+import torch
+
+from .constants import SAFE_WEIGHTS_NAME, WEIGHTS_NAME
+from .serialization import load
+
+DeviceMap = dict[str, Union[int, str, torch.device]]
+
+_SIZE_UNITS = {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+
+
+def convert_file_size_to_int(size: Union[int, str]) -> int:
+    """Bytes in ``size``: an int is returned as is; ``"5MB"`` is 5 * 10**6, ``"1GiB"`` 2**30.
+
+    Rule: decimal units KB/MB/GB/TB, binary units KiB/MiB/GiB/TiB (any
+    case); a lower-case ``b`` ending (``"5Mb"``) means bits, divided by 8.
+    Anything else is a ValueError quoting it. Catalog: save_model.sharded.
+    """
+    if isinstance(size, int) and not isinstance(size, bool):
+        if size < 0:
+            raise ValueError(f"a size in bytes cannot be negative, got {size}")
+        return size
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B)\s*", str(size), flags=re.IGNORECASE)
+    if match is None:
+        raise ValueError(f"size {size!r} is not an int of bytes or a number with a unit such as '5MB' or '1GiB'")
+    number, unit = float(match.group(1)), match.group(2)
+    value = int(number * _SIZE_UNITS[unit.upper()])
+    return value // 8 if unit.endswith("b") and not unit.upper().endswith("IB") else value
+
+
+def dtype_byte_size(dtype: torch.dtype) -> float:
+    """Bytes one element of ``dtype`` takes (1/8 for ``torch.bool``). Catalog: shard_checkpoint.doc_example."""
+    if dtype == torch.bool:
+        return 1 / 8
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _shard_name(weights_name: str, index: int, count: int) -> str:
+    stem, extension = os.path.splitext(weights_name)
+    return f"{stem}-{index:05d}-of-{count:05d}{extension}"
+
+
+def shard_checkpoint(
+    state_dict: dict[str, torch.Tensor], max_shard_size: Union[int, str] = "10GB", weights_name: str = WEIGHTS_NAME
+) -> tuple[dict[str, dict[str, torch.Tensor]], Optional[dict[str, Any]]]:
+    """Split ``state_dict`` into shards of at most ``max_shard_size`` bytes, in key order.
+
+    Rules: weights are taken in the order of the keys and a new shard starts
+    when the next weight would take the current one over the limit, so
+    sizes [6, 6, 2, 6, 2, 2] with a limit of 10 give [6], [6+2], [6+2+2]
+    (no reordering to fill shards better); a weight bigger than the limit
+    gets a shard of its own; tensors sharing storage (tied weights) go to
+    the same shard. Returns ``({file name: shard}, index)``: one shard is
+    ``{weights_name: state_dict}`` with index None; several are named
+    ``<stem>-00001-of-0000N<ext>`` and the index is ``{"metadata":
+    {"total_size": bytes}, "weight_map": {weight: file name}}``.
+    Catalog: shard_checkpoint.doc_example, save_model.sharded.
+    """
+    limit = convert_file_size_to_int(max_shard_size)
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    shard_of_storage: dict[tuple[torch.device, int], int] = {}
+    current_size = total_size = 0
+    for name, weight in state_dict.items():
+        storage = (weight.device, weight.untyped_storage().data_ptr())
+        if storage in shard_of_storage and weight.device.type != "meta":
+            shards[shard_of_storage[storage]][name] = weight
+            continue
+        size = int(weight.numel() * dtype_byte_size(weight.dtype))
+        if current_size + size > limit and shards[-1]:
+            shards.append({})
+            current_size = 0
+        shards[-1][name] = weight
+        shard_of_storage[storage] = len(shards) - 1
+        current_size += size
+        total_size += size
+    if len(shards) == 1:
+        return {weights_name: shards[0]}, None
+    named = {_shard_name(weights_name, i + 1, len(shards)): shard for i, shard in enumerate(shards)}
+    weight_map = {name: file for file, shard in named.items() for name in shard}
+    return named, {"metadata": {"total_size": total_size}, "weight_map": weight_map}
+
+
+def _single_device(device_map: Optional[DeviceMap]) -> Optional[Union[int, str, torch.device]]:
+    devices = set(device_map.values()) if device_map else set()
+    return devices.pop() if len(devices) == 1 else None
+
+
+def load_state_dict(checkpoint_file: Union[str, os.PathLike], device_map: Optional[DeviceMap] = None) -> dict[str, torch.Tensor]:
+    """The state dict stored in one weights file, safetensors or ``torch.save``.
+
+    Rules: a ``.safetensors`` file whose metadata names a format must say
+    ``"pt"``; with a ``device_map`` of one device the tensors are loaded
+    there, else on the CPU. Any other file is read with
+    ``torch.load(weights_only=True)`` on the CPU (no code from the file
+    runs). A missing or damaged file is an error naming it.
+    Catalog: save_model.reload.
+    """
+    path = os.fspath(checkpoint_file)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no weights file at {path}")
+    device = _single_device(device_map)
+    device = "cpu" if device is None or device == "disk" else device
+    try:
+        if path.endswith(".safetensors"):
+            from safetensors import safe_open
+            from safetensors.torch import load_file
+
+            with safe_open(path, framework="pt") as handle:
+                metadata = handle.metadata() or {}
+            if metadata.get("format", "pt") != "pt":
+                raise ValueError(f"{path} holds weights in the {metadata['format']!r} format; PyTorch weights ('pt') are needed")
+            return load_file(path, device=str(torch.device(device)) if not isinstance(device, int) else device)
+        return load(path, map_location="cpu")
+    except (OSError, RuntimeError, EOFError) as error:
+        raise ValueError(f"cannot read the weights file {path} (missing, truncated or not a weights file): {error}") from error
+
+
+def checkpoint_files(checkpoint: Union[str, os.PathLike]) -> list[str]:
+    """The weights files ``checkpoint`` names: a weights file, an ``.index.json``, or a folder with either.
+
+    Rule: a folder is read through its one ``model.safetensors`` (else
+    ``pytorch_model.bin``), else its one ``*.index.json``; no candidate, or
+    several indexes, is a ValueError naming the folder.
+    Catalog: save_model.reload, save_model.sharded.
+    """
+    path = os.fspath(checkpoint)
+    if os.path.isdir(path):
+        names = set(os.listdir(path))
+        for single in (SAFE_WEIGHTS_NAME, WEIGHTS_NAME):
+            if single in names:
+                return [os.path.join(path, single)]
+        indexes = sorted(name for name in names if name.endswith(".index.json"))
+        if len(indexes) != 1:
+            found = "several .index.json files " + ", ".join(indexes) if indexes else "no weights file"
+            raise ValueError(
+                f"{path} should hold {SAFE_WEIGHTS_NAME}, {WEIGHTS_NAME} or one .index.json of a sharded checkpoint; found {found}"
+            )
+        path = os.path.join(path, indexes[0])
+    elif not os.path.isfile(path):
+        raise ValueError(
+            f"checkpoint {path} is neither a weights file, nor the .index.json of a sharded checkpoint, nor a folder with either"
+        )
+    if not path.endswith(".json"):
+        return [path]
+    with open(path, encoding="utf-8") as stream:
+        weight_map = json.load(stream)["weight_map"]
+    return [os.path.join(os.path.dirname(path), name) for name in dict.fromkeys(weight_map.values())]
+
+
+def _device_for(name: str, device_map: DeviceMap) -> Union[int, str, torch.device]:
+    """The device ``device_map`` gives weight ``name``: its longest matching module prefix ("" matches all)."""
+    prefixes = [key for key in device_map if key == "" or name == key or name.startswith(key + ".")]
+    if not prefixes:
+        raise ValueError(f"device_map gives no device to {name}; add its module (or '') to the map")
+    device = device_map[max(prefixes, key=len)]
+    if device == "disk":
+        raise NotImplementedError(f"offloading weights to disk ({name}) is not supported by accelerate_ref")
+    return device
+
+
+def _target_dtype(name: str, current: torch.Tensor, loaded: torch.Tensor, dtype: Optional[torch.dtype], keep_in_fp32: list[str]) -> torch.dtype:
+    """Floating weights take ``dtype`` (float32 inside ``keep_in_fp32_modules``), else the model's dtype."""
+    if not loaded.is_floating_point():
+        return loaded.dtype
+    if any(name == module or name.startswith(module + ".") for module in keep_in_fp32):
+        return torch.float32
+    return dtype if dtype is not None else current.dtype
+
+
+def _assign(model: torch.nn.Module, name: str, current: torch.Tensor, value: torch.Tensor, device: Any, dtype: torch.dtype) -> None:
+    """Put ``value`` into the parameter or buffer ``name`` (now ``current``).
+
+    In place, keeping the Parameter object (an optimizer holds it); a
+    weight on the meta device has no data to keep and is replaced.
+    """
+    if tuple(current.shape) != tuple(value.shape):
+        raise ValueError(f"{name}: the checkpoint holds shape {list(value.shape)}, the model {list(current.shape)}")
+    target = torch.device(device) if device is not None else ("cpu" if current.is_meta else current.device)
+    with torch.no_grad():
+        new = value.to(device=target, dtype=dtype)
+        if current.is_meta:
+            module_name, _, attribute = name.rpartition(".")
+            module = model.get_submodule(module_name)
+            if isinstance(current, torch.nn.Parameter):
+                module.register_parameter(attribute, torch.nn.Parameter(new, requires_grad=current.requires_grad))
+            else:
+                module.register_buffer(attribute, new, persistent=attribute not in module._non_persistent_buffers_set)
+        elif new.device == current.device and new.dtype == current.dtype:
+            current.copy_(new)
+        else:
+            current.data = new
+
+
+def load_checkpoint_in_model(
+    model: torch.nn.Module,
+    checkpoint: Union[str, os.PathLike],
+    device_map: Optional[DeviceMap] = None,
+    offload_folder: Optional[Union[str, os.PathLike]] = None,
+    dtype: Optional[Union[str, torch.dtype]] = None,
+    offload_state_dict: bool = False,
+    offload_buffers: bool = False,
+    keep_in_fp32_modules: Optional[list[str]] = None,
+    offload_8bit_bnb: bool = False,
+    strict: bool = False,
+) -> None:
+    """Load a (possibly sharded) checkpoint into ``model``, placing weights where ``device_map`` says.
+
+    Rules: ``checkpoint`` is a weights file, the ``.index.json`` of shards,
+    or a folder holding one of them (`checkpoint_files`); shards are loaded
+    one at a time. Each weight goes into the model's parameter or buffer of
+    the same name in place (the Parameter objects stay, so an optimizer
+    built on them keeps working), on the device ``device_map`` gives its
+    module (``{"": device}`` for the whole model; the longest matching
+    module name wins), else where it already is; floating weights are cast
+    to ``dtype`` if given (``keep_in_fp32_modules`` stay float32), else to
+    the model's dtype. A shape mismatch is a ValueError naming the weight.
+    Keys the model lacks, and weights the checkpoint lacks, are warned
+    about, or a ValueError with ``strict=True``. Offloading to disk is not
+    supported (NotImplementedError).
+    Catalog: save_model.reload, save_model.sharded.
+    """
+    if offload_folder is not None or offload_state_dict or offload_buffers or offload_8bit_bnb:
+        raise NotImplementedError("accelerate_ref does not offload weights (offload_* arguments)")
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype.replace("torch.", ""))
+    tensors = dict(model.named_parameters(remove_duplicate=False))
+    tensors.update(model.named_buffers(remove_duplicate=False))
+    expected = set(model.state_dict())
+    loaded_names: set[str] = set()
+    unexpected: list[str] = []
+    for path in checkpoint_files(checkpoint):
+        for name, value in load_state_dict(path, device_map).items():
+            if name not in expected:
+                unexpected.append(name)
+                continue
+            current = tensors[name]
+            device = _device_for(name, device_map) if device_map is not None else None
+            _assign(model, name, current, value, device, _target_dtype(name, current, value, dtype, keep_in_fp32_modules or []))
+            loaded_names.add(name)
+    loaded = {id(tensors[name]) for name in loaded_names}  # a tied weight is loaded through its twin
+    missing = sorted(name for name in expected if id(tensors[name]) not in loaded)
+    if missing or unexpected:
+        message = f"loading {os.fspath(checkpoint)}: weights missing from the checkpoint {missing}, keys the model lacks {unexpected}"
+        if strict:
+            raise ValueError(message)
+        warnings.warn(message)

@@ -1,0 +1,140 @@
+"""Writing files that a crash never leaves half-written, and reading them without running code.
+
+A file is written under a temporary name in its own directory, flushed and
+fsynced, then renamed over its final name (a rename within a directory is
+atomic), and the directory is fsynced so that the rename itself survives a
+power cut. Readers therefore see the old file or the new one, never a part.
+
+Loading uses safetensors for tensors and ``torch.load(weights_only=True)``
+for everything else, which rebuilds tensors, numbers, strings and
+containers but never imports or calls arbitrary code from the file.
+
+`PartialState` is imported inside `save` (see `accelerate_ref.utils`: no
+module here imports the state at import time).
+
+Catalog: save.once_per_machine, save.array_example, save_model.default,
+save_state.roundtrip.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+from typing import IO, Any, Callable, Union
+
+import torch
+
+PathOrFile = Union[str, os.PathLike, IO[bytes]]
+
+
+def fsync_directory(path: Union[str, os.PathLike]) -> None:
+    """Make the entries of directory ``path`` (files created or renamed in it) durable."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def write_atomically(path: Union[str, os.PathLike], write: Callable[[IO[bytes]], None]) -> None:
+    """Write a file with ``write(stream)`` so that ``path`` holds either its old content or the whole new one.
+
+    Rule: the bytes go to a temporary file next to ``path``, which is
+    flushed, fsynced and renamed over ``path``; the directory is fsynced
+    after. If ``write`` fails the temporary file is removed and ``path`` is
+    untouched. Catalog: save.array_example, save_state.roundtrip.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(descriptor, "wb") as stream:
+            write(stream)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+        raise
+    fsync_directory(directory)
+
+
+def clean_state_dict_for_safetensors(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """``state_dict`` as safetensors can store it: tensors sharing storage kept once (the first key), all contiguous.
+
+    Tied weights (an embedding shared with the output layer) share one
+    storage; safetensors refuses aliases, and loading the first key
+    restores the tie. Catalog: save_model.default.
+    """
+    kept: dict[str, Any] = {}
+    seen: set[tuple[torch.device, int, int]] = set()
+    dropped = []
+    for name, tensor in state_dict.items():
+        if isinstance(tensor, torch.Tensor):
+            storage = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.untyped_storage().nbytes())
+            if storage in seen and tensor.device.type != "meta":
+                dropped.append(name)
+                continue
+            seen.add(storage)
+            tensor = tensor.contiguous()
+        kept[name] = tensor
+    if dropped:
+        warnings.warn(f"tensors sharing storage with an earlier one were stored once, without the keys {dropped}")
+    return kept
+
+
+def _safetensors_bytes(obj: Any) -> bytes:
+    from safetensors.torch import save as safetensors_save
+
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise TypeError(
+            f"safe_serialization=True stores a dict of tensors (a state dict), got {type(obj).__name__}; "
+            "save anything else with safe_serialization=False"
+        )
+    tensors = {name: tensor.detach().cpu() for name, tensor in clean_state_dict_for_safetensors(obj).items()}
+    return safetensors_save(tensors, metadata={"format": "pt"})
+
+
+def write_object(obj: Any, f: PathOrFile, safe_serialization: bool = False) -> None:
+    """Write ``obj`` to ``f`` on this process: safetensors, or ``torch.save`` (pickle); a path is written atomically."""
+    if safe_serialization:
+        payload = _safetensors_bytes(obj)
+        write: Callable[[IO[bytes]], Any] = lambda stream: stream.write(payload)  # noqa: E731
+    else:
+        write = lambda stream: torch.save(obj, stream)  # noqa: E731
+    if isinstance(f, (str, os.PathLike)):
+        write_atomically(f, write)
+    else:
+        write(f)
+
+
+def save(obj: Any, f: PathOrFile, save_on_each_node: bool = False, safe_serialization: bool = False) -> None:
+    """Save ``obj`` to ``f`` once: on the main process, or once per machine with ``save_on_each_node``.
+
+    Rules: in place of ``torch.save``; only the main process writes (with
+    ``save_on_each_node``, the local main process of every machine, for
+    machines that do not share a file system); ``safe_serialization``
+    writes a dict of tensors with safetensors (aliased tensors stored once)
+    instead of pickle. A path is replaced atomically, so a failed or
+    interrupted save leaves the previous file whole. Nothing is returned
+    and no process waits for the others.
+    Catalog: save.once_per_machine, save.array_example.
+    """
+    from ..state import PartialState
+
+    state = PartialState()
+    if state.is_local_main_process if save_on_each_node else state.is_main_process:
+        write_object(obj, f, safe_serialization=safe_serialization)
+
+
+def load(f: PathOrFile, map_location: Any = None, **kwargs: Any) -> Any:
+    """``torch.load`` that never runs code from the file: ``weights_only=True`` unless the caller says otherwise.
+
+    Rule: tensors, numbers, strings, None and containers of them load; a
+    pickled object of any other class is refused by torch with an error
+    naming it. Pass ``weights_only=False`` only for files you trust.
+    Catalog: save.array_example, save_state.roundtrip.
+    """
+    kwargs.setdefault("weights_only", True)
+    return torch.load(f, map_location=map_location, **kwargs)
