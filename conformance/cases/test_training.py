@@ -15,6 +15,7 @@ import contextlib
 import gc
 import json
 import os
+import pickle
 import random
 import socket
 import time
@@ -694,10 +695,20 @@ def unscale_noop(impl, world):
 # -- mixed precision --------------------------------------------------------------------------
 
 
+class _DtypeRecorder:
+    """A forward hook that records its module's output dtype (a class, so the module still pickles)."""
+
+    def __init__(self) -> None:
+        self.dtypes: list[torch.dtype] = []
+
+    def __call__(self, module: Any, inputs: Any, output: torch.Tensor) -> None:
+        self.dtypes.append(output.dtype)
+
+
 def _record_output_dtypes(module: torch.nn.Module) -> list[torch.dtype]:
-    dtypes: list[torch.dtype] = []
-    module.register_forward_hook(lambda _module, _inputs, output: dtypes.append(output.dtype))
-    return dtypes
+    recorder = _DtypeRecorder()
+    module.register_forward_hook(recorder)
+    return recorder.dtypes
 
 
 def _autocast_dtype(acc: Any, dtype: torch.dtype) -> torch.dtype:
@@ -742,6 +753,31 @@ def autocast_kwargs_handler(impl, world):
     dtypes = _record_output_dtypes(model.linear)
     acc.prepare(model)(torch.ones(2, FEATURES, device=acc.device))
     expect_equal(dtypes, [torch.float32], "inner Linear output dtype with AutocastKwargs(enabled=False)")
+
+
+@case("unwrap.keep_fp32_wrapper")
+def unwrap_keep_fp32_wrapper(impl, world):
+    """``unwrap_model(model, keep_fp32_wrapper=False)`` removes the mixed-precision forward wrapper.
+
+    Under ``mixed_precision="bf16"`` the unwrapped model keeps autocasting
+    by default (its inner Linear computes in bf16); with
+    ``keep_fp32_wrapper=False`` its forward is the user's again: fp32
+    inside, and the model pickles and reloads.
+    """
+    acc = impl.Accelerator(mixed_precision="bf16")
+    model = MyModel()
+    dtypes = _record_output_dtypes(model.linear)
+    prepared = acc.prepare(model)
+    x = torch.ones(2, FEATURES, device=acc.device)
+    acc.unwrap_model(prepared)(x)
+    expect_equal(dtypes, [_autocast_dtype(acc, torch.bfloat16)], "inner Linear dtype with the wrapper kept (default)")
+    bare = acc.unwrap_model(prepared, keep_fp32_wrapper=False)
+    expect_true(bare is model, "unwrap_model(..., keep_fp32_wrapper=False) should return the user's model")
+    dtypes.clear()
+    out = bare(x)
+    expect_equal([dtypes, out.dtype], [[torch.float32], torch.float32], "inner and output dtypes without the wrapper")
+    reloaded = pickle.loads(pickle.dumps(bare))
+    expect_equal(_weights(reloaded), _weights(model), "weights of the model pickled after unwrapping")
 
 
 @case("autocast.fp16_scaler")
