@@ -180,6 +180,7 @@ class Accelerator:
 
     @property
     def even_batches(self) -> bool:
+        """``even_batches`` of the `DataLoaderConfiguration`. Catalog: join.uneven_inputs."""
         return self.dataloader_config.even_batches
 
     @property
@@ -362,7 +363,9 @@ class Accelerator:
         model._is_accelerate_prepared = True
         return _remember(self._models, model)
 
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> AcceleratedOptimizer:
+    def prepare_optimizer(
+        self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
+    ) -> AcceleratedOptimizer:
         """Wrap an optimizer so that it steps only on synchronised steps (through the scaler under fp16).
 
         Catalog: prepare.single_methods, accumulate.doc_example, autocast.fp16_scaler.
@@ -392,7 +395,10 @@ class Accelerator:
                 "prepare the optimizer first, or pass both to the same prepare() call"
             )
         prepared = AcceleratedScheduler(
-            scheduler, optimizer, step_with_optimizer=self.step_scheduler_with_optimizer, split_batches=self.split_batches
+            scheduler,
+            optimizer,
+            step_with_optimizer=self.step_scheduler_with_optimizer,
+            split_batches=self.split_batches,
         )
         prepared._is_accelerate_prepared = True
         return _remember(self._schedulers, prepared)
@@ -516,7 +522,9 @@ class Accelerator:
         """
         return gradient_sync.sync_in_next_backward(model)
 
-    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> contextlib.AbstractContextManager:
+    def join_uneven_inputs(
+        self, joinables: list[Any], even_batches: bool | None = None
+    ) -> contextlib.AbstractContextManager:
         """Train or evaluate to the end when ranks have different numbers of batches.
 
         Rules: torch's ``Join`` over ``joinables`` (DDP models), enabled when

@@ -52,6 +52,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     @property
     def state(self) -> Any:
+        """The wrapped optimizer's per-parameter state. Catalog: prepare.order."""
         return self.optimizer.state
 
     @state.setter
@@ -60,6 +61,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
+        """The wrapped optimizer's parameter groups (the model's parameters). Catalog: prepare.order."""
         return self.optimizer.param_groups
 
     @param_groups.setter
@@ -68,6 +70,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     @property
     def defaults(self) -> dict[str, Any]:
+        """The wrapped optimizer's default hyper-parameters. Catalog: prepare.order."""
         return self.optimizer.defaults
 
     @defaults.setter
@@ -75,16 +78,19 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.optimizer.defaults = defaults
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a parameter group to the wrapped optimizer. Catalog: prepare.order."""
         self.optimizer.add_param_group(param_group)
 
     def state_dict(self) -> dict[str, Any]:
+        """The wrapped optimizer's state dict. Catalog: save_state.roundtrip."""
         return self.optimizer.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state dict into the wrapped optimizer. Catalog: save_state.roundtrip."""
         self.optimizer.load_state_dict(state_dict)
 
     def train(self) -> None:
-        """Put optimizers that have modes (schedule-free ones) in training mode."""
+        """Put optimizers that have modes (schedule-free ones) in training mode; others have none."""
         if callable(getattr(self.optimizer, "train", None)):
             self.optimizer.train()
 

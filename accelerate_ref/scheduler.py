@@ -67,16 +67,21 @@ class AcceleratedScheduler:
     # -- the wrapped scheduler's methods ------------------------------------
 
     def get_last_lr(self) -> list[float]:
+        """The learning rates the wrapped scheduler last set. Catalog: accumulate.scheduler."""
         return self.scheduler.get_last_lr()
 
     def get_lr(self) -> list[float]:
+        """The wrapped scheduler's ``get_lr()`` (its formula at the current step). Catalog: accumulate.scheduler."""
         return self.scheduler.get_lr()
 
     def state_dict(self) -> dict[str, Any]:
+        """The wrapped scheduler's state dict. Catalog: save_state.roundtrip."""
         return self.scheduler.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state dict into the wrapped scheduler. Catalog: save_state.roundtrip."""
         self.scheduler.load_state_dict(state_dict)
 
     def print_lr(self, *args: Any, **kwargs: Any) -> None:
+        """The wrapped scheduler's ``print_lr``. Catalog: accumulate.scheduler."""
         self.scheduler.print_lr(*args, **kwargs)
