@@ -3,7 +3,7 @@
 One launch per world runs `training_checks` on every rank; each phase builds a
 fresh Accelerator (the process group stays up) and returns what it saw, and
 the test compares ranks with each other and with one-process arithmetic.
-Catalog: train.ddp_equivalence, accumulate.doc_example, no_sync.*,
+Catalog: train.ddp_equivalence, accumulate.doc_example, accumulate.plugin, no_sync.*,
 join.uneven_inputs, autocast.fp16_scaler, accumulate.scheduler,
 prepare.unwrap, prepare.verify_device_map, kwargs.ddp, free_memory.resets,
 gather_for_metrics.doc_example.
@@ -23,6 +23,7 @@ from accelerate_ref import (
     AcceleratorState,
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,
+    GradientAccumulationPlugin,
     GradientState,
     GradScalerKwargs,
 )
@@ -101,6 +102,16 @@ def sync_phase(rank: int) -> dict:
     return seen
 
 
+def sync_each_batch_phase(rank: int) -> list[float]:
+    """``sync_each_batch``: even an accumulating micro-step synchronises (the optimizer still waits)."""
+    acc = fresh(gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=2, sync_each_batch=True))
+    model = acc.prepare(linear())
+    with acc.accumulate(model):
+        acc.backward(loss_of(model, rank, 0))
+        assert not acc.sync_gradients
+    return grads(model.module)
+
+
 def join_phase(rank: int, size: int) -> dict:
     acc = fresh()
     model = linear()
@@ -157,6 +168,7 @@ def training_checks() -> dict:
     return {
         "ddp": ddp_phase(rank),
         "sync": sync_phase(rank),
+        "each_batch": sync_each_batch_phase(rank),
         "join": join_phase(rank, size),
         "fp16": fp16_phase(rank),
         "schedule": [scheduler_phase(False), scheduler_phase(True)],
@@ -185,11 +197,12 @@ def test_training_across_ranks(size, machines):
         sync = r["sync"]
         assert sync["sync"] == [False, True]
         assert close(sync["accumulate"][0], sync["local_first"]), f"rank {rank}: first micro-step stays local"
-        assert close(sync["after_first"], [g for g in sync["local_first"]]), f"rank {rank}: backward after no_sync forwards is local"
-        assert close(sync["after_trigger"], mean([x["sync"]["local_sum"] for x in reports])), f"rank {rank}: triggered sync"
+        assert close(sync["after_first"], sync["local_first"]), f"rank {rank}: backward after no_sync forwards is local"
+        triggered = mean([x["sync"]["local_sum"] for x in reports])
+        assert close(sync["after_trigger"], triggered), f"rank {rank}: triggered sync"
 
         join = r["join"]
-        assert join["batches"] == (3 if rank == 0 else 2), "uneven batches inside join_uneven_inputs(even_batches=False)"
+        assert join["batches"] == (3 if rank == 0 else 2), "uneven batches in join_uneven_inputs(even_batches=False)"
         assert join["after"] == 3, "even_batches restored after the block"
         assert close(join["weights"], reports[0]["join"]["weights"]), f"rank {rank}: weights agree after joining"
 
@@ -197,6 +210,9 @@ def test_training_across_ranks(size, machines):
         assert r["schedule"] == [0.5**size, 0.5], "one update: num_processes scheduler steps, one with split_batches"
         assert r["kept"] == [False, False], f"rank {rank}: free_memory must drop the prepared DDP model and optimizer"
 
+    each_batch = mean([r["each_batch"] for r in reports])
+    assert all(close(r["each_batch"], each_batch) for r in reports), "sync_each_batch: first micro-step synchronised"
+    assert not close(reports[0]["each_batch"], reports[0]["sync"]["local_first"]), "and not local"
     accumulated = mean([r["sync"]["accumulate"][1] for r in reports])
     assert all(close(r["sync"]["accumulate"][1], accumulated) for r in reports), "second micro-step synchronised"
     gathered = [item for step in reports[0]["join"]["gathered"] for item in step]
