@@ -4,6 +4,9 @@
   loopback). Cases run in lock-step on every rank; outcomes return over the
   pool's control channel; a HANG or CRASH rebuilds the pool and the run goes
   on.
+* ``sim-xla`` / ``sim-npu``: the same pool on the simulator's mock XLA (TPU)
+  or NPU (Ascend) device: every rank finds the stand-in ``torch_xla`` /
+  ``torch_npu`` first on its import path (:mod:`simulators.devices`).
 * ``native``: the suite runs inside ranks that torchrun / ``accelerate
   launch`` already started (a real GPU or TPU runner). Outcomes travel over a
   ``TCPStore`` of their own, beside the process group under test. A rank that
@@ -23,6 +26,7 @@ import time
 from datetime import timedelta
 from typing import Any, Callable
 
+from simulators.devices import world_settings
 from simulators.pool import PoolResult, PoolStartError, RankPool
 from simulators.spawn import describe_exit
 from simulators.topology import World
@@ -48,6 +52,8 @@ class SimBackend:
     #: Environment every rank of this backend gets. HF accelerate needs
     #: ``ACCELERATE_USE_CPU`` to see MULTI_CPU under a torchrun-style launch.
     base_env: dict[str, str] = {"ACCELERATE_USE_CPU": "1"}
+    #: The simulator's mock device family the ranks run on (None: CPU).
+    device: str | None = None
 
     def __init__(self, impl: str, case_timeout: float, start_timeout: float = 180.0) -> None:
         self.impl = impl
@@ -74,7 +80,11 @@ class SimBackend:
         info = WorldInfo(world, shared_dir)
         started = time.perf_counter()
         try:
-            outcome = pool.run("conformance.worker:run_case", (case.key, world.label, shared_dir), self.case_timeout)
+            outcome = pool.run(
+                "conformance.worker:run_case",
+                (case.key, world.label, shared_dir),
+                case.timeout_within(self.case_timeout),
+            )
         except PoolStartError as error:
             message = f"the ranks of world {world.label} did not start:\n{error}"
             return result(case, info, self.name, self.impl, Status.ERROR, message, time.perf_counter() - started, {})
@@ -96,12 +106,13 @@ class SimBackend:
     def _pool(self, world: World) -> RankPool:
         if world not in self._pools:
             self.close_pools()
+            devices = world_settings(self.device) if self.device else None
             self._pools[world] = RankPool(
                 world,
                 setup="conformance.worker:setup",
-                env={**self.base_env, "ACCELERATE_IMPL": self.impl},
+                env={**(devices.env if devices else {}), **self.base_env, "ACCELERATE_IMPL": self.impl},
                 start_timeout=self.start_timeout,
-                pythonpath=list(sys.path),
+                pythonpath=[*(devices.pythonpath if devices else ()), *sys.path],
             )
         return self._pools[world]
 
@@ -113,6 +124,25 @@ class SimBackend:
     def close(self) -> None:
         self.close_pools()
         self._scratch.cleanup()
+
+
+class SimXlaBackend(SimBackend):
+    """The rank pool on the mock XLA device: HF accelerate and the reference see ``DistributedType.XLA``."""
+
+    name = "sim-xla"
+    base_env: dict[str, str] = {}
+    device = "xla"
+
+
+class SimNpuBackend(SimBackend):
+    """The rank pool on the mock NPU device: ``MULTI_NPU`` over ``hccl`` (gloo underneath).
+
+    No ``ACCELERATE_USE_CPU`` here: HF accelerate would then choose the CPU over the NPU.
+    """
+
+    name = "sim-npu"
+    base_env: dict[str, str] = {}
+    device = "npu"
 
 
 def _replies(outcome: PoolResult) -> dict[int, dict[str, Any]]:
@@ -179,12 +209,13 @@ class NativeBackend:
             shared_dir = os.path.join(scratch, case.name)
             os.makedirs(shared_dir, exist_ok=True)
             started = time.perf_counter()
-            faulthandler.dump_traceback_later(self.case_timeout, exit=True)
+            timeout = case.timeout_within(self.case_timeout)
+            faulthandler.dump_traceback_later(timeout, exit=True)
             try:
                 reply = worker.run_case(case.key, world.label, shared_dir)
             finally:
                 faulthandler.cancel_dump_traceback_later()
-            replies = self._exchange(index, reply)
+            replies = self._exchange(index, reply, timeout)
             if self.is_reporter:
                 info = WorldInfo(world, shared_dir)
                 status, message = merge_replies(case, info, replies)
@@ -192,23 +223,26 @@ class NativeBackend:
         if self.is_reporter:
             shutil.rmtree(scratch, ignore_errors=True)
 
-    def _exchange(self, index: int, reply: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    def _exchange(self, index: int, reply: dict[str, Any], timeout: float) -> dict[int, dict[str, Any]]:
         """Every rank's reply, on rank 0; lock-step barrier for the others."""
         if self._store is None:
             return {0: reply}
         self._store.set(f"case{index}/rank{self.rank}", pickle.dumps(reply))
         keys = [f"case{index}/rank{rank}" for rank in range(self.world.size)]
-        self._store.wait(keys, timedelta(seconds=self.case_timeout * 2))
+        self._store.wait(keys, timedelta(seconds=timeout * 2))
         return {rank: pickle.loads(self._store.get(key)) for rank, key in enumerate(keys)}
+
+
+_SIMULATED = {backend.name: backend for backend in (SimBackend, SimXlaBackend, SimNpuBackend)}
 
 
 def make_backend(name: str, impl: str, case_timeout: float) -> SimBackend | NativeBackend:
     """The backend called ``name``."""
-    if name == "sim":
-        return SimBackend(impl, case_timeout)
+    if name in _SIMULATED:
+        return _SIMULATED[name](impl, case_timeout)
     if name == "native":
         return NativeBackend(impl, case_timeout)
-    raise ValueError(f"unknown backend {name!r}; choose one of: sim, native")
+    raise ValueError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}")
 
 
-BACKENDS = ("sim", "native")
+BACKENDS = (*_SIMULATED, "native")

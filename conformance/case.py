@@ -88,6 +88,9 @@ class Case:
     #: implementation's state is created afresh for each case, so variables
     #: read at state creation, such as ``ACCELERATE_DEBUG_MODE``, take effect).
     env: dict[str, str] = field(default_factory=dict)
+    #: Seconds this case may take before it is a HANG, when it needs more than
+    #: the run's ``--case-timeout`` (which still applies if larger).
+    timeout: float | None = None
 
     @property
     def name(self) -> str:
@@ -97,6 +100,10 @@ class Case:
     def key(self) -> str:
         """A stable handle ``module:function`` by which ranks find the case."""
         return f"{self.function.__module__}:{self.function.__name__}"
+
+    def timeout_within(self, run_timeout: float) -> float:
+        """The seconds this case gets in a run whose case timeout is ``run_timeout``."""
+        return max(run_timeout, self.timeout or 0.0)
 
     def runs_at(self, world: str) -> bool:
         return world in self.worlds
@@ -114,12 +121,13 @@ def case(
     catalog_id: str,
     worlds: Iterable[int | str] = ANY_WORLD,
     env: dict[str, str] | None = None,
+    timeout: float | None = None,
 ) -> Callable[[CaseFunction], Case]:
     """Register ``function`` as a case for ``catalog_id`` at ``worlds``."""
     labels = tuple(World.parse(str(world)).label for world in worlds)
 
     def register(function: CaseFunction) -> Case:
-        registered = Case(catalog_id, function, labels, env=dict(env or {}))
+        registered = Case(catalog_id, function, labels, env=dict(env or {}), timeout=timeout)
         if registered.key in _REGISTRY:
             raise ValueError(f"case {registered.key} registered twice")
         _REGISTRY[registered.key] = registered
