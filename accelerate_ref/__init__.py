@@ -19,6 +19,7 @@ from .utils.dataclasses import (
     ProjectConfiguration,
 )
 from .utils.memory import find_executable_batch_size
+from .utils.modeling import load_checkpoint_in_model
 
 __version__ = "0.1.0"
 
@@ -37,5 +38,6 @@ __all__ = [
     "ProfileKwargs",
     "ProjectConfiguration",
     "find_executable_batch_size",
+    "load_checkpoint_in_model",
     "skip_first_batches",
 ]

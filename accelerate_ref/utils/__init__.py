@@ -87,6 +87,14 @@ from .imports import (
     is_xpu_available,
 )
 from .memory import clear_device_cache, find_executable_batch_size, release_memory, should_reduce_batch_size
+from .modeling import (
+    checkpoint_files,
+    convert_file_size_to_int,
+    dtype_byte_size,
+    load_checkpoint_in_model,
+    load_state_dict,
+    shard_checkpoint,
+)
 from .operations import (
     ConvertOutputsToFp32,
     DistributedOperationException,
@@ -116,4 +124,5 @@ from .operations import (
 )
 from .other import extract_model_from_parallel, is_compiled_module
 from .random import set_seed, synchronize_rng_state, synchronize_rng_states
+from .serialization import clean_state_dict_for_safetensors, fsync_directory, load, save, write_atomically
 from .versions import compare_versions, is_torch_version

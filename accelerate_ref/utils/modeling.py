@@ -18,6 +18,7 @@ import warnings
 from typing import Any, Optional, Union
 
 import torch
+from safetensors import SafetensorError
 
 from .constants import SAFE_WEIGHTS_NAME, WEIGHTS_NAME
 from .serialization import load
@@ -107,10 +108,10 @@ def load_state_dict(checkpoint_file: Union[str, os.PathLike], device_map: Option
     """The state dict stored in one weights file, safetensors or ``torch.save``.
 
     Rules: a ``.safetensors`` file whose metadata names a format must say
-    ``"pt"``; with a ``device_map`` of one device the tensors are loaded
-    there, else on the CPU. Any other file is read with
-    ``torch.load(weights_only=True)`` on the CPU (no code from the file
-    runs). A missing or damaged file is an error naming it.
+    ``"pt"``; any other file is read with ``torch.load(weights_only=True)``
+    (no code from the file runs). The tensors are returned on the device of
+    a ``device_map`` that names one (``{"": device}``; ``cpu:0`` is the
+    CPU), else on the CPU. A missing or damaged file is an error naming it.
     Catalog: save_model.reload.
     """
     path = os.fspath(checkpoint_file)
@@ -127,10 +128,12 @@ def load_state_dict(checkpoint_file: Union[str, os.PathLike], device_map: Option
                 metadata = handle.metadata() or {}
             if metadata.get("format", "pt") != "pt":
                 raise ValueError(f"{path} holds weights in the {metadata['format']!r} format; PyTorch weights ('pt') are needed")
-            return load_file(path, device=str(torch.device(device)) if not isinstance(device, int) else device)
-        return load(path, map_location="cpu")
-    except (OSError, RuntimeError, EOFError) as error:
+            tensors = load_file(path)
+        else:
+            tensors = load(path, map_location="cpu")
+    except (OSError, RuntimeError, EOFError, SafetensorError) as error:
         raise ValueError(f"cannot read the weights file {path} (missing, truncated or not a weights file): {error}") from error
+    return {name: tensor.to(device) for name, tensor in tensors.items()}
 
 
 def checkpoint_files(checkpoint: Union[str, os.PathLike]) -> list[str]:
@@ -191,8 +194,6 @@ def _assign(model: torch.nn.Module, name: str, current: torch.Tensor, value: tor
     In place, keeping the Parameter object (an optimizer holds it); a
     weight on the meta device has no data to keep and is replaced.
     """
-    if tuple(current.shape) != tuple(value.shape):
-        raise ValueError(f"{name}: the checkpoint holds shape {list(value.shape)}, the model {list(current.shape)}")
     target = torch.device(device) if device is not None else ("cpu" if current.is_meta else current.device)
     with torch.no_grad():
         new = value.to(device=target, dtype=dtype)
@@ -231,7 +232,8 @@ def load_checkpoint_in_model(
     module (``{"": device}`` for the whole model; the longest matching
     module name wins), else where it already is; floating weights are cast
     to ``dtype`` if given (``keep_in_fp32_modules`` stay float32), else to
-    the model's dtype. A shape mismatch is a ValueError naming the weight.
+    the model's dtype. A shape mismatch is a ValueError naming the file and
+    every weight that does not fit, before anything of that file is loaded.
     Keys the model lacks, and weights the checkpoint lacks, are warned
     about, or a ValueError with ``strict=True``. Offloading to disk is not
     supported (NotImplementedError).
@@ -247,9 +249,17 @@ def load_checkpoint_in_model(
     loaded_names: set[str] = set()
     unexpected: list[str] = []
     for path in checkpoint_files(checkpoint):
-        for name, value in load_state_dict(path, device_map).items():
+        state_dict = load_state_dict(path, device_map)
+        unexpected += [name for name in state_dict if name not in expected]
+        wrong = [
+            f"{name}: the checkpoint holds shape {list(value.shape)}, the model {list(tensors[name].shape)}"
+            for name, value in state_dict.items()
+            if name in expected and tuple(value.shape) != tuple(tensors[name].shape)
+        ]
+        if wrong:
+            raise ValueError(f"{path} does not fit the model (nothing of it was loaded): " + "; ".join(wrong))
+        for name, value in state_dict.items():
             if name not in expected:
-                unexpected.append(name)
                 continue
             current = tensors[name]
             device = _device_for(name, device_map) if device_map is not None else None

@@ -1,0 +1,262 @@
+"""What a checkpoint of `Accelerator.save_state` holds, file by file, and how each is read back.
+
+Files (names from `utils.constants`; the i-th object of a kind, i > 0,
+gets ``_<i>`` before the extension):
+
+=============================  ============================================  ===============
+file                           content                                       written by
+=============================  ============================================  ===============
+``model.safetensors``          the unwrapped model's state dict              main process
+(``pytorch_model.bin``)        (``safe_serialization=False``)
+``optimizer.bin``              the optimizer's ``state_dict()``              main process
+``scheduler.bin``              the scheduler's ``state_dict()``              main process
+``sampler.bin``                the prepared data loader's position           main process
+``scaler.pt``                  the fp16 ``GradScaler``'s ``state_dict()``    main process
+``custom_checkpoint_<i>.pkl``  a registered object's ``state_dict()``        main process
+``random_states_<rank>.pkl``   that process's RNG states and ``step``        every process
+=============================  ============================================  ===============
+
+With ``save_on_each_node`` "main process" reads "local main process of
+each machine". Everything is read back with safetensors or
+``torch.load(weights_only=True)``: a checkpoint cannot run code when it is
+loaded. RNG states are stored as tensors and plain values for that reason
+(numpy's key array as a tensor).
+
+Catalog: save_state.roundtrip, save_state.file_names, save_state.resume_data_order,
+register_for_checkpointing.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import re
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+
+from .checkpoint_store import CheckpointError
+from .utils.constants import (
+    MODEL_NAME,
+    OPTIMIZER_NAME,
+    RNG_STATE_NAME,
+    SAFE_WEIGHTS_NAME,
+    SAMPLER_NAME,
+    SCALER_NAME,
+    SCHEDULER_NAME,
+    WEIGHTS_NAME,
+)
+from .utils.modeling import load_checkpoint_in_model
+from .utils.serialization import load, save, write_object
+
+#: Accelerator device types whose RNG states are saved when present (as ``torch_<type>_manual_seed``).
+_DEVICE_RNGS = ("cuda", "xpu", "npu", "mlu", "musa", "hpu")
+_CUSTOM_FILE = re.compile(r"custom_checkpoint_(\d+)\.pkl")
+
+
+def indexed_name(name: str, index: int) -> str:
+    """``name`` for the ``index``-th object of its kind: ``optimizer.bin``, ``optimizer_1.bin``, ...
+
+    Catalog: save_state.file_names.
+    """
+    if index == 0:
+        return name
+    stem, extension = os.path.splitext(name)
+    return f"{stem}_{index}{extension}"
+
+
+def rng_file_name(process_index: int) -> str:
+    """``random_states_<process_index>.pkl``. Catalog: save_state.file_names."""
+    return f"{RNG_STATE_NAME}_{process_index}.pkl"
+
+
+def custom_file_name(index: int) -> str:
+    """``custom_checkpoint_<index>.pkl``. Catalog: register_for_checkpointing."""
+    return f"custom_checkpoint_{index}.pkl"
+
+
+def _model_file_names(index: int) -> tuple[str, str]:
+    """(safetensors name, pickle name) of the ``index``-th model's weights."""
+    return indexed_name(SAFE_WEIGHTS_NAME, index), indexed_name(WEIGHTS_NAME, index)
+
+
+def rng_states(step: int) -> dict[str, Any]:
+    """This process's random states (Python, numpy, torch, accelerators) and ``step``, loadable with weights_only.
+
+    Catalog: save_state.roundtrip.
+    """
+    kind, keys, position, has_gauss, cached_gaussian = np.random.get_state()
+    states: dict[str, Any] = {
+        "step": step,
+        "random_state": random.getstate(),
+        "numpy_random_seed": (kind, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, cached_gaussian),
+        "torch_manual_seed": torch.get_rng_state(),
+    }
+    for device_type in _DEVICE_RNGS:
+        module = getattr(torch, device_type, None)
+        if module is not None and hasattr(module, "get_rng_state_all") and module.is_available():
+            states[f"torch_{device_type}_manual_seed"] = module.get_rng_state_all()
+    return states
+
+
+def restore_rng_states(states: dict[str, Any]) -> None:
+    """Put back the random states `rng_states` saved. Catalog: save_state.roundtrip."""
+    random.setstate(states["random_state"])
+    kind, keys, position, has_gauss, cached_gaussian = states["numpy_random_seed"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), position, has_gauss, cached_gaussian))
+    torch.set_rng_state(states["torch_manual_seed"])
+    for device_type in _DEVICE_RNGS:
+        key = f"torch_{device_type}_manual_seed"
+        if key in states:
+            getattr(torch, device_type).set_rng_state_all(states[key])
+
+
+def save_accelerator_state(
+    output_dir: str | os.PathLike,
+    model_states: list[dict[str, torch.Tensor]],
+    optimizers: list[Any],
+    schedulers: list[Any],
+    dataloaders: list[Any],
+    process_index: int,
+    step: int,
+    scaler: Optional[torch.amp.GradScaler] = None,
+    save_on_each_node: bool = False,
+    safe_serialization: bool = True,
+) -> Path:
+    """Write the files of a checkpoint (see the module's table) into ``output_dir``; return it.
+
+    Rules: shared state (models, optimizers, schedulers, data loader
+    positions, scaler) is written once (per machine with
+    ``save_on_each_node``); every process writes its own
+    ``random_states_<process_index>.pkl``. Model states are written with
+    safetensors unless ``safe_serialization=False``. Every file is written
+    atomically. A loader without ``state_dict`` (one that was not prepared)
+    has no position to save and is skipped.
+    Catalog: save_state.roundtrip, save_state.file_names, save_state.resume_data_order.
+    """
+    directory = Path(output_dir)
+
+    def shared(obj: Any, name: str, safe: bool = False) -> None:
+        save(obj, directory / name, save_on_each_node=save_on_each_node, safe_serialization=safe)
+
+    for i, state in enumerate(model_states):
+        safe_name, pickle_name = _model_file_names(i)
+        shared(state, safe_name if safe_serialization else pickle_name, safe=safe_serialization)
+    for i, optimizer in enumerate(optimizers):
+        shared(optimizer.state_dict(), indexed_name(f"{OPTIMIZER_NAME}.bin", i))
+    for i, scheduler in enumerate(schedulers):
+        shared(scheduler.state_dict(), indexed_name(f"{SCHEDULER_NAME}.bin", i))
+    for i, dataloader in enumerate(dataloaders):
+        if hasattr(dataloader, "state_dict"):
+            shared(dataloader.state_dict(), indexed_name(f"{SAMPLER_NAME}.bin", i))
+    if scaler is not None:
+        shared(scaler.state_dict(), SCALER_NAME)
+    write_object(rng_states(step), directory / rng_file_name(process_index))
+    return directory
+
+
+def _read(path: Path, reader: Callable[[Path], Any]) -> Any:
+    """``reader(path)``, with any failure turned into a CheckpointError that names the file."""
+    if not path.is_file():
+        raise CheckpointError(f"{path} is missing from the checkpoint {path.parent}")
+    try:
+        return reader(path)
+    except pickle.UnpicklingError as error:
+        raise CheckpointError(
+            f"{path} holds objects that loading without running code (weights_only=True) refuses: {error}. "
+            "If you trust this checkpoint, pass load_kwargs={'weights_only': False}"
+        ) from error
+    except (OSError, RuntimeError, EOFError) as error:
+        raise CheckpointError(f"{path} cannot be read (damaged or truncated?): {error}") from error
+
+
+def load_accelerator_state(
+    input_dir: str | os.PathLike,
+    models: list[torch.nn.Module],
+    optimizers: list[Any],
+    schedulers: list[Any],
+    dataloaders: list[Any],
+    process_index: int,
+    scaler: Optional[torch.amp.GradScaler] = None,
+    map_location: Optional[str] = None,
+    load_kwargs: Optional[dict[str, Any]] = None,
+    **load_model_func_kwargs: Any,
+) -> dict[str, Any]:
+    """Read back what `save_accelerator_state` wrote; return the Accelerator attributes to restore (``step``).
+
+    Rules: ``models`` are the unwrapped models (their state dicts carry no
+    wrapper prefixes), loaded from ``model.safetensors`` or else
+    ``pytorch_model.bin`` (``load_model_func_kwargs``, e.g. ``strict``, go
+    to `load_checkpoint_in_model`); optimizer states go to the CPU
+    (``map_location=None`` or ``"cpu"``) or this process's device
+    (``"on_device"``), anything else is a TypeError; ``load_kwargs`` go to
+    ``torch.load`` (``weights_only=True`` unless they say otherwise). Every
+    object given must find its file, and this process its
+    ``random_states_<process_index>.pkl``: a missing or unreadable file is
+    a CheckpointError naming it.
+    Catalog: save_state.roundtrip, save_state.resume_data_order.
+    """
+    if map_location not in (None, "cpu", "on_device"):
+        raise TypeError(f"map_location must be None, 'cpu' or 'on_device', got {map_location!r}")
+    if map_location == "on_device":
+        from .state import PartialState
+
+        location: Any = PartialState().device
+    else:
+        location = "cpu"
+    directory = Path(input_dir)
+    options = dict(load_kwargs or {})
+
+    def read(name: str, **extra: Any) -> Any:
+        return _read(directory / name, lambda path: load(path, **{**options, **extra}))
+
+    for i, model in enumerate(models):
+        safe_name, pickle_name = _model_file_names(i)
+        weights = directory / (safe_name if (directory / safe_name).is_file() else pickle_name)
+        _read(weights, lambda path: load_checkpoint_in_model(model, path, **{"strict": True, **load_model_func_kwargs}))
+    for i, optimizer in enumerate(optimizers):
+        optimizer.load_state_dict(read(indexed_name(f"{OPTIMIZER_NAME}.bin", i), map_location=location))
+    for i, scheduler in enumerate(schedulers):
+        scheduler.load_state_dict(read(indexed_name(f"{SCHEDULER_NAME}.bin", i)))
+    for i, dataloader in enumerate(dataloaders):
+        if hasattr(dataloader, "load_state_dict"):
+            dataloader.load_state_dict(read(indexed_name(f"{SAMPLER_NAME}.bin", i)))
+    if scaler is not None:
+        scaler.load_state_dict(read(SCALER_NAME))
+    states = read(rng_file_name(process_index))
+    restore_rng_states(states)
+    return {"step": states["step"]}
+
+
+def save_custom_state(obj: Any, path: str | os.PathLike, index: int = 0, save_on_each_node: bool = False) -> None:
+    """Save ``obj.state_dict()`` to ``<path>/custom_checkpoint_<index>.pkl`` (main process). Catalog: register_for_checkpointing."""
+    save(obj.state_dict(), Path(path) / custom_file_name(index), save_on_each_node=save_on_each_node)
+
+
+def load_custom_state(obj: Any, path: str | os.PathLike, index: int = 0, load_kwargs: Optional[dict[str, Any]] = None) -> None:
+    """``obj.load_state_dict`` of ``<path>/custom_checkpoint_<index>.pkl``, read without running code.
+
+    Catalog: register_for_checkpointing.
+    """
+    state = _read(Path(path) / custom_file_name(index), lambda file: load(file, map_location="cpu", **(load_kwargs or {})))
+    obj.load_state_dict(state)
+
+
+def check_custom_files(input_dir: str | os.PathLike, registered: int) -> None:
+    """The checkpoint must hold exactly one ``custom_checkpoint_<i>.pkl`` per registered object, i = 0, 1, ...
+
+    A file of an object not registered now (or a missing one) is a
+    CheckpointError naming the files, before anything is loaded.
+    Catalog: register_for_checkpointing.
+    """
+    found = sorted(int(m.group(1)) for name in os.listdir(input_dir) if (m := _CUSTOM_FILE.fullmatch(name)))
+    if found != list(range(registered)):
+        names = [custom_file_name(i) for i in found]
+        raise CheckpointError(
+            f"{input_dir} holds the registered-object files {names} but {registered} object(s) are registered "
+            f"(expected {[custom_file_name(i) for i in range(registered)]}); register the same objects, in the same "
+            "order, as when the checkpoint was saved"
+        )

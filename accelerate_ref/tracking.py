@@ -1,0 +1,357 @@
+"""Experiment tracking: trackers, and the `Accelerator` methods that drive them (a mixin).
+
+``Accelerator(log_with=...)`` takes tracker names (`LoggerType` values,
+``"all"``, or ``"jsonl"``) and `GeneralTracker` instances. On the main
+process only, `init_trackers` creates and starts them, `log` reaches every
+one, `end_training` finishes them; the other processes create nothing and
+write nothing, so a metric logged by every process is recorded once.
+
+Built in: `JSONLinesTracker` (``"jsonl"``, no extra package: one JSON
+object per `log` call in ``<logging_dir>/<project>/log.jsonl``) and
+`TensorBoardTracker` (``"tensorboard"``, when tensorboard or tensorboardX
+is installed). Any other tracker is a `GeneralTracker` subclass passed in
+``log_with``.
+
+Catalog: tracking.init_log_end.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import time
+import warnings
+from typing import Any, Callable, Optional, TypeVar, Union
+
+from .state import PartialState
+from .utils.dataclasses import LoggerType
+from .utils.imports import _is_package_available, is_tensorboard_available
+from .utils.serialization import write_atomically
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: The package each `LoggerType` needs, for trackers this reference does not provide.
+_PACKAGES = {
+    LoggerType.AIM: "aim",
+    LoggerType.WANDB: "wandb",
+    LoggerType.TRACKIO: "trackio",
+    LoggerType.COMETML: "comet_ml",
+    LoggerType.MLFLOW: "mlflow",
+    LoggerType.CLEARML: "clearml",
+    LoggerType.DVCLIVE: "dvclive",
+    LoggerType.SWANLAB: "swanlab",
+}
+
+
+def on_main_process(function: F) -> F:
+    """Run a tracker method only on the main process when the tracker's ``main_process_only`` is true.
+
+    Catalog: tracking.init_log_end.
+    """
+
+    @functools.wraps(function)
+    def run(self: "GeneralTracker", *args: Any, **kwargs: Any) -> Any:
+        if getattr(self, "main_process_only", False) and not PartialState().is_main_process:
+            return None
+        return function(self, *args, **kwargs)
+
+    return run  # type: ignore[return-value]
+
+
+class GeneralTracker:
+    """Base class of every tracker; subclass it for a custom one and pass an instance in ``log_with``.
+
+    Rules: a subclass defines ``name`` (``get_tracker`` finds it by it),
+    ``requires_logging_directory`` and a ``tracker`` property (the
+    underlying run or writer); missing ones are a NotImplementedError
+    naming them when the tracker is created. ``start`` is called by
+    `init_trackers`, then ``store_init_configuration(config)``, ``log(values,
+    step, **kwargs)`` by `Accelerator.log`, ``finish`` by `end_training`.
+    ``main_process_only`` (default True) keeps `on_main_process` methods to
+    the main process. ``GeneralTracker(_blank=True)`` is the do-nothing
+    tracker `get_tracker` returns on the other processes.
+    Catalog: tracking.init_log_end.
+    """
+
+    main_process_only = True
+
+    def __init__(self, _blank: bool = False) -> None:
+        if _blank:
+            return
+        missing = [attribute for attribute in ("name", "requires_logging_directory") if not hasattr(self, attribute)]
+        missing += [] if "tracker" in dir(self) else ["tracker"]
+        if missing:
+            raise NotImplementedError(
+                f"{type(self).__name__} is missing the tracker attributes {', '.join(missing)}; define them in the class"
+            )
+
+    def start(self) -> None:
+        """Begin the run (called by `init_trackers`, after the process group exists)."""
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        """Record the run's hyperparameters ``values``."""
+
+    def log(self, values: dict[str, Any], step: Optional[int] = None, **kwargs: Any) -> None:
+        """Record ``values`` at ``step``."""
+
+    def finish(self) -> None:
+        """End the run."""
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-able stand-in for ``value``: a one-element tensor or numpy scalar as its number, else its str."""
+    return value.item() if hasattr(value, "item") else str(value)
+
+
+class JSONLinesTracker(GeneralTracker):
+    """A tracker with no extra package: JSON lines in ``<logging_dir>/<run_name>/``.
+
+    Rules: `start` creates the folder and opens ``log.jsonl`` for
+    appending; `store_init_configuration` writes ``config.json``; each
+    `log` appends ``{"step": step, "time": seconds, "values": values}`` and
+    flushes (tensors and numpy scalars become numbers); `finish` closes.
+    Main process only. Catalog: tracking.init_log_end.
+    """
+
+    name = "jsonl"
+    requires_logging_directory = True
+    LOG_NAME = "log.jsonl"
+    CONFIG_NAME = "config.json"
+
+    def __init__(self, run_name: str, logging_dir: Union[str, os.PathLike]) -> None:
+        super().__init__()
+        self.run_name = run_name
+        self.logging_dir = os.path.join(os.fspath(logging_dir), run_name)
+        self._stream: Any = None
+
+    @property
+    def tracker(self) -> Any:
+        """The open ``log.jsonl`` stream (None before `start` and after `finish`)."""
+        return self._stream
+
+    @on_main_process
+    def start(self) -> None:
+        os.makedirs(self.logging_dir, exist_ok=True)
+        self._stream = open(os.path.join(self.logging_dir, self.LOG_NAME), "a", encoding="utf-8")
+
+    @on_main_process
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        payload = json.dumps(values, indent=2, default=_plain).encode()
+        write_atomically(os.path.join(self.logging_dir, self.CONFIG_NAME), lambda stream: stream.write(payload))
+
+    @on_main_process
+    def log(self, values: dict[str, Any], step: Optional[int] = None, **kwargs: Any) -> None:
+        self._stream.write(json.dumps({"step": step, "time": time.time(), "values": values}, default=_plain) + "\n")
+        self._stream.flush()
+
+    @on_main_process
+    def finish(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+
+
+class TensorBoardTracker(GeneralTracker):
+    """TensorBoard, through ``torch.utils.tensorboard`` (or tensorboardX): events in ``<logging_dir>/<run_name>``.
+
+    Rules: numbers are logged with ``add_scalar``, strings with
+    ``add_text``, dicts of numbers with ``add_scalars``; the configuration
+    with ``add_hparams``; ``kwargs`` of `__init__` go to ``SummaryWriter``.
+    Main process only. Catalog: tracking.init_log_end.
+    """
+
+    name = "tensorboard"
+    requires_logging_directory = True
+
+    def __init__(self, run_name: str, logging_dir: Union[str, os.PathLike], **kwargs: Any) -> None:
+        super().__init__()
+        self.run_name = run_name
+        self.logging_dir = os.path.join(os.fspath(logging_dir), run_name)
+        self.init_kwargs = kwargs
+        self.writer: Any = None
+
+    @property
+    def tracker(self) -> Any:
+        return self.writer
+
+    @on_main_process
+    def start(self) -> None:
+        try:
+            from torch.utils import tensorboard
+        except ModuleNotFoundError:
+            import tensorboardX as tensorboard
+        self.writer = tensorboard.SummaryWriter(self.logging_dir, **self.init_kwargs)
+
+    @on_main_process
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        self.writer.add_hparams(values, metric_dict={})
+        self.writer.flush()
+
+    @on_main_process
+    def log(self, values: dict[str, Any], step: Optional[int] = None, **kwargs: Any) -> None:
+        for key, value in values.items():
+            if isinstance(value, (int, float)):
+                self.writer.add_scalar(key, value, global_step=step, **kwargs)
+            elif isinstance(value, str):
+                self.writer.add_text(key, value, global_step=step, **kwargs)
+            elif isinstance(value, dict):
+                self.writer.add_scalars(key, value, global_step=step, **kwargs)
+        self.writer.flush()
+
+    @on_main_process
+    def finish(self) -> None:
+        self.writer.close()
+
+
+#: Tracker classes by name (the names ``log_with`` accepts besides "all").
+LOGGER_TYPE_TO_CLASS: dict[str, type[GeneralTracker]] = {
+    JSONLinesTracker.name: JSONLinesTracker,
+    TensorBoardTracker.name: TensorBoardTracker,
+}
+
+
+def get_available_trackers() -> list[str]:
+    """Names of the built-in trackers usable here: "jsonl", and "tensorboard" when installed."""
+    return [JSONLinesTracker.name] + ([TensorBoardTracker.name] if is_tensorboard_available() else [])
+
+
+def _tracker_name(item: Any) -> Optional[str]:
+    """The tracker name ``item`` stands for, or None when it names nothing this reference knows."""
+    name = item.value if isinstance(item, LoggerType) else str(item)
+    return name if name in LOGGER_TYPE_TO_CLASS or name in LoggerType.list() else None
+
+
+def filter_trackers(
+    log_with: Any, logging_dir: Optional[Union[str, os.PathLike]] = None
+) -> list[Union[str, GeneralTracker]]:
+    """The trackers ``log_with`` asks for: `GeneralTracker` instances and tracker names, without repeats.
+
+    Rules: ``log_with`` is one item or a list; ``"all"`` adds every
+    available built-in tracker; a name of a tracker whose package is not
+    installed is dropped with a warning (as a script that lists several
+    trackers expects); a built-in tracker that writes files needs a
+    ``logging_dir`` (ValueError); a `LoggerType` whose package is installed
+    but which this reference does not provide is a NotImplementedError;
+    anything else a ValueError listing the choices.
+    Catalog: tracking.init_log_end.
+    """
+    if log_with is None:
+        return []
+    items = list(log_with) if isinstance(log_with, (list, tuple)) else [log_with]
+    chosen: list[Union[str, GeneralTracker]] = []
+    for item in items:
+        if isinstance(item, GeneralTracker):
+            chosen += [] if any(item is known for known in chosen) else [item]
+            continue
+        name = _tracker_name(item)
+        if name is None:
+            raise ValueError(f"unsupported tracker {item!r} in log_with; choose from {LoggerType.list() + list(LOGGER_TYPE_TO_CLASS)}")
+        for candidate in get_available_trackers() if name == LoggerType.ALL.value else [name]:
+            if candidate not in chosen and _usable(candidate, logging_dir):
+                chosen.append(candidate)
+    return chosen
+
+
+def _usable(name: str, logging_dir: Optional[Union[str, os.PathLike]]) -> bool:
+    """Whether tracker ``name`` can run here (see `filter_trackers` for the errors)."""
+    tracker_class = LOGGER_TYPE_TO_CLASS.get(name)
+    if tracker_class is None:
+        package = _PACKAGES[LoggerType(name)]
+        if _is_package_available(package):
+            raise NotImplementedError(f"accelerate_ref does not provide the {name} tracker; pass a GeneralTracker for it")
+        warnings.warn(f"log_with asks for {name}, but {package} is not installed: not tracking with it")
+        return False
+    if name not in get_available_trackers():
+        warnings.warn(f"log_with asks for {name}, but it is not installed: not tracking with it")
+        return False
+    if tracker_class.requires_logging_directory and logging_dir is None:
+        raise ValueError(f"tracking with {name} needs a logging_dir (ProjectConfiguration(logging_dir=...) or project_dir)")
+    return True
+
+
+class TrackingMixin:
+    """`init_trackers`, `log`, `get_tracker`, `end_training` of the `Accelerator`.
+
+    Uses the Accelerator's ``logging_dir``, ``is_main_process`` and
+    ``state``. ``log_with`` is checked when it is set (by the Accelerator's
+    constructor, after its project configuration), so a tracker that cannot
+    run is reported when the Accelerator is created.
+    """
+
+    @property
+    def log_with(self) -> list[Union[str, GeneralTracker]]:
+        """The trackers asked for, checked (see `filter_trackers`). Catalog: tracking.init_log_end."""
+        return self.__dict__.get("log_with", [])
+
+    @log_with.setter
+    def log_with(self, value: Any) -> None:
+        self.__dict__["log_with"] = filter_trackers(value, self.logging_dir)
+
+    @property
+    def trackers(self) -> list[GeneralTracker]:
+        """The started trackers (on the main process; empty elsewhere)."""
+        return self.__dict__.setdefault("trackers", [])
+
+    def init_trackers(self, project_name: str, config: Optional[dict[str, Any]] = None, init_kwargs: Optional[dict[str, dict[str, Any]]] = None) -> None:
+        """On the main process, create and start every tracker of ``log_with`` for ``project_name``.
+
+        Rules: a name becomes its tracker class's instance (created with
+        ``project_name``, the ``logging_dir`` where it writes files, and
+        ``init_kwargs[name]``); a `GeneralTracker` instance is used as is;
+        each is started, then given ``config`` with
+        ``store_init_configuration``. The other processes do nothing.
+        Catalog: tracking.init_log_end.
+        """
+        if not self.is_main_process:
+            return
+        init_kwargs = init_kwargs or {}
+        for item in self.log_with:
+            if isinstance(item, GeneralTracker):
+                self.trackers.append(item)
+                continue
+            tracker_class, options = LOGGER_TYPE_TO_CLASS[item], init_kwargs.get(item, {})
+            if tracker_class.requires_logging_directory:
+                self.trackers.append(tracker_class(project_name, self.logging_dir, **options))
+            else:
+                self.trackers.append(tracker_class(project_name, **options))
+        for tracker in self.trackers:
+            tracker.start()
+        if config is not None:
+            for tracker in self.trackers:
+                tracker.store_init_configuration(config)
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """The started tracker called ``name`` (its ``tracker`` object with ``unwrap=True``).
+
+        Rules: on the main process an unknown name is a ValueError; on the
+        others, which start no tracker, a do-nothing `GeneralTracker`.
+        Catalog: tracking.init_log_end.
+        """
+        if not self.trackers:
+            return GeneralTracker(_blank=True)
+        for tracker in self.trackers:
+            if tracker.name == name:
+                return tracker.tracker if unwrap else tracker
+        raise ValueError(f"no started tracker is called {name!r}; started: {[t.name for t in self.trackers]}")
+
+    def log(self, values: dict[str, Any], step: Optional[int] = None, log_kwargs: Optional[dict[str, dict[str, Any]]] = None) -> None:
+        """Log ``values`` at ``step`` to every started tracker, on the main process only.
+
+        ``log_kwargs[tracker name]`` go to that tracker's ``log``.
+        Catalog: tracking.init_log_end.
+        """
+        if not self.is_main_process:
+            return
+        for tracker in self.trackers:
+            tracker.log(values, step=step, **(log_kwargs or {}).get(tracker.name, {}))
+
+    def end_training(self) -> None:
+        """Finish every tracker (main process), then tear down the process group; call it at the end of a script.
+
+        Catalog: tracking.init_log_end.
+        """
+        if self.is_main_process:
+            for tracker in self.trackers:
+                tracker.finish()
+        self.state.destroy_process_group()
