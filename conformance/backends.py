@@ -65,6 +65,10 @@ class SimBackend:
     def worlds_supported(self, world: World) -> bool:
         return True
 
+    def runs(self, case: Case) -> bool:
+        """Whether ``case`` applies here: a case about one device family runs on that family's mock only."""
+        return case.device in (None, self.device)
+
     def run_world(self, world: World, cases: list[Case], emit: Emit) -> None:
         """Run ``cases`` at ``world``, emitting one result per case as it ends."""
         try:
@@ -202,6 +206,10 @@ class NativeBackend:
 
     def worlds_supported(self, world: World) -> bool:
         return world == self.world
+
+    def runs(self, case: Case) -> bool:
+        """Every case: one about a device family this machine lacks reports NOT_SUPPORTED itself."""
+        return True
 
     def run_world(self, world: World, cases: list[Case], emit: Emit) -> None:
         scratch = os.path.join(tempfile.gettempdir(), f"conformance-native-{os.environ.get('MASTER_PORT', 'solo')}")

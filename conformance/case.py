@@ -88,6 +88,9 @@ class Case:
     #: implementation's state is created afresh for each case, so variables
     #: read at state creation, such as ``ACCELERATE_DEBUG_MODE``, take effect).
     env: dict[str, str] = field(default_factory=dict)
+    #: The device family the case is about (``"xla"``, ``"npu"``), or None for a
+    #: case of every device: simulated backends run it only on that family's mock.
+    device: str | None = None
     #: Seconds this case may take before it is a HANG, when it needs more than
     #: the run's ``--case-timeout`` (which still applies if larger).
     timeout: float | None = None
@@ -122,12 +125,13 @@ def case(
     worlds: Iterable[int | str] = ANY_WORLD,
     env: dict[str, str] | None = None,
     timeout: float | None = None,
+    device: str | None = None,
 ) -> Callable[[CaseFunction], Case]:
-    """Register ``function`` as a case for ``catalog_id`` at ``worlds``."""
+    """Register ``function`` as a case for ``catalog_id`` at ``worlds`` (on ``device`` only, if given)."""
     labels = tuple(World.parse(str(world)).label for world in worlds)
 
     def register(function: CaseFunction) -> Case:
-        registered = Case(catalog_id, function, labels, env=dict(env or {}), timeout=timeout)
+        registered = Case(catalog_id, function, labels, env=dict(env or {}), timeout=timeout, device=device)
         if registered.key in _REGISTRY:
             raise ValueError(f"case {registered.key} registered twice")
         _REGISTRY[registered.key] = registered

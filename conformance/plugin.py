@@ -107,11 +107,11 @@ class CaseFailure(Exception):
 def pytest_pycollect_makeitem(collector: pytest.Collector, name: str, obj: object) -> list[CaseItem] | None:
     if not isinstance(obj, Case):
         return None
-    worlds = _session(collector.config).worlds
+    session = _session(collector.config)
     return [
         CaseItem.from_parent(collector, name=f"{obj.name}[{world}]", case=obj, world=world)
-        for world in worlds
-        if obj.runs_at(World.parse(world).label)
+        for world in session.worlds
+        if obj.runs_at(World.parse(world).label) and session.backend.runs(obj)
     ]
 
 

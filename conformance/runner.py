@@ -97,7 +97,7 @@ def execute(options: RunOptions, out: IO[str] = sys.stdout) -> Run:
     """Run every selected case at every requested world it applies to."""
     backend = make_backend(options.backend, options.impl, options.case_timeout)
     reporting = not isinstance(backend, NativeBackend) or backend.is_reporter
-    cases = select(all_cases(), options.patterns)
+    cases = [c for c in select(all_cases(), options.patterns) if backend.runs(c)]
     run = Run(metadata(options), reporter=reporting)
     say = out.write if reporting else (lambda text: None)
     say(_header(run.metadata, len(cases)))

@@ -11,9 +11,12 @@ from __future__ import annotations
 from .base import DeviceFamily, LaunchEnv
 from .cpu import CpuFamily
 from .cuda import CudaFamily
+from .npu import NpuFamily
+from .xla import XlaFamily
 
 #: Families in order of preference: the first available one wins, CPU last.
-FAMILIES: list[DeviceFamily] = [CudaFamily(), CpuFamily()]
+#: XLA first and NPU before CUDA, as HF accelerate prefers them.
+FAMILIES: list[DeviceFamily] = [XlaFamily(), NpuFamily(), CudaFamily(), CpuFamily()]
 
 
 def detect(cpu: bool = False) -> DeviceFamily:

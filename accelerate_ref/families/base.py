@@ -64,6 +64,8 @@ class DeviceFamily:
     backend: str = ""
     #: The distributed type reported when more than one rank runs.
     distributed_type: DistributedType = DistributedType.NO
+    #: ``init_method`` of ``torch.distributed.init_process_group`` (None: the torchrun environment).
+    init_method: str | None = None
 
     def is_available(self) -> bool:
         raise NotImplementedError
@@ -81,6 +83,8 @@ class DeviceFamily:
         if dist.is_initialized():
             return
         kwargs.setdefault("timeout", timedelta(minutes=30))
+        if self.init_method is not None:
+            kwargs.setdefault("init_method", self.init_method)
         dist.init_process_group(
             backend=backend or self.backend,
             rank=launch.rank,
@@ -95,3 +99,24 @@ class DeviceFamily:
     def barrier(self) -> None:
         """Block until every rank has arrived (catalog ``sync.wait_for_everyone``)."""
         dist.barrier()
+
+    def move_module(self, module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+        """``module`` on ``device``, its parameters keeping their identity (catalog ``prepare.order``).
+
+        An optimizer made before `prepare` holds the parameters themselves, so
+        a move must not replace them; on CPU and CUDA ``Module.to`` moves them in place.
+        """
+        return module.to(device)
+
+
+def device_of_local_rank(device_type: str, device_module: Any, local_rank: int, distributed: bool) -> torch.device:
+    """The device a rank computes on when each machine's ranks share its devices, made current.
+
+    Rule: in a distributed launch local rank ``r`` takes device ``r % device_count``;
+    a single process keeps the current device. ``device_module`` is ``torch.cuda``,
+    ``torch.npu``, ...: it has ``device_count``, ``current_device`` and ``set_device``.
+    """
+    index = local_rank % device_module.device_count() if distributed else device_module.current_device()
+    device = torch.device(device_type, index)
+    device_module.set_device(device)
+    return device

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..utils.dataclasses import DistributedType
-from .base import DeviceFamily
+from .base import DeviceFamily, device_of_local_rank
 
 
 class CudaFamily(DeviceFamily):
@@ -19,7 +19,4 @@ class CudaFamily(DeviceFamily):
         return torch.cuda.is_available()
 
     def device(self, local_rank: int, distributed: bool) -> torch.device:
-        index = local_rank % torch.cuda.device_count() if distributed else torch.cuda.current_device()
-        device = torch.device("cuda", index)
-        torch.cuda.set_device(device)
-        return device
+        return device_of_local_rank("cuda", torch.cuda, local_rank, distributed)

@@ -1,0 +1,108 @@
+"""Make torch treat a mock device family as one of its backends, from Python alone.
+
+:func:`install` does, once per process (one family per process: torch has
+one PrivateUse1 device):
+
+- sets PrivateUse1 up as a Python backend called ``hidden_name`` (device
+  guard, hooks, the ``torch.<name>`` device module), so that autograd, the
+  optimizers and ``DistributedDataParallel`` accept the family's tensors;
+- registers the factory kernels (``empty``, ``empty_strided``) for the
+  PrivateUse1 dispatch key, and for the ``extra_keys`` (``XLA`` for the XLA
+  family, whose device type is torch's own), so that ``torch.zeros(...,
+  device="xla:0")``, ``Tensor.to("npu")`` and ``Module.to(device)`` create
+  the family's `DeviceTensor` through torch's own code (without them a module
+  move aborts the process in C++: "PyTorch is not linked with support for xla
+  devices");
+- registers ``_copy_from`` for PrivateUse1 (``torch.tensor(data, device=...)``
+  copies below the Python dispatch key);
+- installs torch's autocast rules for the family (:mod:`simulators.devices.autocast`);
+
+:func:`register_process_group_backend` adds a torch.distributed backend name
+(``"xla"``, ``"hccl"``) for the CPU and the device, served by gloo: the
+collectives of a `DeviceTensor` run on its CPU payload.
+
+Catalog: xla.distributed_type, npu.distributed_type.
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+
+from simulators.devices import autocast
+from simulators.devices.tensor import DeviceTensor
+
+_installed: list[type[DeviceTensor]] = []
+# Kernels stay registered as long as their Library object lives.
+_libraries: list[torch.library.Library] = []
+
+
+def installed() -> type[DeviceTensor] | None:
+    """The family installed in this process (its tensor class), if any."""
+    return _installed[0] if _installed else None
+
+
+def install(
+    tensor_class: type[DeviceTensor],
+    hidden_name: str,
+    device_module: Any,
+    extra_keys: Sequence[str] = (),
+    autocast_aliases: tuple[str, ...] = (),
+) -> None:
+    """Install ``tensor_class``'s family (see the module docstring); a no-op if it is installed.
+
+    ``extra_keys`` get the factory kernels too; ``torch.autocast`` on ``autocast_aliases`` covers the family.
+
+    Raises RuntimeError if another family already took PrivateUse1 in this process.
+    """
+    if _installed:
+        if _installed[0] is not tensor_class:
+            raise RuntimeError(
+                f"simulators: the {_installed[0].device_type} mock device is installed in this process; "
+                f"a process has one mock device family, so {tensor_class.device_type} cannot be added"
+            )
+        return
+    _setup_privateuseone_for_python_backend(rename=hidden_name, backend_module=device_module)
+    _register_kernels(tensor_class, ("PrivateUse1", *extra_keys))
+    autocast.install(autocast_aliases)
+    _installed.append(tensor_class)
+
+
+def register_process_group_backend(name: str) -> None:
+    """Let ``torch.distributed.init_process_group(backend=name)`` make a gloo group for the installed device."""
+    if name in dist.Backend.backend_list:
+        return
+    dist.Backend.register_backend(name, _gloo, devices=["cpu", torch._C._get_privateuse1_backend_name()])
+
+
+def _register_kernels(tensor_class: type[DeviceTensor], keys: Sequence[str]) -> None:
+    library = torch.library.Library("aten", "IMPL")
+
+    def empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+        payload = torch.empty(size, dtype=dtype, layout=layout, memory_format=memory_format)
+        return tensor_class.wrap(payload, tensor_class.index_of(device))
+
+    def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+        payload = torch.empty_strided(size, stride, dtype=dtype, layout=layout)
+        return tensor_class.wrap(payload, tensor_class.index_of(device))
+
+    def copy_from(source, destination, non_blocking=False):
+        _payload(destination).copy_(_payload(source))
+        return destination
+
+    for key in keys:
+        library.impl("empty.memory_format", empty, key)
+        library.impl("empty_strided", empty_strided, key)
+    library.impl("_copy_from", copy_from, "PrivateUse1")
+    _libraries.append(library)
+
+
+def _payload(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor._payload if isinstance(tensor, DeviceTensor) else tensor
+
+
+def _gloo(store: dist.Store, rank: int, size: int, timeout: timedelta) -> dist.ProcessGroupGloo:
+    return dist.ProcessGroupGloo(store, rank, size, timeout)

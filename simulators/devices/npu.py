@@ -1,0 +1,82 @@
+"""The mock NPU device (Ascend-shaped worlds): ``npu`` tensors, their generators, ``hccl`` over gloo.
+
+The stand-in ``torch_npu`` package (``sites/npu/torch_npu``) is what
+implementations import (HF accelerate finds it with
+``importlib.util.find_spec``; torch loads it at ``import torch`` through its
+``torch.backends`` entry point, as the real torch_npu does); importing it
+calls :func:`install` with its ``torch.npu`` module.
+
+Rules (catalog ``npu.distributed_type``, ``npu.collectives``):
+
+- PrivateUse1 becomes the ``npu`` device: ``torch.device("npu", i)``,
+  ``Tensor.npu()``, ``Module.to("npu:1")`` work, and an `NpuTensor` follows
+  :mod:`simulators.devices.tensor` (mixing with CPU tensors raises);
+- each rank of the world drives one NPU: a host has ``LOCAL_WORLD_SIZE``
+  devices; the current device (``torch.npu.set_device``, 0 until set) is
+  where ``"npu"`` and ``"npu:0"`` put tensors (see
+  :meth:`simulators.devices.tensor.DeviceTensor.index_of`);
+- ``init_process_group("hccl")`` makes a gloo group (``hccl`` is Ascend's
+  collective library; here gloo runs on the tensors' CPU payloads);
+- random ops on an NPU tensor draw from that device's generator
+  (``torch.npu.manual_seed``; ``torch.manual_seed`` seeds every NPU too);
+- ``Module.to("npu")`` keeps the module's parameter objects, as with
+  torch_npu (whose tensors share the CPU's tensor type): the process moves
+  module tensors by ``torch.utils.swap_tensors``.
+"""
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+
+from simulators.devices import backend
+from simulators.devices.replicas import replicas
+from simulators.devices.tensor import DeviceTensor
+
+#: The version the stand-in reports.
+VERSION = "2.13.0+sim"
+
+_generators: dict[int, torch.Generator] = {}
+_current = [0]
+
+
+def set_current(index: int) -> None:
+    """Make ``npu:<index>`` this process's current NPU."""
+    _current[0] = index
+
+
+def current() -> int:
+    return _current[0]
+
+
+def generator(index: int) -> torch.Generator:
+    """The generator of device ``npu:<index>``, made on first use with torch's default seed."""
+    if index not in _generators:
+        _generators[index] = torch.Generator()
+    return _generators[index]
+
+
+def device_count() -> int:
+    """NPUs on this host: one per rank of the simulated machine."""
+    return replicas().local_world_size
+
+
+class NpuTensor(DeviceTensor):
+    """A tensor on the mock ``npu`` device."""
+
+    device_type = "npu"
+
+    @classmethod
+    def current_index(cls) -> int:
+        return current()
+
+    @classmethod
+    def generator_for(cls, index: int) -> torch.Generator:
+        return generator(index)
+
+
+def install(device_module: ModuleType) -> None:
+    """Make ``npu`` tensors work in this process, with ``device_module`` as ``torch.npu``."""
+    backend.install(NpuTensor, "npu", device_module)
+    backend.register_process_group_backend("hccl")
+    torch.__future__.set_swap_module_params_on_conversion(True)

@@ -1,0 +1,18 @@
+"""Stand-in for torch_npu (the accelerate-ref simulator's mock Ascend NPU).
+
+Importing it installs the mock (see :mod:`simulators.devices.npu`): the
+``npu`` device, ``torch.npu`` (:mod:`torch_npu.npu`) and the ``hccl``
+process-group backend, served by gloo.
+"""
+from __future__ import annotations
+
+from simulators.devices import npu as _mock
+from torch_npu import npu
+
+_mock.install(npu)
+
+__version__ = _mock.VERSION
+
+
+def _autoload() -> None:
+    """torch's ``torch.backends`` entry point: importing this package was the whole job."""

@@ -1,0 +1,121 @@
+"""``torch.npu``: device selection, RNG and memory queries of the mock NPUs.
+
+Rules: ``is_available()`` is true; ``device_count()`` is the number of ranks
+on this simulated machine; ``set_device`` / ``current_device`` select this
+process's NPU (0 until set); the RNG functions act on each device's own
+generator; memory queries report nothing in use (the payloads live in host
+memory).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from simulators.devices import npu as _mock
+
+def is_available() -> bool:
+    return True
+
+
+def is_initialized() -> bool:
+    return True
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+def device_count() -> int:
+    return _mock.device_count()
+
+
+def set_device(device: int | str | torch.device) -> None:
+    """Make ``device`` (an index, ``"npu:1"`` or a ``torch.device``) this process's NPU."""
+    _mock.set_current(_index(device))
+
+
+def current_device() -> int:
+    return _mock.current()
+
+
+def synchronize(device: Any = None) -> None:
+    """Wait for the device's work (the mock's ops finish at once)."""
+
+
+def empty_cache() -> None:
+    """Release cached device memory (the mock caches none)."""
+
+
+def memory_allocated(device: Any = None) -> int:
+    return 0
+
+
+def max_memory_allocated(device: Any = None) -> int:
+    return 0
+
+
+def reset_peak_memory_stats(device: Any = None) -> None:
+    """Reset the peak statistics (all zero in the mock)."""
+
+
+def mem_get_info(device: Any = None) -> tuple[int, int]:
+    """``(free, total)`` bytes of the device: the mock reports 64 GiB, all free."""
+    total = 64 << 30
+    return total, total
+
+
+def is_bf16_supported() -> bool:
+    return True
+
+
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    return [torch.float16, torch.bfloat16]
+
+
+def manual_seed(seed: int) -> None:
+    """Seed the current NPU's generator."""
+    _mock.generator(current_device()).manual_seed(int(seed))
+
+
+def manual_seed_all(seed: int) -> None:
+    """Seed every NPU's generator (``torch.manual_seed`` calls this)."""
+    for index in range(device_count()):
+        _mock.generator(index).manual_seed(int(seed))
+
+
+def seed() -> None:
+    _mock.generator(current_device()).seed()
+
+
+def seed_all() -> None:
+    for index in range(device_count()):
+        _mock.generator(index).seed()
+
+
+def initial_seed() -> int:
+    return _mock.generator(current_device()).initial_seed()
+
+
+def get_rng_state(device: Any = "npu") -> torch.Tensor:
+    return _mock.generator(_index(device, current_device())).get_state()
+
+
+def set_rng_state(new_state: torch.Tensor, device: Any = "npu") -> None:
+    _mock.generator(_index(device, current_device())).set_state(new_state)
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    return [_mock.generator(index).get_state() for index in range(device_count())]
+
+
+def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
+    for index, state in enumerate(new_states):
+        _mock.generator(index).set_state(state)
+
+
+def _index(device: int | str | torch.device, default: int = 0) -> int:
+    if isinstance(device, int):
+        return device
+    index = torch.device(device).index
+    return default if index is None else index

@@ -1,0 +1,1 @@
+"""``torch_xla.core``: the device model (``xla_model``)."""

@@ -1,0 +1,172 @@
+"""Tensors on a mock device: they report the device and compute on a CPU payload.
+
+Rules (catalog ``xla.distributed_type``, ``npu.distributed_type``, and every
+case that runs on ``sim-xla`` / ``sim-npu``):
+
+- a `DeviceTensor` wraps a plain CPU tensor (its payload); every aten op on
+  it runs on the payload and its tensor results come back on the same mock
+  device, so values are exactly those of CPU torch;
+- mixing the mock device with another one (the CPU) in one op raises as
+  real accelerators do: ``RuntimeError: Expected all tensors to be on the
+  same device, but found at least two devices, xla:0 and cpu!``. CPU tensors
+  of 0 dimensions are allowed (torch treats them as scalars on every
+  accelerator), and so are the ops that move data between devices
+  (``copy_``, ``_to_copy``). Two indices of the mock device are not told
+  apart (each rank drives one device; see the index rule below);
+- ``.device`` reports the mock device (``xla:0``, ``npu:1``); ``.tolist()``
+  and ``.item()`` read the values, ``.numpy()`` refuses as on CUDA; pickling
+  (``torch.save``) keeps values and device, as for a real accelerator's
+  tensor;
+- random ops draw from the mock device's own generator
+  (:meth:`DeviceTensor.generator_for`), not from the CPU's;
+- :meth:`DeviceTensor.observe` sees every op first (XLA counts its step
+  graphs there).
+
+A subclass per device family sets ``device_type``. The C++ side sees torch's
+PrivateUse1 device (see :mod:`simulators.devices.backend`), always with index
+0: torch's Python device guard knows one device, and autograd runs a device's
+backward on that device's queue. The index users see is kept here; a device
+that names no index, or PrivateUse1's index 0 (what torch's C++ code passes
+on when it allocates like an existing tensor, e.g. DDP's gradient buckets),
+means the process's current device (:meth:`DeviceTensor.index_of`).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._python_dispatch import return_and_correct_aliasing
+
+#: Ops allowed to take tensors of different devices: they are how data moves between them.
+_TRANSFERS = frozenset({torch.ops.aten.copy_.default, torch.ops.aten._to_copy.default})
+
+
+class DeviceTensor(torch.Tensor):
+    """A tensor on a mock device; see the module docstring for the rules."""
+
+    #: The device type the tensor reports (``"xla"``, ``"npu"``).
+    device_type: str = ""
+    _payload: torch.Tensor
+    #: The index of the mock device (``1`` for ``npu:1``).
+    device_index: int
+
+    @staticmethod
+    def __new__(cls, payload: torch.Tensor, index: int) -> DeviceTensor:
+        tensor = torch.Tensor._make_wrapper_subclass(
+            cls,
+            payload.size(),
+            strides=payload.stride(),
+            storage_offset=payload.storage_offset(),
+            dtype=payload.dtype,
+            layout=payload.layout,
+            device=torch.device(torch._C._get_privateuse1_backend_name(), 0),
+            requires_grad=payload.requires_grad,
+        )
+        tensor._payload = payload
+        tensor.device_index = index
+        return tensor
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.device_type, self.device_index)
+
+    @classmethod
+    def current_index(cls) -> int:
+        """The index of this process's current device of the family (families override)."""
+        return 0
+
+    @classmethod
+    def index_of(cls, device: torch.device | str | None) -> int:
+        """The mock device index ``device`` means (see the module docstring)."""
+        device = torch.device(device) if device is not None else None
+        if device is None or not device.index:
+            return cls.current_index()
+        return device.index
+
+    @classmethod
+    def wrap(cls, payload: torch.Tensor, index: int) -> DeviceTensor:
+        """``payload`` (a CPU tensor) as a tensor on this family's device ``index``."""
+        return cls(payload, index)
+
+    @classmethod
+    def generator_for(cls, index: int) -> torch.Generator:
+        """The generator random ops on device ``index`` draw from (families override)."""
+        raise NotImplementedError(f"{cls.__name__} has no device generator")
+
+    @classmethod
+    def observe(cls, func: Any, tensors: list[DeviceTensor]) -> None:
+        """Called before every op on this family's tensors, with the device tensors it takes."""
+
+    def tolist(self) -> Any:
+        return self._payload.tolist()
+
+    def numpy(self, *, force: bool = False) -> Any:
+        if force:
+            return self._payload.numpy(force=True)
+        raise TypeError(
+            f"can't convert {self.device} device type tensor to numpy. "
+            "Use Tensor.cpu() to copy the tensor to host memory first."
+        )
+
+    def __reduce_ex__(self, protocol: int) -> Any:
+        # As torch pickles an XLA tensor: a CPU copy and the device, not this class.
+        cpu = self._payload.detach().clone()
+        return torch._utils._rebuild_device_tensor_from_cpu_tensor, (cpu, self.dtype, str(self.device), self.requires_grad)
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:
+        text = repr(self._payload)
+        return f"{text[:-1]}, device='{self.device}')"
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        leaves, _ = tree_flatten((args, kwargs))
+        on_device = [leaf for leaf in leaves if isinstance(leaf, DeviceTensor)]
+        if func not in _TRANSFERS:
+            _check_one_device(func, on_device, leaves)
+        first = on_device[0]
+        first.observe(func, on_device)
+        target = kwargs.get("device")
+        if target is not None and torch.device(target).type == "cpu":
+            return func(*tree_map(_payload_of, args), **kwargs)
+        index = first.device_index if target is None else first.index_of(target)
+        payload_args, payload_kwargs = tree_map(_payload_of, (args, kwargs))
+        if torch.Tag.nondeterministic_seeded in func.tags and payload_kwargs.get("generator") is None:
+            payload_kwargs["generator"] = first.generator_for(index)
+        if target is not None:
+            payload_kwargs["device"] = torch.device("cpu")
+        out = func(*payload_args, **payload_kwargs)
+        return return_and_correct_aliasing(func, args, kwargs, tree_map(_rewrapper(type(first), index, on_device), out))
+
+
+def _payload_of(value: Any) -> Any:
+    return value._payload if isinstance(value, DeviceTensor) else value
+
+
+def _rewrapper(cls: type[DeviceTensor], index: int, inputs: list[DeviceTensor]) -> Callable[[Any], Any]:
+    """Maps an op's results back to the device: an input's own payload to that input, others wrapped anew."""
+    by_payload = {id(tensor._payload): tensor for tensor in inputs}
+
+    def rewrap(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        known = by_payload.get(id(value))
+        return known if known is not None else cls.wrap(value, index)
+
+    return rewrap
+
+
+def _check_one_device(func: Any, on_device: list[DeviceTensor], leaves: list[Any]) -> None:
+    """Raise as real accelerators do when ``func`` gets tensors of the mock device and of another one."""
+    elsewhere = [
+        leaf for leaf in leaves
+        if isinstance(leaf, torch.Tensor) and not isinstance(leaf, DeviceTensor) and leaf.dim() > 0
+    ]
+    if elsewhere:
+        raise RuntimeError(
+            "Expected all tensors to be on the same device, but found at least two devices, "
+            f"{on_device[0].device} and {elsewhere[0].device}! (in {func}; simulators mock device)"
+        )
