@@ -629,7 +629,7 @@ def _trigger_sync_check(values, world):
 def _set_grads(model: torch.nn.Module, rank: int) -> list[torch.Tensor]:
     """Give every parameter a known gradient (different per rank) and return copies."""
     for i, parameter in enumerate(model.parameters()):
-        parameter.grad = torch.linspace(-3.0, 2.0 + rank, parameter.numel()).reshape(parameter.shape) * (i + 1)
+        parameter.grad = torch.linspace(-3.0, 2.0 + rank, parameter.numel(), device=parameter.device).reshape(parameter.shape) * (i + 1)
     return [p.grad.clone() for p in model.parameters()]
 
 
@@ -805,16 +805,17 @@ def autocast_fp16_scaler(impl, world):
     """
     handler = impl.GradScalerKwargs(init_scale=1024.0, backoff_factor=0.25, growth_interval=1000)
     acc = impl.Accelerator(mixed_precision="fp16", kwargs_handlers=[handler])
-    model, twin = _linear(), _linear()
+    model = _linear()
     model, optimizer = acc.prepare(model, _sgd(model))
     indices = list(range(BATCH))
 
     def scale_seen() -> float:
         """Ratio of the gradients after accelerator.backward to the true ones (twin at the same weights)."""
+        twin = _linear()
         torch.nn.utils.vector_to_parameters(torch.tensor(_weights(acc.unwrap_model(model))), twin.parameters())
-        twin.zero_grad()
+        twin = twin.to(acc.device)  # set on the host: XLA parameters take no host data (set_data)
         with acc.autocast():
-            _loss(twin.to(acc.device), indices, acc.device).backward()
+            _loss(twin, indices, acc.device).backward()
         acc.backward(_loss(model, indices, acc.device))
         got, true = torch.tensor(_grads(acc.unwrap_model(model))), torch.tensor(_grads(twin))
         return float(got.norm() / true.norm())

@@ -25,6 +25,7 @@ Catalog: xla.distributed_type, npu.distributed_type.
 """
 from __future__ import annotations
 
+import sys
 from datetime import timedelta
 from typing import Any, Sequence
 
@@ -83,6 +84,8 @@ def _register_kernels(tensor_class: type[DeviceTensor], keys: Sequence[str]) -> 
 
     def empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
         payload = torch.empty(size, dtype=dtype, layout=layout, memory_format=memory_format)
+        if dtype == torch.int32 and _made_by_ddp_reducer():
+            return payload
         return tensor_class.wrap(payload, tensor_class.index_of(device))
 
     def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
@@ -98,6 +101,24 @@ def _register_kernels(tensor_class: type[DeviceTensor], keys: Sequence[str]) -> 
         library.impl("empty_strided", empty_strided, key)
     library.impl("_copy_from", copy_from, "PrivateUse1")
     _libraries.append(library)
+
+
+def _made_by_ddp_reducer() -> bool:
+    """Whether DDP's Reducer is being built (it asks for its map of used parameters then).
+
+    The Reducer keeps that map on the parameters' device and, on an
+    accelerator, stages it through pinned host memory, which a Python-only
+    PrivateUse1 backend cannot allocate (torch gives it no hook for that), so
+    ``find_unused_parameters=True`` and ``static_graph=True`` would fail in
+    backward. On the mock devices the map stays in host memory instead; gloo
+    reduces it there, as it would on CPU.
+    """
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_name == "_ddp_init_helper" and "torch/nn/parallel" in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _payload(tensor: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,8 @@ memory).
 """
 from __future__ import annotations
 
+import functools
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -119,3 +121,10 @@ def _index(device: int | str | torch.device, default: int = 0) -> int:
         return device
     index = torch.device(device).index
     return default if index is None else index
+
+
+#: ``torch.npu.amp``: the NPU's autocast context and gradient scaler.
+amp = SimpleNamespace(
+    autocast=functools.partial(torch.autocast, "npu"),
+    GradScaler=functools.partial(torch.amp.GradScaler, "npu"),
+)
