@@ -20,8 +20,10 @@ from . import gradient_sync
 from .data_loader import prepare_data_loader, skip_first_batches
 from .optimizer import AcceleratedOptimizer
 from .precision import MixedPrecision
+from .saving import CheckpointingMixin
 from .scheduler import AcceleratedScheduler
 from .state import AcceleratorState, GradientState, PartialState
+from .tracking import TrackingMixin
 from .utils import operations
 from .utils.constants import PROFILE_PATTERN_NAME
 from .utils.dataclasses import (
@@ -46,7 +48,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 _UNSUPPORTED_ENGINES = ("deepspeed_plugin", "fsdp_plugin", "megatron_lm_plugin", "torch_tp_plugin", "deepspeed_plugins")
 
 
-class Accelerator:
+class Accelerator(CheckpointingMixin, TrackingMixin):
     """Creates the process state and exposes process control and collectives.
 
     Attributes (catalog ``state.attributes``): ``device``,

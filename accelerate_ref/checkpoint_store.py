@@ -165,6 +165,8 @@ def resolve(path: str) -> str:
     """
     if os.path.isdir(path):
         return path
+    if os.path.exists(path):
+        raise CheckpointError(f"{path} is a file, not a checkpoint folder")
     parent, name = os.path.split(os.path.abspath(path))
     if os.path.isdir(parent):
         aside = [

@@ -32,6 +32,7 @@ import os
 import pickle
 import random
 import re
+import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -84,7 +85,7 @@ def _model_file_names(index: int) -> tuple[str, str]:
 
 
 def rng_states(step: int) -> dict[str, Any]:
-    """This process's random states (Python, numpy, torch, accelerators) and ``step``, loadable with weights_only.
+    """This process's random states (Python, numpy, torch, accelerators, XLA) and ``step``, loadable with weights_only.
 
     Catalog: save_state.roundtrip.
     """
@@ -99,6 +100,9 @@ def rng_states(step: int) -> dict[str, Any]:
         module = getattr(torch, device_type, None)
         if module is not None and hasattr(module, "get_rng_state_all") and module.is_available():
             states[f"torch_{device_type}_manual_seed"] = module.get_rng_state_all()
+    xla = sys.modules.get("torch_xla.core.xla_model")  # an XLA world imported it; nothing else does
+    if xla is not None:
+        states["xm_seed"] = xla.get_rng_state()
     return states
 
 
@@ -112,6 +116,8 @@ def restore_rng_states(states: dict[str, Any]) -> None:
         key = f"torch_{device_type}_manual_seed"
         if key in states:
             getattr(torch, device_type).set_rng_state_all(states[key])
+    if "xm_seed" in states:
+        sys.modules["torch_xla.core.xla_model"].set_rng_state(states["xm_seed"])
 
 
 def save_accelerator_state(

@@ -9,9 +9,9 @@
 
 `save_state` and `load_state` are collective: every process calls them.
 Each runs in phases; after each phase the processes exchange whether they
-succeeded (over the control of `gather_object`, which also makes every
-phase end together), so a failure on one process fails the call on every
-process instead of leaving the others waiting, and nothing is published.
+succeeded (with `gather_object`, which also makes every phase end
+together), so a failure on one process fails the call on every process
+instead of leaving the others waiting, and nothing is published.
 
 Catalog: save.once_per_machine, save.array_example, save_model.default,
 save_model.sharded, save_model.reload, get_state_dict.unwrap,
@@ -265,8 +265,7 @@ class CheckpointingMixin:
         target = self._agree("save_state", lambda: self._checkpoint_target(output_dir))
         token = self._from_main(uuid.uuid4().hex[:16])
         staging = store.hidden_path(target, "partial", token)
-        owner = self._agree("save_state", lambda: self.is_main_process and store.open_staging(target, token))
-        owner = self._agree("save_state", lambda: owner or (not self.is_main_process and store.open_staging(target, token)))
+        owner = self._open_staging(target, token)
         try:
             self._agree("save_state", lambda: self._write_state(staging, safe_serialization))
             self._agree("save_state", lambda: owner and self._publish(staging, target, token))
@@ -276,6 +275,12 @@ class CheckpointingMixin:
             raise
         config.iteration += 1
         return target
+
+    def _open_staging(self, target: str, token: str) -> bool:
+        """Create the staging directory: the main process first, then each process that does not see it
+        (on a machine whose file system is not shared). True on the process that created it (and publishes it)."""
+        created = self._agree("save_state", lambda: self.is_main_process and store.open_staging(target, token))
+        return self._agree("save_state", lambda: created or (not self.is_main_process and store.open_staging(target, token)))
 
     def _write_state(self, staging: str, safe_serialization: bool) -> None:
         """This process's part of a checkpoint, written into ``staging``."""
