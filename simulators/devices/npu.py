@@ -20,8 +20,9 @@ Rules (catalog ``npu.distributed_type``, ``npu.collectives``):
 - random ops on an NPU tensor draw from that device's generator
   (``torch.npu.manual_seed``; ``torch.manual_seed`` seeds every NPU too);
 - ``Module.to("npu")`` keeps the module's parameter objects, as with
-  torch_npu (whose tensors share the CPU's tensor type): the process moves
-  module tensors by ``torch.utils.swap_tensors``.
+  torch_npu (whose tensors share the CPU's tensor type): an `NpuTensor` is a
+  traceable wrapper subclass (``__tensor_flatten__``), which torch's
+  ``Module._apply`` swaps into the existing parameters.
 """
 from __future__ import annotations
 
@@ -74,9 +75,15 @@ class NpuTensor(DeviceTensor):
     def generator_for(cls, index: int) -> torch.Generator:
         return generator(index)
 
+    def __tensor_flatten__(self) -> tuple[list[str], int]:
+        return ["_payload"], self.device_index
+
+    @staticmethod
+    def __tensor_unflatten__(inner: dict[str, torch.Tensor], index: int, size: object, stride: object) -> NpuTensor:
+        return NpuTensor.wrap(inner["_payload"], index)
+
 
 def install(device_module: ModuleType) -> None:
     """Make ``npu`` tensors work in this process, with ``device_module`` as ``torch.npu``."""
     backend.install(NpuTensor, "npu", device_module)
     backend.register_process_group_backend("hccl")
-    torch.__future__.set_swap_module_params_on_conversion(True)

@@ -18,7 +18,10 @@ case that runs on ``sim-xla`` / ``sim-npu``):
   (``torch.save``) keeps values and device, as for a real accelerator's
   tensor;
 - random ops draw from the mock device's own generator
-  (:meth:`DeviceTensor.generator_for`), not from the CPU's;
+  (:meth:`DeviceTensor.generator_for`), not from the CPU's (the few without a
+  ``generator`` argument, such as dropout, draw from the CPU's);
+- ``untyped_storage()`` and ``data_ptr()`` are the payload's, so storage
+  identity (shared weights, views) reads as on a device with memory;
 - :meth:`DeviceTensor.observe` sees every op first (XLA counts its step
   graphs there).
 
@@ -103,6 +106,12 @@ class DeviceTensor(torch.Tensor):
     def tolist(self) -> Any:
         return self._payload.tolist()
 
+    def untyped_storage(self) -> torch.UntypedStorage:
+        return self._payload.untyped_storage()
+
+    def data_ptr(self) -> int:
+        return self._payload.data_ptr()
+
     def numpy(self, *, force: bool = False) -> Any:
         if force:
             return self._payload.numpy(force=True)
@@ -134,12 +143,19 @@ class DeviceTensor(torch.Tensor):
             return func(*tree_map(_payload_of, args), **kwargs)
         index = first.device_index if target is None else first.index_of(target)
         payload_args, payload_kwargs = tree_map(_payload_of, (args, kwargs))
-        if torch.Tag.nondeterministic_seeded in func.tags and payload_kwargs.get("generator") is None:
+        if _takes_generator(func) and payload_kwargs.get("generator") is None:
             payload_kwargs["generator"] = first.generator_for(index)
         if target is not None:
             payload_kwargs["device"] = torch.device("cpu")
         out = func(*payload_args, **payload_kwargs)
         return return_and_correct_aliasing(func, args, kwargs, tree_map(_rewrapper(type(first), index, on_device), out))
+
+
+def _takes_generator(func: Any) -> bool:
+    """Whether ``func`` is a random op that takes a ``generator`` (dropout, for one, does not)."""
+    return torch.Tag.nondeterministic_seeded in func.tags and any(
+        argument.name == "generator" for argument in func._schema.arguments
+    )
 
 
 def _payload_of(value: Any) -> Any:

@@ -1,0 +1,52 @@
+"""How worlds get a mock device, in this process: ``simulators.devices.world_settings``, the
+replicas' view of the launch environment, and the suite's ``sim-xla`` / ``sim-npu`` backends.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conformance.backends import BACKENDS, SimBackend, SimNpuBackend, SimXlaBackend, make_backend
+from conformance.case import Case
+from simulators.devices import KINDS, world_settings
+from simulators.devices.replicas import Replicas
+
+
+@pytest.mark.parametrize("kind, package", [("xla", "torch_xla"), ("npu", "torch_npu")])
+def test_each_family_puts_its_stand_in_package_and_metadata_first(kind, package):
+    settings = world_settings(kind)
+    site = Path(settings.pythonpath[0])
+    assert (site / package / "__init__.py").is_file()
+    assert [p.name.split("-")[0] for p in site.glob("*.dist-info")] == [package]
+    others = set(KINDS) - {kind}
+    assert not any((site / f"torch_{other}").exists() for other in others), "a world sees one family only"
+
+
+def test_xla_worlds_run_pjrt_on_cpu_devices_and_unknown_kinds_are_refused():
+    assert world_settings("xla").env == {"PJRT_DEVICE": "CPU"}
+    assert world_settings("npu").env == {}
+    with pytest.raises(ValueError, match="unknown mock device 'tpu'"):
+        world_settings("tpu")
+
+
+def test_replicas_follow_the_torchrun_environment(monkeypatch):
+    for name, value in {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "NODE_RANK": "1"}.items():
+        monkeypatch.setenv(name, value)
+    assert Replicas.from_environ() == Replicas(ordinal=3, local_ordinal=1, world_size=4, local_world_size=2, host=1)
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK"):
+        monkeypatch.delenv(name)
+    assert Replicas.from_environ() == Replicas(0, 0, 1, 1, 0)
+
+
+def test_the_device_backends_are_offered_and_run_their_own_device_cases():
+    assert {"sim", "sim-xla", "sim-npu", "native"} <= set(BACKENDS)
+    cases = {device: Case("x", print, ("2",), device=device) for device in ("xla", "npu", None)}
+    for backend, runs in ((SimBackend, [None]), (SimXlaBackend, ["xla", None]), (SimNpuBackend, ["npu", None])):
+        made = make_backend(backend.name, "accelerate_ref", 5.0)
+        try:
+            assert type(made) is backend
+            assert [device for device, case in cases.items() if made.runs(case)] == runs
+        finally:
+            made.close()
+    assert "ACCELERATE_USE_CPU" not in SimNpuBackend.base_env, "HF accelerate would pick the CPU over the NPU"
