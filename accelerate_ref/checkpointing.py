@@ -41,7 +41,6 @@ import torch
 
 from .checkpoint_store import CheckpointError
 from .utils.constants import (
-    MODEL_NAME,
     OPTIMIZER_NAME,
     RNG_STATE_NAME,
     SAFE_WEIGHTS_NAME,
