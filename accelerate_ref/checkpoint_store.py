@@ -44,13 +44,16 @@ class CheckpointError(ValueError):
 
 
 def hidden_path(target: str, kind: str, token: str) -> str:
-    """``<parent>/.<name>.<kind>-<token>`` for checkpoint directory ``target``."""
+    """``<parent>/.<name>.<kind>-<token>`` for checkpoint directory ``target``. Catalog: save_state.auto_naming."""
     parent, name = os.path.split(os.path.abspath(target))
     return os.path.join(parent, f".{name}.{kind}-{token}")
 
 
 def is_published(path: str) -> bool:
-    """Whether ``path`` is a checkpoint `publish` completed (a directory holding the manifest)."""
+    """Whether ``path`` is a checkpoint `publish` completed (a directory holding the manifest).
+
+    Catalog: save_state.auto_naming, save_state.total_limit.
+    """
     return os.path.isfile(os.path.join(path, MANIFEST_NAME))
 
 
@@ -58,7 +61,7 @@ def check_replaceable(target: str) -> None:
     """Refuse to save over ``target`` unless it is absent, empty or a published checkpoint (whose files it replaces).
 
     A directory holding anything else may be the user's data; replacing it
-    would delete that. Raised before anything is written.
+    would delete that. Raised before anything is written. Catalog: save_state.roundtrip.
     """
     if os.path.isdir(target) and os.listdir(target) and not is_published(target):
         raise CheckpointError(
@@ -75,7 +78,7 @@ def open_staging(target: str, token: str) -> bool:
     The process that creates a staging directory publishes it: on a file
     system all processes share that is the main process alone (the others
     call this after it and find the directory); on machines that do not
-    share one, the first process of each machine.
+    share one, the first process of each machine. Catalog: save_state.roundtrip.
     """
     staging = hidden_path(target, "partial", token)
     os.makedirs(os.path.dirname(staging), exist_ok=True)
@@ -87,7 +90,10 @@ def open_staging(target: str, token: str) -> bool:
 
 
 def write_manifest(staging: str, num_processes: int) -> None:
-    """Record the world size and every file of ``staging`` (relative path -> bytes), atomically."""
+    """Record the world size and every file of ``staging`` (relative path -> bytes), atomically.
+
+    Catalog: save_state.roundtrip.
+    """
     files = {}
     for folder, _, names in os.walk(staging):
         for name in names:
@@ -98,7 +104,10 @@ def write_manifest(staging: str, num_processes: int) -> None:
 
 
 def publish(staging: str, target: str, token: str) -> None:
-    """Make the complete ``staging`` directory visible as ``target`` (replacing a published one), durably."""
+    """Make the complete ``staging`` directory visible as ``target`` (replacing a published one), durably.
+
+    Catalog: save_state.roundtrip, save_state.auto_naming.
+    """
     parent = os.path.dirname(os.path.abspath(target))
     fsync_directory(staging)
     if os.path.exists(target):
@@ -113,7 +122,7 @@ def publish(staging: str, target: str, token: str) -> None:
 
 
 def discard(staging: str) -> None:
-    """Remove a staging directory of a save that failed."""
+    """Remove a staging directory of a save that failed. Catalog: save_state.roundtrip."""
     shutil.rmtree(staging, ignore_errors=True)
 
 
@@ -122,7 +131,7 @@ def remove_leftovers(parent: str, name: Optional[str] = None, keep: str = "") ->
 
     Called by the process that just published, after publishing: a
     ``.replaced`` copy is then older than the published checkpoint.
-    Entries with token ``keep`` (the save under way) stay.
+    Entries with token ``keep`` (the save under way) stay. Catalog: save_state.auto_naming.
     """
     for entry in os.listdir(parent):
         match = _HIDDEN.fullmatch(entry)
@@ -131,7 +140,10 @@ def remove_leftovers(parent: str, name: Optional[str] = None, keep: str = "") ->
 
 
 def published_in(folder: str) -> list[tuple[int, str]]:
-    """``(iteration, path)`` of every published ``checkpoint_<iteration>`` in ``folder``, oldest first."""
+    """``(iteration, path)`` of every published ``checkpoint_<iteration>`` in ``folder``, oldest first.
+
+    Catalog: save_state.auto_naming, save_state.total_limit.
+    """
     if not os.path.isdir(folder):
         return []
     found = []
@@ -161,7 +173,7 @@ def prune(folder: str, total_limit: int, token: str) -> None:
 def resolve(path: str) -> str:
     """The checkpoint to load for ``path``: ``path`` itself, or, if a replacement was interrupted, the one set aside.
 
-    A missing checkpoint is a CheckpointError naming ``path``.
+    A missing checkpoint (or a file) is a CheckpointError naming ``path``. Catalog: save_state.roundtrip.
     """
     if os.path.isdir(path):
         return path

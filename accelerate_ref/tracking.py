@@ -212,7 +212,10 @@ LOGGER_TYPE_TO_CLASS: dict[str, type[GeneralTracker]] = {
 
 
 def get_available_trackers() -> list[str]:
-    """Names of the built-in trackers usable here: "jsonl", and "tensorboard" when installed."""
+    """Names of the built-in trackers usable here: "jsonl", and "tensorboard" when installed.
+
+    Catalog: tracking.init_log_end.
+    """
     return [JSONLinesTracker.name] + ([TensorBoardTracker.name] if is_tensorboard_available() else [])
 
 

@@ -29,7 +29,7 @@ PathOrFile = Union[str, os.PathLike, IO[bytes]]
 
 
 def fsync_directory(path: Union[str, os.PathLike]) -> None:
-    """Make the entries of directory ``path`` (files created or renamed in it) durable."""
+    """Make the entries of directory ``path`` (files created or renamed in it) durable. Catalog: save_state.roundtrip."""
     descriptor = os.open(path, os.O_RDONLY)
     try:
         os.fsync(descriptor)
@@ -97,7 +97,10 @@ def _safetensors_bytes(obj: Any) -> bytes:
 
 
 def write_object(obj: Any, f: PathOrFile, safe_serialization: bool = False) -> None:
-    """Write ``obj`` to ``f`` on this process: safetensors, or ``torch.save`` (pickle); a path is written atomically."""
+    """Write ``obj`` to ``f`` on this process: safetensors, or ``torch.save`` (pickle); a path is written atomically.
+
+    Catalog: save.array_example, save_state.file_names.
+    """
     if safe_serialization:
         payload = _safetensors_bytes(obj)
         write: Callable[[IO[bytes]], Any] = lambda stream: stream.write(payload)  # noqa: E731
