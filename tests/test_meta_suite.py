@@ -264,11 +264,12 @@ PLAN = _plan()
 
 
 class SharedPools:
-    """One `SimBackend` over `broken_impls.switchboard`: pools live across entries of the same world."""
+    """One `SimBackend` (or a subclass: ``sim-xla``, ``sim-npu``) over `broken_impls.switchboard`:
+    pools live across entries of the same world."""
 
-    def __init__(self, choice_file: Path) -> None:
+    def __init__(self, choice_file: Path, backend: type[SimBackend] = SimBackend) -> None:
         self.choice_file = choice_file
-        self.backend = SimBackend("broken_impls.switchboard", DEFAULT_CASE_TIMEOUT)
+        self.backend = backend("broken_impls.switchboard", DEFAULT_CASE_TIMEOUT)
 
     def run(self, entry: Break) -> list[CaseResult]:
         self.backend.case_timeout = entry.case_timeout
@@ -279,13 +280,13 @@ class SharedPools:
         # each case whose ranks disagree).
         preload = ",".join(dict.fromkeys([REFERENCE, entry.impl]))
         self.backend.base_env = {
-            **SimBackend.base_env,
+            **type(self.backend).base_env,
             switchboard.CHOICE_ENV: str(self.choice_file),
             switchboard.PRELOAD_ENV: preload,
         }
         world = World.parse(entry.world)
         results = []
-        for case in (c for c in select(all_cases(), entry.patterns) if c.runs_at(entry.world)):
+        for case in (c for c in select(all_cases(), entry.patterns) if c.runs_at(entry.world) and self.backend.runs(c)):
             self.choice_file.write_text(entry.impl, encoding="utf-8")
             results.append(self.backend.run_case(case, world))
         return results
