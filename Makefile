@@ -1,5 +1,6 @@
 # Two commands for a fresh machine with only Python:
-#   make conformance   run the conformance suite on the simulator against accelerate_ref
+#   make conformance   run the conformance suite against accelerate_ref on the simulator's
+#                      CPU, mock XLA and mock NPU worlds (one JSON per backend, one matrix)
 #   make test          run the project's own tests
 # Both create .venv if it is missing and install the project into it.
 
@@ -7,7 +8,7 @@ PYTHON     ?= python3
 VENV       ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 IMPL       ?= accelerate_ref
-BACKENDS   ?= sim
+BACKENDS   ?= sim sim-xla sim-npu
 WORLDS     ?= 1,2,3,4,2x2
 REPORTS    ?= reports
 PYTEST_ARGS ?=
@@ -24,10 +25,17 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[test,hf]"
 	@touch $@
 
+# Every backend runs even when one fails; the matrix puts them side by side; the exit status is
+# that of the worst run.
 conformance: $(STAMP)
-	$(PY) -m conformance run --impl $(IMPL) --backend $(BACKENDS) --worlds $(WORLDS) \
-		--json $(REPORTS)/conformance-$(IMPL).json --junit $(REPORTS)/conformance-$(IMPL).xml \
-		--markdown $(REPORTS)/conformance-$(IMPL).md --html $(REPORTS)/conformance-$(IMPL).html
+	@status=0; for backend in $(BACKENDS); do \
+		$(PY) -m conformance run --impl $(IMPL) --backend $$backend --worlds $(WORLDS) \
+			--json $(REPORTS)/conformance-$(IMPL)-$$backend.json \
+			--junit $(REPORTS)/conformance-$(IMPL)-$$backend.xml || status=1; \
+	done; \
+	$(PY) -m conformance report $(foreach backend,$(BACKENDS),$(REPORTS)/conformance-$(IMPL)-$(backend).json) \
+		--markdown $(REPORTS)/conformance-$(IMPL).md --html $(REPORTS)/conformance-$(IMPL).html || status=1; \
+	exit $$status
 
 conformance-hf:
 	$(MAKE) conformance IMPL=accelerate

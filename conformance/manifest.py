@@ -12,7 +12,8 @@ A manifest is a TOML file with one ``[[deviation]]`` table per deviation::
 
 A result matching a deviation becomes XFAIL. A matching case that passes is
 an unexpected pass (a warning; an error with ``--strict``). Deviations that
-match no case of the run are warned about.
+match no case of the run are warned about, except those of backends the run
+did not use (a ``sim-xla`` deviation in a ``sim`` run).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class Manifest:
     source: str
     deviations: list[Deviation] = field(default_factory=list)
     _used: set[int] = field(default_factory=set)
+    _backends: set[str] = field(default_factory=set)
 
     @classmethod
     def load(cls, path: str | Path) -> "Manifest":
@@ -95,6 +97,7 @@ class Manifest:
 
     def apply(self, result: CaseResult) -> CaseResult:
         """Mark ``result`` XFAIL (or an unexpected pass) where a deviation matches it."""
+        self._backends.add(result.backend)
         for index, deviation in enumerate(self.deviations):
             if not deviation.matches(result):
                 continue
@@ -109,5 +112,8 @@ class Manifest:
         return result
 
     def unused(self) -> list[Deviation]:
-        """Deviations that matched no result so far."""
-        return [d for i, d in enumerate(self.deviations) if i not in self._used]
+        """Deviations that matched no result so far, among those of the backends results came from."""
+        return [
+            d for i, d in enumerate(self.deviations)
+            if i not in self._used and (not d.backends or self._backends.intersection(d.backends))
+        ]

@@ -50,3 +50,20 @@ def test_the_device_backends_are_offered_and_run_their_own_device_cases():
         finally:
             made.close()
     assert "ACCELERATE_USE_CPU" not in SimNpuBackend.base_env, "HF accelerate would pick the CPU over the NPU"
+
+
+def test_a_device_backend_deviation_is_not_unused_in_a_run_of_another_backend():
+    from conformance.manifest import Manifest
+    from conformance.results import CaseResult, Status
+
+    manifest = Manifest.parse(
+        '[[deviation]]\nid = "a"\nstatus = "FAIL"\nbackends = ["sim-xla"]\nreason = "r"\n'
+        '[[deviation]]\nid = "b"\nstatus = "FAIL"\nreason = "r"\n',
+        "inline",
+    )
+    result = CaseResult.from_json({"id": "c", "case": "c", "world": "2", "backend": "sim", "impl": "x",
+                                   "status": "PASS", "message": "", "duration_s": 0.0})
+    manifest.apply(result)
+    assert [d.id for d in manifest.unused()] == ["b"]
+    manifest.apply(CaseResult.from_json({**result.to_json(), "backend": "sim-xla"}))
+    assert [d.id for d in manifest.unused()] == ["a", "b"]
