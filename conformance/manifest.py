@@ -96,19 +96,26 @@ class Manifest:
         return cls.parse(resource.read_text(encoding="utf-8"), f"conformance/manifests/{resource.name}")
 
     def apply(self, result: CaseResult) -> CaseResult:
-        """Mark ``result`` XFAIL (or an unexpected pass) where a deviation matches it."""
+        """Mark ``result`` XFAIL (or an unexpected pass) where a deviation matches it.
+
+        Of several matching deviations, one expecting the result's status wins,
+        one naming the result's backend before one for every backend (so a
+        ``sim-xla`` entry explains an XLA-only cause of a failure that a
+        general entry also lists); otherwise the first one in the file.
+        """
         self._backends.add(result.backend)
-        for index, deviation in enumerate(self.deviations):
-            if not deviation.matches(result):
-                continue
-            self._used.add(index)
-            if result.status == deviation.status:
-                result.status = Status.XFAIL
-                result.manifest_reason = deviation.reason
-            elif result.status == Status.PASS:
-                result.unexpected_pass = True
-                result.manifest_reason = deviation.reason
+        matching = [index for index, deviation in enumerate(self.deviations) if deviation.matches(result)]
+        if not matching:
             return result
+        index = min(matching, key=lambda i: (self.deviations[i].status != result.status, not self.deviations[i].backends))
+        deviation = self.deviations[index]
+        self._used.update(matching)
+        if result.status == deviation.status:
+            result.status = Status.XFAIL
+            result.manifest_reason = deviation.reason
+        elif result.status == Status.PASS:
+            result.unexpected_pass = True
+            result.manifest_reason = deviation.reason
         return result
 
     def unused(self) -> list[Deviation]:

@@ -153,3 +153,30 @@ def test_npu_generators_and_amp(npu):
 
 def test_the_reference_sees_the_npu(npu):
     assert npu.one(reference_on_one_npu) == {"device": "npu:0", "type": "DistributedType.NO"}
+
+
+def loading_onto_the_npu(folder):
+    import os
+
+    import torch
+
+    path = os.path.join(folder, "state.pt")
+    torch.save({"on npu": torch.ones(2, device="npu"), "on cpu": torch.zeros(1)}, path)
+    loaded = torch.load(path, map_location=torch.device("npu", 0))
+    model = torch.nn.Linear(2, 1).npu()
+    rebuilt = type(model.weight)(torch.zeros(1, 2), requires_grad=False)
+    with torch.npu.device(0):
+        inside = torch.npu.current_device()
+    return {
+        "loaded": {key: value.device.type for key, value in loaded.items()},
+        "rebuilt": [type(rebuilt).__name__, rebuilt.device.type, rebuilt.requires_grad],
+        "inside": inside,
+    }
+
+
+def test_loading_onto_the_npu_and_rebuilding_parameters(npu, tmp_path):
+    assert npu.one(loading_onto_the_npu, str(tmp_path)) == {
+        "loaded": {"on npu": "npu", "on cpu": "cpu"},
+        "rebuilt": ["Parameter", "cpu", False],
+        "inside": 0,
+    }

@@ -165,3 +165,25 @@ def test_hccl_is_gloo_on_npu_tensors_and_ddp_finds_unused_parameters(npu2):
         assert got["gathered"] == [[0.0], [1.0]] and got["devices"] == ["npu"]
         assert got["unused grad"] is True
     assert ranks[0]["grad"] == ranks[1]["grad"]
+
+
+def all_gather_into_a_flat_tensor():
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    rank = int(os.environ["LOCAL_RANK"])
+    torch.npu.set_device(rank)
+    dist.init_process_group("hccl")
+    try:
+        flat = torch.empty(8, device="npu")
+        dist.all_gather_into_tensor(flat, torch.full((2, 2), float(rank), device="npu"))
+        return [flat.device.type, flat.tolist()]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_hccl_all_gather_into_tensor_takes_a_flat_output_like_hccl(npu2):
+    for got in npu2.run(all_gather_into_a_flat_tensor):
+        assert got == ["npu", [0.0] * 4 + [1.0] * 4]

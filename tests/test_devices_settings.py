@@ -67,3 +67,22 @@ def test_a_device_backend_deviation_is_not_unused_in_a_run_of_another_backend():
     assert [d.id for d in manifest.unused()] == ["b"]
     manifest.apply(CaseResult.from_json({**result.to_json(), "backend": "sim-xla"}))
     assert [d.id for d in manifest.unused()] == ["a", "b"]
+
+
+def test_a_deviation_of_the_result_backend_explains_it_before_a_general_one():
+    from conformance.manifest import Manifest
+    from conformance.results import CaseResult
+
+    manifest = Manifest.parse(
+        '[[deviation]]\nid = "a"\nstatus = "FAIL"\nreason = "everywhere"\n'
+        '[[deviation]]\nid = "a"\nstatus = "NOT_SUPPORTED"\nbackends = ["sim-xla"]\nreason = "xla only"\n'
+        '[[deviation]]\nid = "a"\nstatus = "FAIL"\nbackends = ["sim-xla"]\nreason = "xla failure"\n',
+        "inline",
+    )
+    base = {"id": "a", "case": "a", "world": "2", "impl": "x", "message": "", "duration_s": 0.0}
+    reasons = {}
+    for backend, status in (("sim", "FAIL"), ("sim-xla", "FAIL"), ("sim-xla", "NOT_SUPPORTED")):
+        result = manifest.apply(CaseResult.from_json({**base, "backend": backend, "status": status}))
+        assert result.status.value == "XFAIL"
+        reasons[backend, status] = result.manifest_reason
+    assert reasons == {("sim", "FAIL"): "everywhere", ("sim-xla", "FAIL"): "xla failure", ("sim-xla", "NOT_SUPPORTED"): "xla only"}

@@ -16,6 +16,11 @@ one PrivateUse1 device):
 - registers ``_copy_from`` for PrivateUse1 (``torch.tensor(data, device=...)``
   copies below the Python dispatch key);
 - installs torch's autocast rules for the family (:mod:`simulators.devices.autocast`);
+- lets ``torch.load(..., map_location=<mock device>)`` keep the loaded
+  storages on the host (a Python backend has no device storage): a tensor
+  the mock saved comes back on its device, other tensors stay on the CPU,
+  and ``Optimizer.load_state_dict`` moves its state to the parameters' device
+  as it always does;
 
 :func:`register_process_group_backend` adds a torch.distributed backend name
 (``"xla"``, ``"hccl"``) for the CPU and the device, served by gloo: the
@@ -34,7 +39,7 @@ import torch.distributed as dist
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
 from simulators.devices import autocast
-from simulators.devices.tensor import DeviceTensor
+from simulators.devices.tensor import PAYLOAD_ADAPTERS, DeviceTensor
 
 _installed: list[type[DeviceTensor]] = []
 # Kernels stay registered as long as their Library object lives.
@@ -69,14 +74,28 @@ def install(
     _setup_privateuseone_for_python_backend(rename=hidden_name, backend_module=device_module)
     _register_kernels(tensor_class, ("PrivateUse1", *extra_keys))
     autocast.install(autocast_aliases)
+    torch.serialization.register_package(0, _claims_nothing, _host_storage_for(tensor_class.device_type, hidden_name))
     _installed.append(tensor_class)
 
 
 def register_process_group_backend(name: str) -> None:
-    """Let ``torch.distributed.init_process_group(backend=name)`` make a gloo group for the installed device."""
+    """Let ``torch.distributed.init_process_group(backend=name)`` make a gloo group for the installed device.
+
+    ``all_gather_into_tensor`` takes any output of the right size (a flat one,
+    as HF accelerate passes on accelerators), as nccl and hccl do; gloo wants
+    the input's shape stacked, so the output is viewed that way for it.
+    """
     if name in dist.Backend.backend_list:
         return
     dist.Backend.register_backend(name, _gloo, devices=["cpu", torch._C._get_privateuse1_backend_name()])
+    PAYLOAD_ADAPTERS[torch.ops.c10d._allgather_base_.default] = _stacked_output
+
+
+def _stacked_output(args: tuple) -> tuple:
+    """``_allgather_base_`` arguments with the output viewed as the inputs stacked along dim 0."""
+    output, source, *rest = args
+    rows = source.reshape(1) if source.dim() == 0 else source
+    return (output.view(-1, *rows.shape[1:]), rows, *rest)
 
 
 def _register_kernels(tensor_class: type[DeviceTensor], keys: Sequence[str]) -> None:
@@ -119,6 +138,19 @@ def _made_by_ddp_reducer() -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+def _claims_nothing(storage: object) -> None:
+    """Saving tags storages as torch does (the mock's tensors are saved as CPU copies)."""
+
+
+def _host_storage_for(*device_types: str):
+    """A ``torch.load`` deserializer keeping storages mapped onto ``device_types`` on the host."""
+
+    def deserialize(storage: object, location: str) -> object:
+        return storage if location.split(":")[0] in device_types else None
+
+    return deserialize
 
 
 def _payload(tensor: torch.Tensor) -> torch.Tensor:

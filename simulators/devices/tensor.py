@@ -13,6 +13,9 @@ case that runs on ``sim-xla`` / ``sim-npu``):
   accelerator), and so are the ops that move data between devices
   (``copy_``, ``_to_copy``). Two indices of the mock device are not told
   apart (each rank drives one device; see the index rule below);
+- a parameter on the mock device is an instance of the family's class, and
+  ``type(param)(data, requires_grad=...)`` makes a ``Parameter`` of ``data``,
+  as it would for a parameter of a real accelerator;
 - ``.device`` reports the mock device (``xla:0``, ``npu:1``); ``.tolist()``
   and ``.item()`` read the values, ``.numpy()`` refuses as on CUDA; pickling
   (``torch.save``) keeps values and device, as for a real accelerator's
@@ -43,6 +46,9 @@ from torch.utils._python_dispatch import return_and_correct_aliasing
 
 #: Ops allowed to take tensors of different devices: they are how data moves between them.
 _TRANSFERS = frozenset({torch.ops.aten.copy_.default, torch.ops.aten._to_copy.default})
+#: Ops whose CPU-payload arguments must be adapted before the CPU runs them, and how
+#: (``simulators.devices.backend`` fills it for the collectives gloo runs differently).
+PAYLOAD_ADAPTERS: dict[Any, Callable[[tuple], tuple]] = {}
 
 
 class DeviceTensor(torch.Tensor):
@@ -55,7 +61,10 @@ class DeviceTensor(torch.Tensor):
     device_index: int
 
     @staticmethod
-    def __new__(cls, payload: torch.Tensor, index: int) -> DeviceTensor:
+    def __new__(cls, payload: torch.Tensor, index: int = 0, requires_grad: bool | None = None) -> torch.Tensor:
+        if requires_grad is not None:
+            # ``type(param)(data, requires_grad=...)``, the idiom libraries rebuild a parameter with.
+            return torch.nn.Parameter(payload, requires_grad=requires_grad)
         tensor = torch.Tensor._make_wrapper_subclass(
             cls,
             payload.size(),
@@ -147,6 +156,8 @@ class DeviceTensor(torch.Tensor):
             payload_kwargs["generator"] = first.generator_for(index)
         if target is not None:
             payload_kwargs["device"] = torch.device("cpu")
+        if func in PAYLOAD_ADAPTERS:
+            payload_args = PAYLOAD_ADAPTERS[func](payload_args)
         out = func(*payload_args, **payload_kwargs)
         return return_and_correct_aliasing(func, args, kwargs, tree_map(_rewrapper(type(first), index, on_device), out))
 

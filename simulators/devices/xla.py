@@ -125,7 +125,7 @@ def require_xla(tensors: list[torch.Tensor], operation: str) -> list[XlaTensor]:
     for tensor in tensors:
         if not isinstance(tensor, XlaTensor):
             raise RuntimeError(
-                f"xm.{operation} expects tensors on an xla device, got one on {tensor.device} "
+                f"{operation} expects tensors on an xla device, got one on {tensor.device} "
                 f"(move it with .to(xm.xla_device()) first)"
             )
     return tensors  # type: ignore[return-value]

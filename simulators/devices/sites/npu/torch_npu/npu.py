@@ -41,6 +41,21 @@ def current_device() -> int:
     return _mock.current()
 
 
+class device:
+    """``with torch.npu.device(i):`` makes ``i`` the current NPU inside the block."""
+
+    def __init__(self, device: int | str | torch.device) -> None:
+        self.index = _index(device, current_device())
+        self.previous = current_device()
+
+    def __enter__(self) -> None:
+        self.previous = current_device()
+        set_device(self.index)
+
+    def __exit__(self, *exc_info: Any) -> None:
+        set_device(self.previous)
+
+
 def synchronize(device: Any = None) -> None:
     """Wait for the device's work (the mock's ops finish at once)."""
 

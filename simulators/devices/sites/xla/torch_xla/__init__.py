@@ -6,7 +6,8 @@ what implementations call, with torch-xla 2.9's names: ``torch_xla.device``,
 ``torch_xla.sync``, ``torch_xla.launch``, ``torch_xla.runtime``,
 ``torch_xla.core.xla_model``, ``torch_xla.distributed.parallel_loader``,
 ``torch_xla.distributed.xla_multiprocessing``,
-``torch_xla.distributed.xla_backend`` and ``torch_xla.debug.metrics``.
+``torch_xla.distributed.xla_backend``, ``torch_xla.debug.metrics`` and the
+few ``torch_xla._XLAC`` bindings libraries call.
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import torch
 from simulators.devices import xla as _mock
 
 _mock.install()
+
+from torch_xla import _XLAC  # noqa: E402 (the C extension's stand-in, after the install)
 
 __version__ = _mock.VERSION
 

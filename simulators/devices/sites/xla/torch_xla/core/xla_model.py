@@ -133,7 +133,7 @@ def all_reduce(reduce_type: str, inputs: Any, scale: float = 1.0, groups: Any = 
     """Reduce across replicas: a new tensor for a tensor, in place for a list (returned)."""
     _one_group(groups)
     single = isinstance(inputs, torch.Tensor)
-    tensors = _mock.require_xla([inputs] if single else list(inputs), "all_reduce")
+    tensors = _mock.require_xla([inputs] if single else list(inputs), "xm.all_reduce")
     if runtime.world_size() == 1:
         return inputs.clone() if single else inputs
     results = [tensors[0].clone()] if single else tensors
@@ -166,7 +166,7 @@ def all_gather(value: Any, dim: int = 0, groups: Any = None, output: Any = None,
 
 
 def _gather_one(value: torch.Tensor, dim: int) -> torch.Tensor:
-    tensor = _mock.require_xla([value], "all_gather")[0]
+    tensor = _mock.require_xla([value], "xm.all_gather")[0]
     _record("all_gather", [tensor])
     parts = _replicas.all_gather(tensor._payload)
     return _mock.XlaTensor.wrap(torch.cat(parts, dim=dim), tensor.device_index)
@@ -175,7 +175,7 @@ def _gather_one(value: torch.Tensor, dim: int) -> torch.Tensor:
 def collective_broadcast(tensors: Sequence[torch.Tensor], root_ordinal: int = 0, groups: Any = None, pin_layout: bool = True) -> None:
     """Overwrite ``tensors`` in place with replica ``root_ordinal``'s."""
     _one_group(groups)
-    checked = _mock.require_xla(list(tensors), "collective_broadcast")
+    checked = _mock.require_xla(list(tensors), "xm.collective_broadcast")
     _record("collective_broadcast", checked)
     for tensor in checked:
         _replicas.broadcast(tensor._payload, root_ordinal)
