@@ -141,11 +141,14 @@ def case(
 
 
 def all_cases() -> list[Case]:
-    """Every case of the suite, importing the case modules first."""
+    """Every case of the suite (the modules of `conformance.cases`), importing them first.
+
+    Cases registered from elsewhere (a test's fixtures) are not part of the suite.
+    """
     from . import cases
 
     cases.load_all()
-    return list(_REGISTRY.values())
+    return [c for c in _REGISTRY.values() if c.function.__module__.startswith(f"{cases.__name__}.")]
 
 
 def find(key: str) -> Case:

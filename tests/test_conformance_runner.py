@@ -85,3 +85,11 @@ def test_results_carry_what_the_reports_need(backend):
         "fixture.passes", "PASS", "2", "sim", "accelerate_ref",
     )
     assert [r["rank"] for r in result["ranks"]] == [0, 1]
+
+
+def test_cases_registered_outside_the_suite_are_not_part_of_it():
+    from conformance.case import all_cases
+
+    ids = {c.id for c in all_cases()}
+    assert "state.attributes" in ids
+    assert not any(i.startswith("fixture.") for i in ids), "fixture cases leaked into the suite"
