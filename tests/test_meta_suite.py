@@ -410,6 +410,8 @@ def test_every_break_is_planned_and_documented() -> None:
     assert not modules - planned, f"broken modules no meta-test runs (no entry in any BREAKS): {sorted(modules - planned)}"
     assert not planned - modules, f"BREAKS entries with no module in broken_impls: {sorted(planned - modules)}"
     id_of_case = {c.name: c.id for c in all_cases()}
+    unknown = [f"{b.impl}: {key}" for b in breaks for key in b.caught if key not in id_of_case and key not in id_of_case.values()]
+    assert not unknown, f"BREAKS entries expecting IDs or cases the suite does not have: {unknown}"
     undocumented = []
     for b in breaks:
         doc = importlib.import_module(b.impl).__doc__ or ""
