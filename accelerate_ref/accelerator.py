@@ -358,7 +358,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
             )
         placement = device_placement if device_placement is not None else self.device_placement
         if placement and not self.verify_device_map(model):  # a dispatched model stays where its map put it
-            model = model.to(self.device)
+            model = self.state.family.move_module(model, self.device)
         self._precision.wrap_forward(model)
         if not evaluation_mode and self.use_distributed:
             model = gradient_sync.wrap_for_data_parallel(model, self.device, self.ddp_handler)
