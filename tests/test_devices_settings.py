@@ -54,7 +54,7 @@ def test_the_device_backends_are_offered_and_run_their_own_device_cases():
 
 def test_a_device_backend_deviation_is_not_unused_in_a_run_of_another_backend():
     from conformance.manifest import Manifest
-    from conformance.results import CaseResult, Status
+    from conformance.results import CaseResult
 
     manifest = Manifest.parse(
         '[[deviation]]\nid = "a"\nstatus = "FAIL"\nbackends = ["sim-xla"]\nreason = "r"\n'

@@ -113,7 +113,7 @@ def all_gather(tensor: torch.Tensor) -> list[torch.Tensor]:
     shapes = _gather_shapes(tensor)
     if len(set(shapes)) > 1:
         raise RuntimeError(
-            f"simulators: XLA all_gather needs the same shape on every replica, got "
+            "simulators: XLA all_gather needs the same shape on every replica, got "
             + ", ".join(f"replica {ordinal}: {list(shape)}" for ordinal, shape in enumerate(shapes))
         )
     parts = [torch.empty_like(tensor) for _ in range(world_size)]

@@ -42,10 +42,10 @@ def launch(fn: Callable[..., Any], args: tuple = (), start_method: str = "spawn"
     """Run ``fn(*args)`` on every device (every rank of the simulator's world)."""
     from torch_xla.distributed import xla_multiprocessing
 
-    xla_multiprocessing.spawn(_without_index(fn), args=args, start_method=start_method)
+    xla_multiprocessing.spawn(_WithoutIndex(fn), args=args, start_method=start_method)
 
 
-class _without_index:
+class _WithoutIndex:
     """``fn`` called as ``spawn`` calls its target, with the index dropped (picklable)."""
 
     def __init__(self, fn: Callable[..., Any]) -> None:
@@ -53,3 +53,6 @@ class _without_index:
 
     def __call__(self, index: int, *args: Any) -> Any:
         return self.fn(*args)
+
+
+__all__ = ["_XLAC", "__version__", "device", "launch", "sync"]
