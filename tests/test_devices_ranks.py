@@ -185,5 +185,9 @@ def all_gather_into_a_flat_tensor():
 
 
 def test_hccl_all_gather_into_tensor_takes_a_flat_output_like_hccl(npu2):
+    # The previous probe made and destroyed a process group on this pool's MASTER_PORT;
+    # a new one on the same port can rendezvous with the old store's teardown and hang.
+    # Restarting the pool gives the ranks a fresh port.
+    npu2.pool.close()
     for got in npu2.run(all_gather_into_a_flat_tensor):
         assert got == ["npu", [0.0] * 4 + [1.0] * 4]
