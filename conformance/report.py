@@ -60,19 +60,23 @@ def matrix(runs: Iterable[Run]) -> tuple[list[Column], dict[str, dict[Column, st
     """Columns, and for each catalog ID the cell text per column.
 
     A cell is the status shared by every world, or the statuses with their
-    worlds (``PASS 1,2 / FAIL 3``); ``UNCOVERED`` where no case ran.
+    worlds (``PASS 1,2 / FAIL 3``); ``n/a`` for an ID about another device
+    family than the backend's (``xla.*`` on ``sim``); ``UNCOVERED`` where no
+    case ran.
     """
     columns: list[Column] = []
     per_id: dict[str, dict[Column, dict[str, list[str]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    elsewhere: dict[Column, set[str]] = defaultdict(set)
     for run in runs:
         column = (f"{run.metadata['impl']} {run.metadata.get('impl_version', '')}".strip(), run.metadata["backend"])
         if column not in columns:
             columns.append(column)
+        elsewhere[column].update(run.metadata.get("other_device_ids", ()))
         for r in run.results:
             per_id[r.id][column][_cell_status(r)].append(r.world)
     ids = [e.id for e in catalog.entries()] + sorted(set(per_id) - {e.id for e in catalog.entries()})
     cells = {
-        id_: {column: _cell(per_id[id_].get(column, {})) for column in columns}
+        id_: {column: _cell(per_id[id_].get(column, {}), id_ in elsewhere[column]) for column in columns}
         for id_ in ids
     }
     return columns, cells
@@ -82,9 +86,9 @@ def _cell_status(result: CaseResult) -> str:
     return "XPASS" if result.unexpected_pass else result.status.value
 
 
-def _cell(statuses: dict[str, list[str]]) -> str:
+def _cell(statuses: dict[str, list[str]], other_device: bool = False) -> str:
     if not statuses:
-        return "UNCOVERED"
+        return "n/a" if other_device else "UNCOVERED"
     if len(statuses) == 1:
         return next(iter(statuses))
     return " / ".join(f"{status} {','.join(worlds)}" for status, worlds in statuses.items())
@@ -104,7 +108,7 @@ def write_markdown(runs: list[Run], path: str | Path) -> None:
     _prepare(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-_COLOURS = {"PASS": "#c8efc8", "XFAIL": "#f3e3a6", "NOT_SUPPORTED": "#dcdcdc", "UNCOVERED": "#ffffff"}
+_COLOURS = {"PASS": "#c8efc8", "XFAIL": "#f3e3a6", "NOT_SUPPORTED": "#dcdcdc", "UNCOVERED": "#ffffff", "n/a": "#ffffff"}
 
 
 def write_html(runs: list[Run], path: str | Path) -> None:

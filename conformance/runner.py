@@ -97,8 +97,11 @@ def execute(options: RunOptions, out: IO[str] = sys.stdout) -> Run:
     """Run every selected case at every requested world it applies to."""
     backend = make_backend(options.backend, options.impl, options.case_timeout)
     reporting = not isinstance(backend, NativeBackend) or backend.is_reporter
-    cases = [c for c in select(all_cases(), options.patterns) if backend.runs(c)]
+    selected = select(all_cases(), options.patterns)
+    cases = [c for c in selected if backend.runs(c)]
     run = Run(metadata(options), reporter=reporting)
+    #: IDs about another device family than the backend's: "n/a" in its column of the matrix.
+    run.metadata["other_device_ids"] = sorted({c.id for c in selected} - {c.id for c in cases})
     say = out.write if reporting else (lambda text: None)
     say(_header(run.metadata, len(cases)))
     started = time.perf_counter()

@@ -86,3 +86,14 @@ def test_a_deviation_of_the_result_backend_explains_it_before_a_general_one():
         assert result.status.value == "XFAIL"
         reasons[backend, status] = result.manifest_reason
     assert reasons == {("sim", "FAIL"): "everywhere", ("sim-xla", "FAIL"): "xla failure", ("sim-xla", "NOT_SUPPORTED"): "xla only"}
+
+
+def test_the_matrix_marks_another_device_family_s_ids_not_applicable():
+    from conformance import report
+    from conformance.runner import Run
+
+    def run(backend, other):
+        return Run({"impl": "x", "impl_version": "1", "backend": backend, "other_device_ids": other}, [])
+
+    columns, cells = report.matrix([run("sim", ["xla.collectives"]), run("sim-xla", [])])
+    assert [cells["xla.collectives"][c] for c in columns] == ["n/a", "UNCOVERED"]
