@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: conformance conformance-hf test bench clean
+.PHONY: conformance conformance-hf test extended bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,6 +42,10 @@ conformance-hf:
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The expensive variants kept out of `make test` (marker `extended`).
+extended: $(STAMP)
+	$(PY) -m pytest -m extended $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/suite_speed.py
