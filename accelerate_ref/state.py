@@ -9,6 +9,7 @@ with ``_reset_state`` as HF accelerate's own tests do.
 
 from __future__ import annotations
 
+import atexit
 import builtins
 import os
 import weakref
@@ -78,6 +79,7 @@ class PartialState(_SharedState):
         if launch.is_distributed:
             self.device = family.device(launch.local_rank, distributed=True)
             family.init_process_group(launch, backend, **kwargs)
+            _tear_down_at_exit()
             self.backend = backend or family.backend
             self.distributed_type = family.distributed_type
             self.num_processes, self.process_index, self.local_process_index = family.world(launch)
@@ -243,9 +245,41 @@ class PartialState(_SharedState):
             builtins.print(*args, **kwargs)
 
     def destroy_process_group(self, group: Any = None) -> None:
-        """Tear down the process group (the default one unless ``group`` is given)."""
+        """Tear down the process group (the default one unless ``group`` is given).
+
+        The explicit way to end a distributed script (`Accelerator.end_training`
+        calls it); a script that does not call it is torn down at interpreter
+        exit all the same (catalog ``state.clean_exit``).
+        """
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group(group)
+
+
+_teardown_registered = False
+
+
+def _tear_down_at_exit() -> None:
+    """Destroy the default process group when the interpreter exits, before it finalizes.
+
+    A gloo worker thread can still hold the last reference to a finished
+    collective's work, and so to that collective's tensors. If it lets them go
+    after Python has begun finalizing, the decref needs the GIL, Python ends the
+    thread instead (``pthread_exit``), the unwind meets a ``noexcept`` C++
+    destructor and the whole rank aborts with SIGABRT ("terminate called
+    without an active exception"): a script that did all its work is reported
+    failed. ``atexit`` callbacks run before finalization starts, and destroying
+    the group joins its worker threads there, while they can still take the
+    GIL. Catalog: ``state.clean_exit``.
+    """
+    global _teardown_registered
+    if not _teardown_registered:
+        atexit.register(_destroy_default_group)
+        _teardown_registered = True
+
+
+def _destroy_default_group() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def _require_index(name: str, value: int | None) -> None:

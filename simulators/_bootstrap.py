@@ -9,6 +9,9 @@
   or ``("error", traceback_text)`` and exit status 1 when ``fn`` raised.
 
 Before either, :func:`simulators.watchdog.install_stack_dumper` arms faulthandler.
+After either returns with status 0, the rank creates ``$SIMULATORS_RETURNED_FILE``,
+so that the driver can tell a rank that died at interpreter exit (after its
+work was done) from one that died during it.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from simulators.calls import CALL_FLAG, result_path
+from simulators.spawn import RETURNED_FILE_ENV
 from simulators.watchdog import install_stack_dumper
 
 
@@ -79,9 +83,10 @@ def _run_script(script: str, args: list[str]) -> int:
 
 def main(argv: list[str]) -> int:
     install_stack_dumper()
-    if argv and argv[0] == CALL_FLAG:
-        return _call(*argv[1:])
-    return _run_script(argv[0], argv[1:])
+    status = _call(*argv[1:]) if argv and argv[0] == CALL_FLAG else _run_script(argv[0], argv[1:])
+    if status == 0 and os.environ.get(RETURNED_FILE_ENV):
+        Path(os.environ[RETURNED_FILE_ENV]).touch()
+    return status
 
 
 if __name__ == "__main__":

@@ -27,7 +27,9 @@ from typing import IO, Any, Callable, Literal
 
 from simulators.calls import CALL_FLAG, read_result, result_path, write_call
 from simulators.ports import free_port
-from simulators.spawn import TAIL_LINES, RankProcess, describe_exit, kill_all, shell_status, spawn_world
+from simulators.spawn import (
+    TAIL_LINES, RankProcess, describe_exit, kill_all, returned_path, shell_status, spawn_world,
+)
 from simulators.topology import World
 from simulators.watchdog import dump_stacks
 
@@ -41,7 +43,9 @@ class LaunchResult:
 
     ``exit_codes`` holds the return code of every rank that exited on its
     own (negative: killed by that signal); ``running`` the ranks still
-    running at a timeout, with their Python stacks in ``stacks``.
+    running at a timeout, with their Python stacks in ``stacks``;
+    ``failed_at_exit`` whether the failed rank had returned from its script
+    or function before it died (an abort at interpreter exit, say).
     """
 
     status: Literal["ok", "failed", "timeout"]
@@ -53,6 +57,7 @@ class LaunchResult:
     output_tail: dict[int, str] = field(default_factory=dict)
     duration_s: float = 0.0
     message: str = ""
+    failed_at_exit: bool = False
 
 
 class RankFailure(RuntimeError):
@@ -143,7 +148,7 @@ def _rank_failure(result: LaunchResult, workdir: Path, rank: int) -> RankFailure
     tail = result.output_tail.get(rank, "")
     kind, value = _read_result(workdir, rank)
     if kind == "ok":  # the function returned, then the process died (an abort at interpreter exit, say)
-        value = f"rank {rank} returned from the function but then exited abnormally"
+        value = f"rank {rank} returned from the function, then failed at interpreter exit"
     return RankFailure(rank, result.exit_codes.get(rank, 0), value or tail or "(exited without a result)", tail)
 
 
@@ -164,6 +169,8 @@ def _execute(
     finally:
         kill_all(ranks)
         tails = output.join()
+    if result.failed_rank is not None:
+        result.failed_at_exit = returned_path(workdir, result.failed_rank).exists()
     result.output_tail = tails
     result.duration_s = time.monotonic() - started
     result.message = _report(result, timeout)
@@ -198,8 +205,9 @@ def _report(result: LaunchResult, timeout: float | None) -> str:
     if result.status == "timeout":
         return _timeout_message(timeout, result.running, result.stacks)
     rank = result.failed_rank
+    when = " at interpreter exit, after its script returned," if result.failed_at_exit else ""
     return (
-        f"simulators: rank {rank} failed with {describe_exit(result.exit_codes[rank])}; "
+        f"simulators: rank {rank} failed{when} with {describe_exit(result.exit_codes[rank])}; "
         f"the other ranks were stopped\n--- rank {rank} output tail ---\n{result.output_tail.get(rank, '')}"
     )
 

@@ -31,6 +31,9 @@ from pathlib import Path
 from simulators.topology import World, rank_env
 
 STACK_FILE_ENV = "SIMULATORS_STACK_FILE"
+#: A file the rank creates once its script or function has returned: a rank that dies after it
+#: was there died at interpreter exit.
+RETURNED_FILE_ENV = "SIMULATORS_RETURNED_FILE"
 TAIL_LINES = 100  # lines of a rank's output kept for reports
 _TAIL_BYTES = 64 * 1024
 _PR_SET_PDEATHSIG = 1
@@ -74,6 +77,11 @@ class RankProcess:
     def log_size(self) -> int:
         """Bytes written to the log file so far (an offset for :meth:`log_tail`)."""
         return self.log_file.stat().st_size if self.log_file is not None else 0
+
+
+def returned_path(workdir: Path, rank: int) -> Path:
+    """The file rank ``rank`` creates when its script or function has returned (see `RETURNED_FILE_ENV`)."""
+    return workdir / f"rank{rank}.returned"
 
 
 def describe_exit(returncode: int) -> str:
@@ -155,6 +163,7 @@ def _spawn_rank(
         **rank_env(world, rank, master_port),
         "PYTHONPATH": child_pythonpath(pythonpath),
         STACK_FILE_ENV: str(stack_file),
+        RETURNED_FILE_ENV: str(returned_path(workdir, rank)),
         **env,
     }
     log_file = workdir / f"rank{rank}.log" if logs else None

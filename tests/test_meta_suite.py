@@ -69,7 +69,9 @@ F, E, H, C = Status.FAIL, Status.ERROR, Status.HANG, Status.CRASH
 REFERENCE = "accelerate_ref"
 
 #: Case selections, by area, as conformance patterns over IDs.
-PROCESS = ("state.*", "print.*", "process.*", "sync.*", "trigger.*")
+PROCESS = ("state.attributes", "print.*", "process.*", "sync.*", "trigger.*")
+#: Apart from PROCESS: its case starts torchrun, seconds that the other process breaks need not pay.
+EXIT = ("state.clean_exit",)
 COLLECTIVES = ("gather.*", "gather_object.*", "reduce.*", "pad.*", "broadcast.*", "broadcast_object_list.*", "debug.*")
 OPS = ("ops.*",)
 INFERENCE = ("split.*",)
@@ -128,6 +130,7 @@ BREAKS = [
         collateral={"process.on_local_main_process", "process.on_local_process", "sync.local_main_process_first"},
     ),
     brk("print_every_rank", {"print.once_per_server": F}, "2", PROCESS),
+    brk("exit_leaves_process_group", {"state.clean_exit": F}, "2", EXIT),
     brk("on_main_every_machine", {"process.on_main_process": F}, "2x2", PROCESS),
     brk(
         "wait_skips_barrier",

@@ -195,7 +195,34 @@ def test_run_fails_when_a_rank_returns_and_then_dies():
     with pytest.raises(RankFailure) as caught:
         simulators.run(ranks.returns_then_dies_at_exit_on_rank, world=2, args=(0,), timeout=30)
     assert (caught.value.rank, caught.value.exit_code) == (0, 3)
-    assert "returned from the function but then exited abnormally" in caught.value.traceback
+    assert "returned from the function, then failed at interpreter exit" in caught.value.traceback
+
+
+def test_launch_names_an_abort_at_interpreter_exit_after_the_script_returned(tmp_path, capsys):
+    """Issue 9: a rank that finished its script and then aborted while the interpreter exited is a crash,
+    reported with its signal and as happening at exit."""
+    script = write_script(tmp_path, """
+    import atexit, os
+    print("work done", flush=True)
+    if os.environ["RANK"] == "1":
+        atexit.register(os.abort)
+    """)
+    result = launch([str(script)], World.of(2), timeout=60)
+    err = capsys.readouterr().err
+    assert (result.status, result.failed_rank, result.exit_code) == ("failed", 1, 128 + signal.SIGABRT)
+    assert result.failed_at_exit
+    assert "rank 1 failed at interpreter exit, after its script returned, with signal SIGABRT" in err
+
+
+def test_launch_does_not_call_a_crash_during_the_script_one_at_exit(tmp_path, capsys):
+    script = write_script(tmp_path, """
+    import os
+    if os.environ["RANK"] == "0":
+        os.abort()
+    """)
+    result = launch([str(script)], World.of(2), timeout=60)
+    assert (result.status, result.failed_rank, result.failed_at_exit) == ("failed", 0, False)
+    assert "rank 0 failed with signal SIGABRT" in capsys.readouterr().err
 
 
 def test_run_raises_rank_timeout_with_the_stacks():

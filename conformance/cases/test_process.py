@@ -9,7 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 from ..case import case
 from ..checks import expect_equal, expect_ranks, expect_true
@@ -267,3 +275,85 @@ def set_check_trigger(impl, world):
 def _trigger_seen_everywhere_once(values, world):
     for rank, seen in enumerate(values):
         expect_equal(seen, [False, True, False], f"rank {rank}: check_trigger() before set, after set, after reset")
+
+
+#: The launch variables of the rank the case runs on: the script's ranks get their own from torchrun.
+_LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
+                     "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+_CLEAN_EXIT_SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "clean_exit.py"
+_CLEAN_EXIT_LAUNCH_TIMEOUT = 100.0
+
+
+@case("state.clean_exit", worlds=(2, 4), timeout=_CLEAN_EXIT_LAUNCH_TIMEOUT + 20)
+def state_clean_exit(impl, world):
+    """A script that uses the Accelerator and returns normally exits 0 on every rank under torchrun.
+
+    Rank 0 of the world starts ``conformance/scripts/clean_exit.py`` with
+    ``torch.distributed.run --standalone --nproc_per_node <world size>`` and
+    the implementation under test; the other ranks wait. It fails when a rank
+    exits non-zero (an abort at interpreter exit is named as such), when a
+    rank did not get to the end of its script, and when the default process
+    group is still up once every ``atexit`` callback has run: then gloo's
+    worker threads live into finalization, where they abort a rank whenever
+    the machine is loaded enough (see the script's docstring).
+    """
+    if world.rank != 0:
+        return None
+    with tempfile.TemporaryDirectory(prefix="conformance-clean-exit-") as reports:
+        launch = _launch_clean_exit(impl.name, world.size, reports)
+        facts = {
+            rank: json.loads(Path(reports, f"rank{rank}.json").read_text(encoding="utf-8"))
+            for rank in range(world.size)
+            if Path(reports, f"rank{rank}.json").exists()
+        }
+    exit_codes = _torchrun_exit_codes(launch.stdout + launch.stderr)
+    failed = {rank: code for rank, code in exit_codes.items() if code != 0}
+    at_exit = [f"rank {rank} ({_describe(code)}, after its script returned)"
+               for rank, code in sorted(failed.items()) if facts.get(rank, {}).get("returned")]
+    expect_equal(at_exit, [], "ranks that finished their script and then failed at interpreter exit")
+    expect_true(launch.returncode == 0,
+                f"torchrun exited {launch.returncode} (ranks failed: {failed or 'see output'}):\n{launch.stderr[-2000:]}")
+    unfinished = [rank for rank in range(world.size) if not facts.get(rank, {}).get("returned")]
+    expect_equal(unfinished, [], "ranks that did not reach the end of the script")
+    gathered = {rank: facts[rank]["gathered"] for rank in range(world.size)}
+    expect_equal(gathered, {rank: list(range(world.size)) for rank in range(world.size)}, "gather() in the script, per rank")
+    left_up = [rank for rank in range(world.size) if facts[rank].get("group_up_at_exit")]
+    expect_equal(left_up, [], "ranks whose default process group was still up when the interpreter began to "
+                 "finalize (after every atexit callback); gloo's worker threads can then abort the rank at exit")
+    return None
+
+
+def _launch_clean_exit(impl_name: str, size: int, reports: str) -> subprocess.CompletedProcess:
+    """Run the clean-exit script on ``size`` ranks under torchrun; SIGTERM torchrun (which ends its ranks) past the timeout."""
+    env = {key: value for key, value in os.environ.items()
+           if key not in _LAUNCH_VARIABLES and not key.startswith("TORCHELASTIC_")}
+    env.update(
+        CONFORMANCE_EXIT_IMPL=impl_name,
+        CONFORMANCE_EXIT_REPORT=reports,
+        PYTHONPATH=os.pathsep.join(dict.fromkeys(entry or os.getcwd() for entry in sys.path)),
+        OMP_NUM_THREADS="1",
+    )
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(size),
+            str(_CLEAN_EXIT_SCRIPT)]
+    with subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as torchrun:
+        try:
+            stdout, stderr = torchrun.communicate(timeout=_CLEAN_EXIT_LAUNCH_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            torchrun.send_signal(signal.SIGTERM)
+            stdout, stderr = torchrun.communicate(timeout=30)
+            raise AssertionError(f"torchrun did not finish the clean-exit script in {_CLEAN_EXIT_LAUNCH_TIMEOUT:.0f}s:\n"
+                                 f"{stderr[-2000:]}") from None
+    return subprocess.CompletedProcess(argv, torchrun.returncode, stdout, stderr)
+
+
+def _torchrun_exit_codes(output: str) -> dict[int, int]:
+    """Global rank -> exit code of each failed rank, from torchrun's failure summary."""
+    return {int(rank): int(code)
+            for rank, code in re.findall(r"rank\s*:\s*(\d+) \(local_rank.*?\n\s*exitcode\s*:\s*(-?\d+)", output)}
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"signal {signal.Signals(-code).name}"
+    return f"exit code {code}"
