@@ -117,6 +117,7 @@ class SimBackend:
                 env={**(devices.env if devices else {}), **self.base_env, "ACCELERATE_IMPL": self.impl},
                 start_timeout=self.start_timeout,
                 pythonpath=[*(devices.pythonpath if devices else ()), *sys.path],
+                preload=["torch", "torch.distributed", "conformance.worker", self.impl],
             )
         return self._pools[world]
 

@@ -13,6 +13,11 @@ Rules:
   the pool is torn down and the next ``run()`` starts it again;
 - between targets the workers live on, and so does any process group a
   target created (the pool never touches torch.distributed);
+- with ``start_method="fork"`` (the default) the workers are forked from a
+  warmed server (:mod:`simulators._zygote`) that has imported torch, the
+  worker and ``preload`` once; the server lives as long as the pool, so a
+  restart after a crash or hang forks again without re-importing anything.
+  ``"spawn"`` starts each worker as a fresh interpreter;
 - ``close()`` kills and reaps every worker; it also runs at interpreter
   exit, and the kernel kills workers whose driver died (PDEATHSIG).
 
@@ -36,9 +41,10 @@ from multiprocessing.connection import Connection, answer_challenge, deliver_cha
 from pathlib import Path
 from typing import Literal
 
+from simulators.forking import Zygote
 from simulators.outcome import RankOutcome
 from simulators.ports import free_port
-from simulators.spawn import RankProcess, describe_exit, kill_all, spawn_world
+from simulators.spawn import RankProcess, child_pythonpath, describe_exit, kill_all, spawn_world
 from simulators.topology import LOOPBACK, World
 from simulators.watchdog import dump_stacks
 
@@ -82,8 +88,15 @@ class RankPool:
         env: Mapping[str, str] | None = None,
         start_timeout: float = 120.0,
         pythonpath: list[str] | None = None,
+        start_method: Literal["fork", "spawn"] = "fork",
+        preload: list[str] | None = None,
     ) -> None:
+        if start_method not in ("fork", "spawn"):
+            raise ValueError(f"start_method must be 'fork' or 'spawn', got {start_method!r}")
         self.world = world
+        self.start_method = start_method
+        self.preload = list(preload or [])
+        self._zygote: Zygote | None = None
         self.setup = setup
         self.start_timeout = start_timeout
         self._env = dict(env or {})
@@ -113,7 +126,7 @@ class RankPool:
                 SETUP_ENV: self.setup or "",
             }
             self._ranks = spawn_world(_WORKER, self.world, master_port=free_port(), workdir=self._workdir,
-                                      env=env, pythonpath=self._pythonpath, logs=True)
+                                      env=env, pythonpath=self._pythonpath, logs=True, zygote=self._warm_zygote())
             try:
                 self._conns = self._connect(server, authkey)
             except BaseException:
@@ -143,8 +156,11 @@ class RankPool:
         return result
 
     def close(self) -> None:
-        """Kill and reap every worker and remove the pool's files. Idempotent."""
+        """Kill and reap every worker and the fork server, and remove the pool's files. Idempotent."""
         self._teardown()
+        if self._zygote is not None:
+            self._zygote.close()
+            self._zygote = None
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
@@ -222,6 +238,17 @@ class RankPool:
                 conn.close()
             raise
         return conns
+
+    def _warm_zygote(self) -> Zygote | None:
+        """The pool's fork server (started on first use), or None when workers are spawned."""
+        if self.start_method == "spawn":
+            return None
+        if self._zygote is None or not self._zygote.alive:
+            assert self._workdir is not None
+            env = {**os.environ, **self._env, "PYTHONPATH": child_pythonpath(self._pythonpath),
+                   "OMP_NUM_THREADS": self._env.get("OMP_NUM_THREADS", "1"), "PYTHONUNBUFFERED": "1"}
+            self._zygote = Zygote(env, self._workdir / "zygote.log", self.preload)
+        return self._zygote
 
     def _start_error(self, reason: str, stacks: Mapping[int, str] | None = None) -> PoolStartError:
         parts = [f"simulators: the pool of {self.world.label} ranks failed to start: {reason}"]
