@@ -8,12 +8,14 @@ from __future__ import annotations
 import argparse
 import sys
 
+from simulators.capacity import check_world
+from simulators.cli import OneLineParser
 from simulators.launcher import launch
 from simulators.topology import World
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="simulators", description="Run ranks on one machine over gloo on loopback.")
+    parser = OneLineParser(prog="simulators", description="Run ranks on one machine over gloo on loopback.")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("launch", help="run a script on every rank of a world")
     run.add_argument("-n", "--nproc", type=int, required=True, help="number of ranks in all")
@@ -30,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(argv)
     try:
         world = World.of(options.nproc, machines=options.machines)
+        check_world(world)
         result = launch([options.script, *options.args], world, timeout=options.timeout)
     except (ValueError, FileNotFoundError) as exc:
         parser.error(str(exc))

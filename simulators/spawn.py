@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from simulators.capacity import check_world
 from simulators.topology import World, rank_env
 
 if TYPE_CHECKING:
@@ -130,8 +131,10 @@ def spawn_world(
     caller to read) or, with ``logs=True``, stdout and stderr together to
     ``workdir/rank<N>.log``; ranks forked from ``zygote`` need ``logs=True``
     and ``argv`` of the form ``(python, "-m", MODULE)``. If any rank fails to start, the ones already
-    started are killed and the error propagates.
+    started are killed and the error propagates. A world larger than the
+    machine can hold raises :class:`simulators.capacity.CapacityError` first.
     """
+    check_world(world)
     ranks: list[RankProcess] = []
     try:
         for rank in range(world.size):
