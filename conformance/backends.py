@@ -37,6 +37,9 @@ from .merge import merge_incomplete, merge_replies, result
 from .results import CaseResult, Status
 
 Emit = Callable[[CaseResult], None]
+#: Seconds of case timeout added per rank beyond 8: gloo's full-mesh rendezvous in a case's first
+#: ``init_process_group`` grows with the world (about 15 s for 64 ranks on 2 cores).
+RENDEZVOUS_S_PER_RANK = 0.5
 
 
 class SimBackend:
@@ -87,7 +90,7 @@ class SimBackend:
             outcome = pool.run(
                 "conformance.worker:run_case",
                 (case.key, world.label, shared_dir),
-                case.timeout_within(self.case_timeout),
+                case.timeout_within(self.case_timeout) + RENDEZVOUS_S_PER_RANK * max(0, world.size - 8),
             )
         except PoolStartError as error:
             message = f"the ranks of world {world.label} did not start:\n{error}"
