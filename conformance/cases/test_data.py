@@ -126,28 +126,35 @@ def _steps(per_rank: list[list[list]]) -> list[list]:
 # -- sharding ---------------------------------------------------------------------
 
 
+def _shard_items(world) -> int:
+    return max(64, 2 * world.size)
+
+
 @case("data.shard_disjoint", worlds=POWER_OF_TWO_WORLDS)
 def shard_disjoint(impl, world):
     """64 items on N ranks: each rank sees 64/N distinct items per epoch; together they see every item.
 
     (The quicktour's example: 8 processes, 64 items, 8 each.) Checked for
-    a sequential loader and, after ``set_seed(0)``, a shuffled one.
+    a sequential loader and, after ``set_seed(0)``, a shuffled one. On a
+    world of more than 32 ranks, 2 items a rank (one batch of 2 each).
     """
     acc = impl.Accelerator()
     impl.utils.set_seed(0)
-    sequential = acc.prepare(DataLoader(range(64), batch_size=2))
-    shuffled = acc.prepare(DataLoader(range(64), batch_size=2, shuffle=True))
+    items = _shard_items(world)
+    sequential = acc.prepare(DataLoader(range(items), batch_size=2))
+    shuffled = acc.prepare(DataLoader(range(items), batch_size=2, shuffle=True))
     return {"sequential": _flat(_epoch(sequential)), "shuffled": [_flat(_epoch(shuffled)) for _ in range(2)]}
 
 
 @shard_disjoint.check
 def _shards_partition_the_data(values, world):
-    per_rank = 64 // world.size
+    items = _shard_items(world)
+    per_rank = items // world.size
     for rank, value in enumerate(values):
         expect_equal(len(set(value["sequential"])), per_rank, f"rank {rank}: distinct items of the sequential loader")
-    _expect_partition([v["sequential"] for v in values], 64, "sequential loader")
+    _expect_partition([v["sequential"] for v in values], items, "sequential loader")
     for epoch in range(2):
-        _expect_partition([v["shuffled"][epoch] for v in values], 64, f"shuffled loader, epoch {epoch}")
+        _expect_partition([v["shuffled"][epoch] for v in values], items, f"shuffled loader, epoch {epoch}")
 
 
 EFFECTIVE_BATCH = 16
