@@ -106,9 +106,12 @@ class SimBackend:
             cause = Status.HANG if outcome.status == "hang" else Status.CRASH
             missing = sorted(set(range(world.size)) - set(replies))
             status, message = merge_incomplete(replies, missing, cause, _incident(outcome))
-        return result(
+        case_result = result(
             case, info, self.name, self.impl, status, message, time.perf_counter() - started, replies, outcome.stacks
         )
+        if outcome.collectives is not None:
+            case_result.collectives = outcome.collectives.to_json()
+        return case_result
 
     def _pool(self, world: World) -> RankPool:
         if world not in self._pools:
@@ -165,10 +168,12 @@ def _replies(outcome: PoolResult) -> dict[int, dict[str, Any]]:
 
 
 def _incident(outcome: PoolResult) -> str:
-    """A readable account of a hang or crash: exit codes, stacks, output tails."""
+    """A readable account of a hang or crash: exit codes, the collectives ranks were in, output tails, stacks."""
     lines = []
     for rank, code in sorted(outcome.exit_codes.items()):
         lines.append(f"rank {rank} {describe_exit(code)}")
+    if outcome.collectives is not None and outcome.collectives.groups:
+        lines.append(outcome.collectives.text())
     for rank, tail in sorted(outcome.output_tail.items()):
         if tail.strip() and (outcome.status == "crash"):
             lines.append(f"rank {rank} output (last lines):\n{tail.rstrip()}")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from simulators.calls import CALL_FLAG, result_path
-from simulators.watchdog import install_stack_dumper
+from simulators.watchdog import install_flight_recorder_dumper, install_stack_dumper
 
 
 def _load_main(path: str) -> None:
@@ -79,6 +79,7 @@ def _run_script(script: str, args: list[str]) -> int:
 
 def main(argv: list[str]) -> int:
     install_stack_dumper()
+    install_flight_recorder_dumper()
     if argv and argv[0] == CALL_FLAG:
         return _call(*argv[1:])
     return _run_script(argv[0], argv[1:])

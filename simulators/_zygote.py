@@ -65,6 +65,7 @@ def _become_rank(request: dict, zygote_pid: int, keep_closed: list[int]) -> None
         if torch is not None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
             torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
         sys.argv = [request["module"]]
+        sys.modules.pop(request["module"], None)  # preloaded for its imports; runs afresh as __main__
         runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as exc:

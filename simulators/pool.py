@@ -9,7 +9,10 @@ Rules:
   waits for the replies and the worker processes together:
   every rank replied -> "ok"; a worker died -> "crash" (exit code or signal
   kept, the rest killed); ``timeout`` passed -> "hang" (the Python stacks of
-  the ranks that have not replied kept, all killed). After a crash or a hang
+  the ranks that have not replied kept, all killed). At a hang or crash the
+  pool also reads every live rank's torch Flight Recorder and keeps which
+  collective each rank was in and which ranks never joined it
+  (:mod:`simulators.collectives`). After a crash or a hang
   the pool is torn down and the next ``run()`` starts it again;
 - between targets the workers live on, and so does any process group a
   target created (the pool never touches torch.distributed);
@@ -46,7 +49,8 @@ from simulators.outcome import RankOutcome
 from simulators.ports import free_port
 from simulators.spawn import RankProcess, child_pythonpath, describe_exit, kill_all, spawn_world
 from simulators.topology import LOOPBACK, World
-from simulators.watchdog import dump_stacks
+from simulators.collectives import Diagnosis, diagnose
+from simulators.watchdog import dump_flight_records, dump_stacks
 
 _WORKER = (sys.executable, "-m", "simulators._worker")
 ADDRESS_ENV = "SIMULATORS_POOL_ADDRESS"  # host:port of the control channel
@@ -61,7 +65,8 @@ class PoolResult:
     ``outcomes`` has the ranks that replied; ``stacks`` the Python stacks of
     the ranks still running at a hang; ``exit_codes`` the return codes of
     workers that died (negative: the signal); ``output_tail`` what each rank
-    wrote while the target ran; ``duration_s`` times the target, not a
+    wrote while the target ran; ``collectives`` (at a hang or crash) which
+    collective each rank was in; ``duration_s`` times the target, not a
     (re)start of the pool before it.
     """
 
@@ -70,6 +75,7 @@ class PoolResult:
     stacks: dict[int, str] = field(default_factory=dict)
     exit_codes: dict[int, int] = field(default_factory=dict)
     output_tail: dict[int, str] = field(default_factory=dict)
+    collectives: Diagnosis | None = None
     duration_s: float = 0.0
 
 
@@ -143,8 +149,11 @@ class RankPool:
         self.start()
         started = time.monotonic()
         offsets = {rank.rank: rank.log_size() for rank in self._ranks}
+        since_ns = time.time_ns()
         try:
             result = self._run(target, args, timeout)
+            if result.status != "ok":
+                result.collectives = diagnose(dump_flight_records(self._ranks), self.world.size, since_ns)
         except BaseException:
             self._teardown()
             raise

@@ -15,7 +15,9 @@ Rules every rank process gets:
   same environment, session, PDEATHSIG and stack file, less time and memory;
 - ``SIMULATORS_STACK_FILE`` names a file where the rank writes every thread's
   Python stack on SIGUSR1 (installed by :mod:`simulators._bootstrap`), which
-  :mod:`simulators.watchdog` reads.
+  :mod:`simulators.watchdog` reads; ``SIMULATORS_FR_FILE`` one where it
+  writes torch's Flight Recorder dump on SIGUSR2 (``workdir/flight_recorder/
+  rank_<N>``, the layout ``torchfrtrace`` reads), with the recorder on.
 """
 from __future__ import annotations
 
@@ -39,6 +41,9 @@ if TYPE_CHECKING:
     from simulators.forking import ForkedProcess, Zygote
 
 STACK_FILE_ENV = "SIMULATORS_STACK_FILE"
+FR_FILE_ENV = "SIMULATORS_FR_FILE"
+#: torch's Flight Recorder on in every rank (entries kept), unless the environment sets it.
+FR_BUFFER_ENV = {"TORCH_FR_BUFFER_SIZE": "256"}
 TAIL_LINES = 100  # lines of a rank's output kept for reports
 _TAIL_BYTES = 64 * 1024
 _PR_SET_PDEATHSIG = 1
@@ -58,6 +63,7 @@ class RankProcess:
     stack_file: Path
     log_file: Path | None
     exit_fd: int
+    fr_file: Path | None = None
 
     @property
     def pid(self) -> int:
@@ -163,11 +169,15 @@ def _spawn_rank(
 ) -> RankProcess:
     stack_file = workdir / f"rank{rank}.stacks"
     stack_file.touch()
+    fr_file = workdir / "flight_recorder" / f"rank_{rank}"
+    fr_file.parent.mkdir(exist_ok=True)
     full_env = {
+        **FR_BUFFER_ENV,
         **os.environ,
         **rank_env(world, rank, master_port),
         "PYTHONPATH": child_pythonpath(pythonpath),
         STACK_FILE_ENV: str(stack_file),
+        FR_FILE_ENV: str(fr_file),
         **env,
     }
     log_file = workdir / f"rank{rank}.log" if logs else None
@@ -176,7 +186,7 @@ def _spawn_rank(
             raise ValueError("a rank forked from a zygote runs `python -m MODULE` with logs=True")
         log_file.write_bytes(b"")
         proc = zygote.fork(argv[2], full_env, log_file, os.fspath(cwd) if cwd else None, timeout=30.0)
-        return RankProcess(rank, proc, stack_file, log_file, os.pidfd_open(proc.pid))
+        return RankProcess(rank, proc, stack_file, log_file, os.pidfd_open(proc.pid), fr_file)
     common = dict(
         env=full_env,
         cwd=cwd,
@@ -192,7 +202,7 @@ def _spawn_rank(
             list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True, encoding="utf-8", errors="replace", **common,
         )
-    return RankProcess(rank, proc, stack_file, log_file, os.pidfd_open(proc.pid))
+    return RankProcess(rank, proc, stack_file, log_file, os.pidfd_open(proc.pid), fr_file)
 
 
 def kill_all(ranks: Sequence[RankProcess], timeout: float = 5.0) -> None:
