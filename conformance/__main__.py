@@ -33,6 +33,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--case-timeout", type=float, default=DEFAULT_CASE_TIMEOUT, help="seconds before a case is a HANG")
     run.add_argument("--manifest", help="a manifest of known deviations (default: the bundled one for --impl)")
     run.add_argument("--no-manifest", action="store_true", help="ignore the bundled manifest")
+    run.add_argument("--debug-collectives", action="store_true",
+                     help="run ranks under TORCH_DISTRIBUTED_DEBUG=DETAIL: mismatched collectives fail at once")
     run.add_argument("--strict", action="store_true", help="fail on an unexpected pass of a manifest entry")
     for fmt in ("json", "junit", "markdown", "html"):
         run.add_argument(f"--{fmt}", metavar="PATH", help=f"write a {fmt} report")
@@ -67,6 +69,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         case_timeout=args.case_timeout,
         manifest=_manifest(args, impl),
         strict=args.strict,
+        debug_collectives=args.debug_collectives,
     )
     try:
         run = execute(options)

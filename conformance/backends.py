@@ -58,8 +58,12 @@ class SimBackend:
     #: The simulator's mock device family the ranks run on (None: CPU).
     device: str | None = None
 
-    def __init__(self, impl: str, case_timeout: float, start_timeout: float = 180.0) -> None:
+    def __init__(
+        self, impl: str, case_timeout: float, start_timeout: float = 180.0, env: dict[str, str] | None = None
+    ) -> None:
         self.impl = impl
+        #: Environment added for every rank (``--debug-collectives``), over ``base_env``.
+        self.env = dict(env or {})
         self.case_timeout = case_timeout
         self.start_timeout = start_timeout
         self._pools: dict[World, RankPool] = {}
@@ -120,7 +124,7 @@ class SimBackend:
             self._pools[world] = RankPool(
                 world,
                 setup="conformance.worker:setup",
-                env={**(devices.env if devices else {}), **self.base_env, "ACCELERATE_IMPL": self.impl},
+                env={**(devices.env if devices else {}), **self.base_env, **self.env, "ACCELERATE_IMPL": self.impl},
                 start_timeout=self.start_timeout,
                 pythonpath=[*(devices.pythonpath if devices else ()), *sys.path],
                 preload=["torch", "torch.distributed", "conformance.worker", self.impl],
@@ -253,10 +257,10 @@ class NativeBackend:
 _SIMULATED = {backend.name: backend for backend in (SimBackend, SimXlaBackend, SimNpuBackend)}
 
 
-def make_backend(name: str, impl: str, case_timeout: float) -> SimBackend | NativeBackend:
-    """The backend called ``name``."""
+def make_backend(name: str, impl: str, case_timeout: float, env: dict[str, str] | None = None) -> SimBackend | NativeBackend:
+    """The backend called ``name``; ``env`` is added to the ranks' environment where the backend starts them."""
     if name in _SIMULATED:
-        return _SIMULATED[name](impl, case_timeout)
+        return _SIMULATED[name](impl, case_timeout, env=env)
     if name == "native":
         return NativeBackend(impl, case_timeout)
     raise ValueError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}")

@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from typing import IO, Any, Sequence
 
 from simulators.capacity import check_world
+from simulators.collectives import DEBUG_ENV
 from simulators.topology import World
 
 from . import catalog
@@ -57,6 +58,8 @@ class RunOptions:
     case_timeout: float = DEFAULT_CASE_TIMEOUT
     manifest: Manifest | None = None
     strict: bool = False
+    #: Run ranks under TORCH_DISTRIBUTED_DEBUG=DETAIL (simulated backends).
+    debug_collectives: bool = False
 
 
 @dataclass
@@ -109,12 +112,14 @@ def metadata(options: RunOptions) -> dict[str, Any]:
         "platform": platform.platform(),
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "manifest": options.manifest.source if options.manifest else None,
+        "debug_collectives": options.debug_collectives,
     }
 
 
 def execute(options: RunOptions, out: IO[str] = sys.stdout) -> Run:
     """Run every selected case at every requested world it applies to."""
-    backend = make_backend(options.backend, options.impl, options.case_timeout)
+    backend = make_backend(options.backend, options.impl, options.case_timeout,
+                           env=DEBUG_ENV if options.debug_collectives else None)
     reporting = not isinstance(backend, NativeBackend) or backend.is_reporter
     selected = select(all_cases(), options.patterns)
     cases = [c for c in selected if backend.runs(c)]

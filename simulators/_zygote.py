@@ -61,9 +61,7 @@ def _become_rank(request: dict, zygote_pid: int, keep_closed: list[int]) -> None
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         install_stack_dumper()
         gc.unfreeze()
-        torch = sys.modules.get("torch")
-        if torch is not None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
-            torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+        _apply_torch_env()
         sys.argv = [request["module"]]
         sys.modules.pop(request["module"], None)  # preloaded for its imports; runs afresh as __main__
         runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
@@ -79,6 +77,16 @@ def _become_rank(request: dict, zygote_pid: int, keep_closed: list[int]) -> None
             except Exception:
                 pass
         os._exit(code)
+
+
+def _apply_torch_env() -> None:
+    """Settings torch read from the zygote's environment at import, read again from the rank's."""
+    torch = sys.modules.get("torch")
+    if torch is not None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    distributed = sys.modules.get("torch.distributed")
+    if distributed is not None and distributed.is_available():
+        distributed.set_debug_level_from_env()  # TORCH_DISTRIBUTED_DEBUG
 
 
 def main() -> int:

@@ -19,6 +19,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 DEFAULT_GROUP = "default_pg"
+#: ``--debug-collectives``: torch checks every collective's op and shapes across ranks before running it,
+#: so a mismatch fails at once with torch's own error naming the ranks, instead of hanging.
+DEBUG_ENV = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
 
 
 @dataclass(frozen=True)
