@@ -55,23 +55,27 @@ class Fault:
     #: A regular expression the diagnosis must match (it names the culprit or the cause).
     diagnosis: str
     fast: bool = False
+    #: Run under --debug-collectives (TORCH_DISTRIBUTED_DEBUG=DETAIL). Off for the skipped-barrier hang:
+    #: there DETAIL's own pre-check collective is where ranks block, and the Flight Recorder does not record it.
+    debug: bool = True
     arrange: Callable[[], contextlib.AbstractContextManager] = _nothing
 
 
 FAULTS = (
-    Fault("a rank raises", cases.rank_raises, ("ERROR",), r"rank 1: .*RuntimeError: rank 1 gave up"),
+    Fault("a rank raises", cases.rank_raises, ("ERROR",), r"RuntimeError: rank 1 gave up"),
     Fault("a rank exits 0 early", cases.rank_exits_zero, ("CRASH",), r"rank 1 exit code 0", fast=True),
     Fault("SIGKILL mid-collective", cases.rank_killed_in_collective, ("CRASH",), r"rank 1 signal SIGKILL", fast=True),
     Fault("SIGSTOP", cases.rank_stopped, ("HANG",), r"rank 1: no record|no stack from rank 1"),
     Fault("skips wait_for_everyone", cases.rank_skips_wait_for_everyone, ("HANG",),
-          r"gloo:barrier #\d+ entered by ranks 0, 2-3; never joined by rank 1", fast=True),
+          r"gloo:barrier #\d+ entered by ranks 0, 2-3; never joined by rank 1", debug=False),
     Fault("different collectives", cases.ranks_call_different_collectives, ("ERROR", "HANG", "CRASH"),
-          r"(?i)mismatch|inconsistent|OpType|different"),
+          r"Detected mismatch between collectives on ranks"),
     Fault("mismatched shapes, ACCELERATE_DEBUG_MODE", cases.mismatched_shapes_debug_mode, ("ERROR", "FAIL"),
-          r"(?i)shape"),
-    Fault("mismatched shapes", cases.mismatched_shapes, ("ERROR", "FAIL", "HANG", "CRASH"), r"(?i)shape|size"),
-    Fault("out of memory", cases.rank_out_of_memory, ("ERROR",), r"(?i)rank 1: .*(memory|alloc)"),
-    Fault("rendezvous port taken", cases.rendezvous, ("ERROR", "HANG"), r"(?i)address already in use|timed? ?out|Connection",
+          r"input shapes differ between processes"),
+    Fault("mismatched shapes", cases.mismatched_shapes, ("ERROR", "FAIL", "HANG", "CRASH"),
+          r"input shapes differ between processes|Detected mismatch between collectives"),
+    Fault("out of memory", cases.rank_out_of_memory, ("ERROR",), r"DefaultCPUAllocator: can't allocate memory"),
+    Fault("rendezvous port taken", cases.rendezvous, ("ERROR", "HANG"), r"EADDRINUSE|timed out",
           arrange=_rendezvous_port_taken),
 )
 
@@ -93,7 +97,7 @@ def _leftovers() -> list[psutil.Process]:
 
 def run_fault(fault: Fault) -> Verdict:
     """Run one fault in a fresh backend, close it, and count what is left."""
-    backend = SimBackend("accelerate_ref", case_timeout=CASE_TIMEOUT, env=DEBUG_ENV)
+    backend = SimBackend("accelerate_ref", case_timeout=CASE_TIMEOUT, env=DEBUG_ENV if fault.debug else None)
     try:
         with fault.arrange():
             result = backend.run_case(fault.case, WORLD)
