@@ -64,6 +64,7 @@ class Diagnosis:
             "last": {str(rank): asdict(call) if call else None for rank, call in self.last.items()},
             "groups": [asdict(verdict) for verdict in self.groups],
             "unrecorded": self.unrecorded,
+            "text": self.text(),
         }
 
     def text(self) -> str:

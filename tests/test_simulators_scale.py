@@ -84,3 +84,19 @@ def test_simulators_cli_errors_are_one_line_exit_2(argv, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("simulators"), err
+
+
+def test_json_and_html_carry_the_collective_diagnosis(tmp_path):
+    from conformance import report
+    from conformance.results import CaseResult, Status
+    from conformance.runner import Run
+
+    records = {0: {"entries": [_entry(2, "gloo:barrier", [])]}, 1: {"entries": [_entry(1, "gloo:all_reduce", [[2]])]}}
+    hung = CaseResult("sync.wait_for_everyone", "skips", Status.HANG, "2", "sim", "accelerate_ref", 6.0,
+                      collectives=diagnose(records, world_size=2).to_json())
+    run = Run({"impl": "accelerate_ref", "backend": "sim"}, [hung])
+    report.write_json(run, tmp_path / "run.json")
+    again = report.read_json(tmp_path / "run.json")
+    assert again.results[0].collectives["groups"][0]["never_joined"] == [1]
+    report.write_html([again], tmp_path / "m.html")
+    assert "gloo:barrier #2 entered by rank 0; never joined by rank 1" in (tmp_path / "m.html").read_text()
