@@ -81,6 +81,8 @@ class Diagnosis:
             line = f"  group {verdict.group}: {verdict.call.op} #{verdict.call.seq} entered by {_ranks(verdict.entered)}"
             if verdict.never_joined:
                 line += f"; never joined by {_ranks(verdict.never_joined)}"
+            if verdict.group == DEFAULT_GROUP and self.unrecorded:
+                line += f"; no record from {_ranks(self.unrecorded)}"
             if verdict.mismatched:
                 line += f"; entered with another op or shapes by {_ranks(verdict.mismatched)}"
             lines.append(line)

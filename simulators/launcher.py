@@ -29,7 +29,8 @@ from simulators.calls import CALL_FLAG, read_result, result_path, write_call
 from simulators.ports import free_port
 from simulators.spawn import TAIL_LINES, RankProcess, describe_exit, kill_all, shell_status, spawn_world
 from simulators.topology import World
-from simulators.watchdog import dump_stacks
+from simulators.collectives import Diagnosis, diagnose
+from simulators.watchdog import dump_flight_records, dump_stacks
 
 TIMEOUT_STATUS = 124
 _BOOTSTRAP = (sys.executable, "-m", "simulators._bootstrap")
@@ -53,6 +54,8 @@ class LaunchResult:
     output_tail: dict[int, str] = field(default_factory=dict)
     duration_s: float = 0.0
     message: str = ""
+    #: At a timeout: the collective each rank was in, from torch's Flight Recorder.
+    collectives: Diagnosis | None = None
 
 
 class RankFailure(RuntimeError):
@@ -180,8 +183,9 @@ def _watch(ranks: Sequence[RankProcess], timeout: float | None) -> LaunchResult:
         ready = sorted(wait(pending, timeout=remaining), key=lambda rank: rank.rank)
         if not ready:
             stacks = dump_stacks(pending)
+            collectives = diagnose(dump_flight_records(ranks), len(ranks))
             return LaunchResult("timeout", TIMEOUT_STATUS, exit_codes=exit_codes,
-                                running=[rank.rank for rank in pending], stacks=stacks)
+                                running=[rank.rank for rank in pending], stacks=stacks, collectives=collectives)
         for rank in ready:
             pending.remove(rank)
             exit_codes[rank.rank] = rank.proc.wait()
@@ -196,7 +200,8 @@ def _report(result: LaunchResult, timeout: float | None) -> str:
     if result.status == "ok":
         return f"simulators: all {len(result.exit_codes)} ranks exited 0 in {result.duration_s:.1f}s"
     if result.status == "timeout":
-        return _timeout_message(timeout, result.running, result.stacks)
+        found = f"\n{result.collectives.text()}" if result.collectives and result.collectives.groups else ""
+        return _timeout_message(timeout, result.running, result.stacks) + found
     rank = result.failed_rank
     return (
         f"simulators: rank {rank} failed with {describe_exit(result.exit_codes[rank])}; "
