@@ -5,8 +5,9 @@ the limit it hits, never start ranks that then hang or swap. Three limits
 are checked, each with the need it is compared to:
 
 - memory: ``MemAvailable`` must cover ``RANK_MEMORY_MB`` per rank plus the
-  fork server (a forked rank measured ~40 MB PSS idle and well under 100 MB
-  running the large-world cases, see ``benchmarks/scale.py``);
+  fork server. ``benchmarks/scale.py`` measured 14-37 MB PSS a forked rank
+  after a collective case (150-160 MB a spawned one); 100 MB leaves room for
+  cases that build models and for spawned ranks;
 - file descriptors: the driver holds about 3 per rank (control channel,
   pidfd, log) and gloo's full mesh gives each rank about 2 per peer, under
   the soft ``RLIMIT_NOFILE`` every process here inherits;
