@@ -100,7 +100,7 @@ class Zygote:
 
     def _error(self, reason: str) -> ZygoteError:
         tail = self.log_file.read_text(errors="replace")[-4000:] if self.log_file.exists() else ""
-        return ZygoteError(f"simulators: {reason}; its log ends:\n{tail}")
+        return ZygoteError(f"{reason}; its log ends:\n{tail}")
 
 
 class ForkedProcess:

@@ -44,12 +44,12 @@ from multiprocessing.connection import Connection, answer_challenge, deliver_cha
 from pathlib import Path
 from typing import Literal
 
-from simulators.forking import Zygote
+from simulators.collectives import Diagnosis, diagnose
+from simulators.forking import Zygote, ZygoteError
 from simulators.outcome import RankOutcome
 from simulators.ports import free_port
 from simulators.spawn import RankProcess, child_pythonpath, describe_exit, kill_all, spawn_world
 from simulators.topology import LOOPBACK, World
-from simulators.collectives import Diagnosis, diagnose
 from simulators.watchdog import dump_flight_records, dump_stacks
 
 _WORKER = (sys.executable, "-m", "simulators._worker")
@@ -131,8 +131,11 @@ class RankPool:
                 AUTHKEY_ENV: authkey.hex(),
                 SETUP_ENV: self.setup or "",
             }
-            self._ranks = spawn_world(_WORKER, self.world, master_port=free_port(), workdir=self._workdir,
-                                      env=env, pythonpath=self._pythonpath, logs=True, zygote=self._warm_zygote())
+            try:
+                self._ranks = spawn_world(_WORKER, self.world, master_port=free_port(), workdir=self._workdir,
+                                          env=env, pythonpath=self._pythonpath, logs=True, zygote=self._warm_zygote())
+            except ZygoteError as error:
+                raise self._start_error(str(error)) from None
             try:
                 self._conns = self._connect(server, authkey)
             except BaseException:
@@ -252,7 +255,10 @@ class RankPool:
         """The pool's fork server (started on first use), or None when workers are spawned."""
         if self.start_method == "spawn":
             return None
-        if self._zygote is None or not self._zygote.alive:
+        if self._zygote is not None and not self._zygote.alive:
+            self._zygote.close()  # it died (killed from outside): reap it and start another
+            self._zygote = None
+        if self._zygote is None:
             assert self._workdir is not None
             env = {**os.environ, **self._env, "PYTHONPATH": child_pythonpath(self._pythonpath),
                    "OMP_NUM_THREADS": self._env.get("OMP_NUM_THREADS", "1"), "PYTHONUNBUFFERED": "1"}
