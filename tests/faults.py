@@ -100,6 +100,7 @@ def run_fault(fault: Fault) -> Verdict:
     backend = SimBackend("accelerate_ref", case_timeout=CASE_TIMEOUT, env=DEBUG_ENV if fault.debug else None)
     try:
         with fault.arrange():
+            backend._pool(WORLD).start()  # the time to the verdict counts from the case's start, not the ranks'
             result = backend.run_case(fault.case, WORLD)
     finally:
         backend.close()
