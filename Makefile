@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: conformance conformance-hf test extended bench clean
+.PHONY: conformance conformance-hf test extended bench clean faults scale
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,13 @@ extended: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/suite_speed.py
+
+# Issue 14: the fault catalog's table, and rank start-up time and PSS at 8/16/32/64 ranks (heavy: take the lock).
+faults: $(STAMP)
+	$(PY) -m tests.faults
+
+scale: $(STAMP)
+	$(PY) benchmarks/scale.py
 
 clean:
 	rm -rf $(VENV) $(REPORTS) .pytest_cache .tox *.egg-info

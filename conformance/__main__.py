@@ -16,21 +16,25 @@ from .backends import BACKENDS
 from .case import all_cases
 from .impl import chosen
 from .manifest import Manifest
-from .runner import DEFAULT_CASE_TIMEOUT, DEFAULT_WORLDS, RunOptions, execute
+from simulators.cli import OneLineParser
+
+from .runner import DEFAULT_CASE_TIMEOUT, DEFAULT_WORLDS, WORLD_PRESETS, RunOptions, execute, parse_worlds
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="conformance", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="conformance", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("run", help="run the suite")
     run.add_argument("--impl", help="implementation module (default: $ACCELERATE_IMPL or accelerate_ref)")
     run.add_argument("--backend", default="sim", choices=BACKENDS)
-    run.add_argument("--worlds", default=",".join(DEFAULT_WORLDS), help="comma-separated worlds, e.g. 1,2,4,2x2")
+    run.add_argument("--worlds", default=",".join(DEFAULT_WORLDS), help=f"comma-separated worlds, e.g. 1,2,4,2x2, or a preset: {', '.join(WORLD_PRESETS)}")
     run.add_argument("-k", dest="patterns", action="append", default=[], help="only cases whose ID or name matches")
     run.add_argument("--case-timeout", type=float, default=DEFAULT_CASE_TIMEOUT, help="seconds before a case is a HANG")
     run.add_argument("--manifest", help="a manifest of known deviations (default: the bundled one for --impl)")
     run.add_argument("--no-manifest", action="store_true", help="ignore the bundled manifest")
+    run.add_argument("--debug-collectives", action="store_true",
+                     help="run ranks under TORCH_DISTRIBUTED_DEBUG=DETAIL: mismatched collectives fail at once")
     run.add_argument("--strict", action="store_true", help="fail on an unexpected pass of a manifest entry")
     for fmt in ("json", "junit", "markdown", "html"):
         run.add_argument(f"--{fmt}", metavar="PATH", help=f"write a {fmt} report")
@@ -51,15 +55,21 @@ def _manifest(args: argparse.Namespace, impl: str) -> Manifest | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        worlds = [world.label for world in parse_worlds(args.worlds)]
+    except ValueError as error:
+        print(f"conformance: error: --worlds: {error}", file=sys.stderr)
+        return 2
     impl = chosen(args.impl)
     options = RunOptions(
         impl=impl,
         backend=args.backend,
-        worlds=[w.strip() for w in args.worlds.split(",") if w.strip()],
+        worlds=worlds,
         patterns=args.patterns,
         case_timeout=args.case_timeout,
         manifest=_manifest(args, impl),
         strict=args.strict,
+        debug_collectives=args.debug_collectives,
     )
     try:
         run = execute(options)

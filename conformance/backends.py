@@ -37,6 +37,9 @@ from .merge import merge_incomplete, merge_replies, result
 from .results import CaseResult, Status
 
 Emit = Callable[[CaseResult], None]
+#: Seconds of case timeout added per rank beyond 8: gloo's full-mesh rendezvous in a case's first
+#: ``init_process_group`` grows with the world (about 15 s for 64 ranks on 2 cores).
+RENDEZVOUS_S_PER_RANK = 0.5
 
 
 class SimBackend:
@@ -55,8 +58,12 @@ class SimBackend:
     #: The simulator's mock device family the ranks run on (None: CPU).
     device: str | None = None
 
-    def __init__(self, impl: str, case_timeout: float, start_timeout: float = 180.0) -> None:
+    def __init__(
+        self, impl: str, case_timeout: float, start_timeout: float = 180.0, env: dict[str, str] | None = None
+    ) -> None:
         self.impl = impl
+        #: Environment added for every rank (``--debug-collectives``), over ``base_env``.
+        self.env = dict(env or {})
         self.case_timeout = case_timeout
         self.start_timeout = start_timeout
         self._pools: dict[World, RankPool] = {}
@@ -87,7 +94,7 @@ class SimBackend:
             outcome = pool.run(
                 "conformance.worker:run_case",
                 (case.key, world.label, shared_dir),
-                case.timeout_within(self.case_timeout),
+                case.timeout_within(self.case_timeout) + RENDEZVOUS_S_PER_RANK * max(0, world.size - 8),
             )
         except PoolStartError as error:
             message = f"the ranks of world {world.label} did not start:\n{error}"
@@ -103,9 +110,12 @@ class SimBackend:
             cause = Status.HANG if outcome.status == "hang" else Status.CRASH
             missing = sorted(set(range(world.size)) - set(replies))
             status, message = merge_incomplete(replies, missing, cause, _incident(outcome))
-        return result(
+        case_result = result(
             case, info, self.name, self.impl, status, message, time.perf_counter() - started, replies, outcome.stacks
         )
+        if outcome.collectives is not None:
+            case_result.collectives = outcome.collectives.to_json()
+        return case_result
 
     def _pool(self, world: World) -> RankPool:
         if world not in self._pools:
@@ -114,9 +124,10 @@ class SimBackend:
             self._pools[world] = RankPool(
                 world,
                 setup="conformance.worker:setup",
-                env={**(devices.env if devices else {}), **self.base_env, "ACCELERATE_IMPL": self.impl},
+                env={**(devices.env if devices else {}), **self.base_env, **self.env, "ACCELERATE_IMPL": self.impl},
                 start_timeout=self.start_timeout,
                 pythonpath=[*(devices.pythonpath if devices else ()), *sys.path],
+                preload=["torch", "torch.distributed", "conformance.worker", self.impl],
             )
         return self._pools[world]
 
@@ -161,10 +172,12 @@ def _replies(outcome: PoolResult) -> dict[int, dict[str, Any]]:
 
 
 def _incident(outcome: PoolResult) -> str:
-    """A readable account of a hang or crash: exit codes, stacks, output tails."""
+    """A readable account of a hang or crash: exit codes, the collectives ranks were in, output tails, stacks."""
     lines = []
     for rank, code in sorted(outcome.exit_codes.items()):
         lines.append(f"rank {rank} {describe_exit(code)}")
+    if outcome.collectives is not None and outcome.collectives.groups:
+        lines.append(outcome.collectives.text())
     for rank, tail in sorted(outcome.output_tail.items()):
         if tail.strip() and (outcome.status == "crash"):
             lines.append(f"rank {rank} output (last lines):\n{tail.rstrip()}")
@@ -244,10 +257,10 @@ class NativeBackend:
 _SIMULATED = {backend.name: backend for backend in (SimBackend, SimXlaBackend, SimNpuBackend)}
 
 
-def make_backend(name: str, impl: str, case_timeout: float) -> SimBackend | NativeBackend:
-    """The backend called ``name``."""
+def make_backend(name: str, impl: str, case_timeout: float, env: dict[str, str] | None = None) -> SimBackend | NativeBackend:
+    """The backend called ``name``; ``env`` is added to the ranks' environment where the backend starts them."""
     if name in _SIMULATED:
-        return _SIMULATED[name](impl, case_timeout)
+        return _SIMULATED[name](impl, case_timeout, env=env)
     if name == "native":
         return NativeBackend(impl, case_timeout)
     raise ValueError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}")

@@ -24,6 +24,10 @@ from simulators.topology import World
 
 #: Worlds a rule "makes sense at" when its catalog row says "any".
 ANY_WORLD: tuple[str, ...] = ("1", "2", "3", "4", "2x2", "2x4")
+#: The ``--worlds large`` preset: one machine of 16, 4 machines of 8, 8 of 8 (issue 14).
+LARGE_WORLDS: tuple[str, ...] = ("16", "4x8", "8x8")
+#: Catalog areas whose world-generic cases (those that run at 2x4) also run at LARGE_WORLDS.
+LARGE_AREAS: tuple[str, ...] = ("Collectives", "Inference helpers", "Data loading")
 
 CaseFunction = Callable[[Any, "WorldInfo"], Any]
 CheckFunction = Callable[[list, "WorldInfo"], None]
@@ -109,7 +113,15 @@ class Case:
         return max(run_timeout, self.timeout or 0.0)
 
     def runs_at(self, world: str) -> bool:
-        return world in self.worlds
+        """Whether the case runs at ``world``: one it lists, or a large world for a world-generic case of LARGE_AREAS."""
+        return world in self.worlds or (world in LARGE_WORLDS and self.scales)
+
+    @property
+    def scales(self) -> bool:
+        """A case of LARGE_AREAS written for any world (it runs at 2x4) runs at the large worlds too."""
+        from . import catalog
+
+        return "2x4" in self.worlds and catalog.area_of(self.id) in LARGE_AREAS
 
     def check(self, function: CheckFunction) -> CheckFunction:
         """Register the driver-side check of this case's per-rank values."""

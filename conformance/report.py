@@ -125,9 +125,20 @@ def write_html(runs: list[Run], path: str | Path) -> None:
         "<style>body{font-family:sans-serif}table{border-collapse:collapse}"
         "td,th{border:1px solid #999;padding:2px 6px;font-size:13px}</style></head><body>"
         f"<h1>Conformance matrix</h1><table><tr><th>ID</th><th>area</th>{head}</tr>{''.join(rows)}</table>"
-        "</body></html>\n"
+        f"{_collectives_section(runs)}</body></html>\n"
     )
     _prepare(path).write_text(page, encoding="utf-8")
+
+
+def _collectives_section(runs: list[Run]) -> str:
+    """Per HANG or CRASH whose ranks were in collectives: which collective each was in, who never joined."""
+    items = [
+        f"<h3><code>{html.escape(r.id)}</code> [{html.escape(r.case)}] world {html.escape(r.world)}: "
+        f"{html.escape(r.status.value)} ({html.escape(run.metadata['impl'])}, {html.escape(run.metadata['backend'])})</h3>"
+        f"<pre>{html.escape(r.collectives.get('text', ''))}</pre>"
+        for run in runs for r in run.results if r.collectives.get("groups")
+    ]
+    return "<h2>Collectives at hangs and crashes</h2>" + "".join(items) if items else ""
 
 
 def _first_line(text: str) -> str:

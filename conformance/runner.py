@@ -16,17 +16,37 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import IO, Any, Sequence
 
+from simulators.capacity import check_world
+from simulators.collectives import DEBUG_ENV
 from simulators.topology import World
 
 from . import catalog
 from .backends import NativeBackend, make_backend
-from .case import Case, all_cases, select
+from .case import LARGE_WORLDS, Case, all_cases, select
 from .impl import Implementation
 from .manifest import Manifest
 from .results import CaseResult, Status
 
 DEFAULT_WORLDS = ("1", "2", "3", "4", "2x2")
 DEFAULT_CASE_TIMEOUT = 6.0
+#: Named sets of worlds ``--worlds`` accepts besides labels.
+WORLD_PRESETS = {"large": LARGE_WORLDS}
+
+
+def parse_worlds(text: str) -> list[World]:
+    """The worlds of a ``--worlds`` value ("1,2,2x2", "large"), each checked against this machine.
+
+    Raises ValueError (a malformed or empty world) or
+    :class:`simulators.capacity.CapacityError` (a world the machine cannot
+    hold) with a one-line message, before any rank starts.
+    """
+    labels = [label.strip() for label in text.split(",") if label.strip()]
+    if not labels:
+        raise ValueError(f"no world in --worlds {text!r}")
+    worlds = [World.parse(label) for name in labels for label in WORLD_PRESETS.get(name.lower(), (name,))]
+    for world in worlds:
+        check_world(world)
+    return list(dict.fromkeys(worlds))
 
 
 @dataclass
@@ -38,6 +58,8 @@ class RunOptions:
     case_timeout: float = DEFAULT_CASE_TIMEOUT
     manifest: Manifest | None = None
     strict: bool = False
+    #: Run ranks under TORCH_DISTRIBUTED_DEBUG=DETAIL (simulated backends).
+    debug_collectives: bool = False
 
 
 @dataclass
@@ -90,12 +112,14 @@ def metadata(options: RunOptions) -> dict[str, Any]:
         "platform": platform.platform(),
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "manifest": options.manifest.source if options.manifest else None,
+        "debug_collectives": options.debug_collectives,
     }
 
 
 def execute(options: RunOptions, out: IO[str] = sys.stdout) -> Run:
     """Run every selected case at every requested world it applies to."""
-    backend = make_backend(options.backend, options.impl, options.case_timeout)
+    backend = make_backend(options.backend, options.impl, options.case_timeout,
+                           env=DEBUG_ENV if options.debug_collectives else None)
     reporting = not isinstance(backend, NativeBackend) or backend.is_reporter
     selected = select(all_cases(), options.patterns)
     cases = [c for c in selected if backend.runs(c)]
@@ -105,7 +129,7 @@ def execute(options: RunOptions, out: IO[str] = sys.stdout) -> Run:
     say = out.write if reporting else (lambda text: None)
     say(_header(run.metadata, len(cases)))
     started = time.perf_counter()
-    worlds = [World.parse(label) for label in options.worlds]
+    worlds = parse_worlds(",".join(options.worlds))
     for world in worlds:
         if not backend.worlds_supported(world):
             run.warnings.append(f"backend {backend.name} cannot run world {world.label}: skipped")

@@ -26,7 +26,7 @@ from typing import Any
 
 from simulators.calls import CALL_FLAG, result_path
 from simulators.spawn import RETURNED_FILE_ENV
-from simulators.watchdog import install_stack_dumper
+from simulators.watchdog import install_flight_recorder_dumper, install_stack_dumper
 
 
 def _load_main(path: str) -> None:
@@ -83,6 +83,7 @@ def _run_script(script: str, args: list[str]) -> int:
 
 def main(argv: list[str]) -> int:
     install_stack_dumper()
+    install_flight_recorder_dumper()
     status = _call(*argv[1:]) if argv and argv[0] == CALL_FLAG else _run_script(argv[0], argv[1:])
     if status == 0 and os.environ.get(RETURNED_FILE_ENV):
         Path(os.environ[RETURNED_FILE_ENV]).touch()

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from simulators.outcome import RankOutcome
 from simulators.pool import ADDRESS_ENV, AUTHKEY_ENV, SETUP_ENV
-from simulators.watchdog import install_stack_dumper
+from simulators.watchdog import install_flight_recorder_dumper, install_stack_dumper
 
 
 def resolve(target: str) -> Callable[..., Any]:
@@ -54,6 +54,7 @@ def send(conn: Connection, outcome: RankOutcome) -> None:
 
 def main() -> int:
     install_stack_dumper()
+    install_flight_recorder_dumper()
     rank = int(os.environ["RANK"])
     setup = os.environ.get(SETUP_ENV)
     setup_outcome = call(rank, setup, ()) if setup else None

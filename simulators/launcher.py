@@ -31,7 +31,8 @@ from simulators.spawn import (
     TAIL_LINES, RankProcess, describe_exit, kill_all, returned_path, shell_status, spawn_world,
 )
 from simulators.topology import World
-from simulators.watchdog import dump_stacks
+from simulators.collectives import Diagnosis, diagnose
+from simulators.watchdog import dump_flight_records, dump_stacks
 
 TIMEOUT_STATUS = 124
 _BOOTSTRAP = (sys.executable, "-m", "simulators._bootstrap")
@@ -58,6 +59,8 @@ class LaunchResult:
     duration_s: float = 0.0
     message: str = ""
     failed_at_exit: bool = False
+    #: At a timeout: the collective each rank was in, from torch's Flight Recorder.
+    collectives: Diagnosis | None = None
 
 
 class RankFailure(RuntimeError):
@@ -187,8 +190,9 @@ def _watch(ranks: Sequence[RankProcess], timeout: float | None) -> LaunchResult:
         ready = sorted(wait(pending, timeout=remaining), key=lambda rank: rank.rank)
         if not ready:
             stacks = dump_stacks(pending)
+            collectives = diagnose(dump_flight_records(ranks), len(ranks))
             return LaunchResult("timeout", TIMEOUT_STATUS, exit_codes=exit_codes,
-                                running=[rank.rank for rank in pending], stacks=stacks)
+                                running=[rank.rank for rank in pending], stacks=stacks, collectives=collectives)
         for rank in ready:
             pending.remove(rank)
             exit_codes[rank.rank] = rank.proc.wait()
@@ -203,7 +207,8 @@ def _report(result: LaunchResult, timeout: float | None) -> str:
     if result.status == "ok":
         return f"simulators: all {len(result.exit_codes)} ranks exited 0 in {result.duration_s:.1f}s"
     if result.status == "timeout":
-        return _timeout_message(timeout, result.running, result.stacks)
+        found = f"\n{result.collectives.text()}" if result.collectives and result.collectives.groups else ""
+        return _timeout_message(timeout, result.running, result.stacks) + found
     rank = result.failed_rank
     when = " at interpreter exit, after its script returned," if result.failed_at_exit else ""
     return (

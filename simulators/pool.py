@@ -9,10 +9,18 @@ Rules:
   waits for the replies and the worker processes together:
   every rank replied -> "ok"; a worker died -> "crash" (exit code or signal
   kept, the rest killed); ``timeout`` passed -> "hang" (the Python stacks of
-  the ranks that have not replied kept, all killed). After a crash or a hang
+  the ranks that have not replied kept, all killed). At a hang or crash the
+  pool also reads every live rank's torch Flight Recorder and keeps which
+  collective each rank was in and which ranks never joined it
+  (:mod:`simulators.collectives`). After a crash or a hang
   the pool is torn down and the next ``run()`` starts it again;
 - between targets the workers live on, and so does any process group a
   target created (the pool never touches torch.distributed);
+- with ``start_method="fork"`` (the default) the workers are forked from a
+  warmed server (:mod:`simulators._zygote`) that has imported torch, the
+  worker and ``preload`` once; the server lives as long as the pool, so a
+  restart after a crash or hang forks again without re-importing anything.
+  ``"spawn"`` starts each worker as a fresh interpreter;
 - ``close()`` kills and reaps every worker; it also runs at interpreter
   exit, and the kernel kills workers whose driver died (PDEATHSIG).
 
@@ -36,11 +44,13 @@ from multiprocessing.connection import Connection, answer_challenge, deliver_cha
 from pathlib import Path
 from typing import Literal
 
+from simulators.collectives import Diagnosis, diagnose
+from simulators.forking import Zygote, ZygoteError
 from simulators.outcome import RankOutcome
 from simulators.ports import free_port
-from simulators.spawn import RankProcess, describe_exit, kill_all, spawn_world
+from simulators.spawn import RankProcess, child_pythonpath, describe_exit, kill_all, spawn_world
 from simulators.topology import LOOPBACK, World
-from simulators.watchdog import dump_stacks
+from simulators.watchdog import dump_flight_records, dump_stacks
 
 _WORKER = (sys.executable, "-m", "simulators._worker")
 ADDRESS_ENV = "SIMULATORS_POOL_ADDRESS"  # host:port of the control channel
@@ -55,7 +65,8 @@ class PoolResult:
     ``outcomes`` has the ranks that replied; ``stacks`` the Python stacks of
     the ranks still running at a hang; ``exit_codes`` the return codes of
     workers that died (negative: the signal); ``output_tail`` what each rank
-    wrote while the target ran; ``duration_s`` times the target, not a
+    wrote while the target ran; ``collectives`` (at a hang or crash) which
+    collective each rank was in; ``duration_s`` times the target, not a
     (re)start of the pool before it.
     """
 
@@ -64,6 +75,7 @@ class PoolResult:
     stacks: dict[int, str] = field(default_factory=dict)
     exit_codes: dict[int, int] = field(default_factory=dict)
     output_tail: dict[int, str] = field(default_factory=dict)
+    collectives: Diagnosis | None = None
     duration_s: float = 0.0
 
 
@@ -82,8 +94,15 @@ class RankPool:
         env: Mapping[str, str] | None = None,
         start_timeout: float = 120.0,
         pythonpath: list[str] | None = None,
+        start_method: Literal["fork", "spawn"] = "fork",
+        preload: list[str] | None = None,
     ) -> None:
+        if start_method not in ("fork", "spawn"):
+            raise ValueError(f"start_method must be 'fork' or 'spawn', got {start_method!r}")
         self.world = world
+        self.start_method = start_method
+        self.preload = list(preload or [])
+        self._zygote: Zygote | None = None
         self.setup = setup
         self.start_timeout = start_timeout
         self._env = dict(env or {})
@@ -112,8 +131,11 @@ class RankPool:
                 AUTHKEY_ENV: authkey.hex(),
                 SETUP_ENV: self.setup or "",
             }
-            self._ranks = spawn_world(_WORKER, self.world, master_port=free_port(), workdir=self._workdir,
-                                      env=env, pythonpath=self._pythonpath, logs=True)
+            try:
+                self._ranks = spawn_world(_WORKER, self.world, master_port=free_port(), workdir=self._workdir,
+                                          env=env, pythonpath=self._pythonpath, logs=True, zygote=self._warm_zygote())
+            except ZygoteError as error:
+                raise self._start_error(str(error)) from None
             try:
                 self._conns = self._connect(server, authkey)
             except BaseException:
@@ -130,8 +152,11 @@ class RankPool:
         self.start()
         started = time.monotonic()
         offsets = {rank.rank: rank.log_size() for rank in self._ranks}
+        since_ns = time.time_ns()
         try:
             result = self._run(target, args, timeout)
+            if result.status != "ok":
+                result.collectives = diagnose(dump_flight_records(self._ranks), self.world.size, since_ns)
         except BaseException:
             self._teardown()
             raise
@@ -143,8 +168,11 @@ class RankPool:
         return result
 
     def close(self) -> None:
-        """Kill and reap every worker and remove the pool's files. Idempotent."""
+        """Kill and reap every worker and the fork server, and remove the pool's files. Idempotent."""
         self._teardown()
+        if self._zygote is not None:
+            self._zygote.close()
+            self._zygote = None
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
@@ -222,6 +250,20 @@ class RankPool:
                 conn.close()
             raise
         return conns
+
+    def _warm_zygote(self) -> Zygote | None:
+        """The pool's fork server (started on first use), or None when workers are spawned."""
+        if self.start_method == "spawn":
+            return None
+        if self._zygote is not None and not self._zygote.alive:
+            self._zygote.close()  # it died (killed from outside): reap it and start another
+            self._zygote = None
+        if self._zygote is None:
+            assert self._workdir is not None
+            env = {**os.environ, **self._env, "PYTHONPATH": child_pythonpath(self._pythonpath),
+                   "OMP_NUM_THREADS": self._env.get("OMP_NUM_THREADS", "1"), "PYTHONUNBUFFERED": "1"}
+            self._zygote = Zygote(env, self._workdir / "zygote.log", self.preload)
+        return self._zygote
 
     def _start_error(self, reason: str, stacks: Mapping[int, str] | None = None) -> PoolStartError:
         parts = [f"simulators: the pool of {self.world.label} ranks failed to start: {reason}"]

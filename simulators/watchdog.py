@@ -1,4 +1,4 @@
-"""Python stacks of live ranks, on demand: the rank side and the driver side.
+"""Python stacks and collective records of live ranks, on demand: the rank side and the driver side.
 
 Each rank calls :func:`install_stack_dumper` first thing, which registers
 faulthandler on SIGUSR1 to write every thread's stack to the rank's stack
@@ -6,17 +6,28 @@ file; :func:`dump_stacks` signals the ranks and reads the files. faulthandler
 writes the whole dump at once from its signal handler, even while the rank
 is blocked in C code, so a dump is complete once the file has grown and then
 stayed the same size for a short settle time.
+
+Collectives: a rank started with ``$SIMULATORS_FR_FILE`` also runs
+:func:`install_flight_recorder_dumper`: a thread that, on SIGUSR2, writes
+torch's Flight Recorder dump (``torch._C._distributed_c10d._dump_fr_trace``,
+the pickle format ``torchfrtrace`` reads; torch 2.13 records gloo
+collectives when ``TORCH_FR_BUFFER_SIZE`` is set) to that file. The thread
+works while the main thread is blocked in a collective (gloo releases the
+GIL there), which a Python signal handler would not. :func:`dump_flight_records`
+signals the ranks and reads the dumps back.
 """
 from __future__ import annotations
 
 import faulthandler
 import os
+import pickle
+import threading
 import signal
 import sys
 import time
 from collections.abc import Sequence
 
-from simulators.spawn import STACK_FILE_ENV, RankProcess
+from simulators.spawn import FR_FILE_ENV, STACK_FILE_ENV, RankProcess
 
 _POLL_S = 0.02
 _SETTLE_S = 0.1
@@ -72,3 +83,63 @@ def dump_stacks(ranks: Sequence[RankProcess], timeout: float = 2.0) -> dict[int,
             text = stream.read().decode("utf-8", "replace")
         stacks[rank.rank] = text or f"(no stack from rank {rank.rank} (pid {rank.pid}) within {timeout}s)\n"
     return stacks
+
+
+def install_flight_recorder_dumper() -> None:
+    """On SIGUSR2, write torch's Flight Recorder dump to ``$SIMULATORS_FR_FILE`` (no-op without it).
+
+    SIGUSR2 is blocked in the calling thread (call it from the main thread
+    before any other thread starts, so every thread inherits the mask) and
+    taken by a daemon thread with ``sigwait``. The dump is written to a
+    temporary name and renamed, so a reader never sees half a file.
+    """
+    path = os.environ.get(FR_FILE_ENV)
+    if not path:
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})
+
+    def serve() -> None:
+        while True:
+            signal.sigwait({signal.SIGUSR2})
+            partial = f"{path}.partial"
+            with open(partial, "wb") as stream:
+                stream.write(_flight_recorder_dump())
+            os.replace(partial, path)
+
+    threading.Thread(target=serve, name="simulators-flight-recorder", daemon=True).start()
+
+
+def _flight_recorder_dump() -> bytes:
+    """This process's Flight Recorder dump (pickle), or a pickled empty dump before torch.distributed is used."""
+    if "torch.distributed" in sys.modules:
+        try:
+            from torch._C._distributed_c10d import _dump_fr_trace
+
+            return _dump_fr_trace(True, False, False)  # with stack traces it takes ~10 s (it imports sympy)
+        except Exception as exc:  # an older torch, or a build without c10d
+            return pickle.dumps({"entries": [], "error": repr(exc)})
+    return pickle.dumps({"entries": []})
+
+
+def dump_flight_records(ranks: Sequence[RankProcess], timeout: float = 2.0) -> dict[int, dict]:
+    """Send SIGUSR2 to every live rank and return each one's Flight Recorder dump (a dict), by rank.
+
+    Ranks without a record file, and dumps that do not arrive within
+    ``timeout`` seconds in all, are left out.
+    """
+    live = [rank for rank in ranks if rank.alive() and rank.fr_file is not None]
+    for rank in live:
+        rank.fr_file.unlink(missing_ok=True)
+        try:
+            os.kill(rank.pid, signal.SIGUSR2)
+        except ProcessLookupError:
+            pass
+    records: dict[int, dict] = {}
+    deadline = time.monotonic() + timeout
+    while len(records) < len(live) and time.monotonic() < deadline:
+        for rank in live:
+            if rank.rank not in records and rank.fr_file.exists():
+                with open(rank.fr_file, "rb") as stream:
+                    records[rank.rank] = pickle.load(stream)
+        time.sleep(_POLL_S)
+    return records

@@ -137,3 +137,33 @@ def barrier_on_rank_0_only():
     if rank() == 0:
         dist.barrier()
     return "rank 1 skipped the barrier"
+
+
+def isolation_facts():
+    """What a rank can tell about its own isolation: session leader, PDEATHSIG, torch already imported."""
+    import ctypes
+    import signal
+
+    death_signal = ctypes.c_int()
+    ctypes.CDLL(None).prctl(2, ctypes.byref(death_signal), 0, 0, 0)  # PR_GET_PDEATHSIG
+    return {
+        "rank": rank(),
+        "session_leader": os.getsid(0) == os.getpid(),
+        "group_leader": os.getpgid(0) == os.getpid(),
+        "pdeathsig": death_signal.value == signal.SIGKILL,
+        "torch_preloaded": "torch" in sys.modules,
+        "stack_file": os.environ["SIMULATORS_STACK_FILE"],
+    }
+
+
+def skip_wait_for_everyone_on_rank_1():
+    """A real Accelerator whose rank 1 skips ``wait_for_everyone`` after a matched all-reduce."""
+    import torch
+
+    import accelerate_ref
+
+    acc = accelerate_ref.Accelerator()
+    acc.reduce(torch.ones(2, 3), reduction="sum")
+    if acc.process_index != 1:
+        acc.wait_for_everyone()
+    return acc.process_index

@@ -126,31 +126,43 @@ def _steps(per_rank: list[list[list]]) -> list[list]:
 # -- sharding ---------------------------------------------------------------------
 
 
+def _shard_items(world) -> int:
+    return max(64, 2 * world.size)
+
+
 @case("data.shard_disjoint", worlds=POWER_OF_TWO_WORLDS)
 def shard_disjoint(impl, world):
     """64 items on N ranks: each rank sees 64/N distinct items per epoch; together they see every item.
 
     (The quicktour's example: 8 processes, 64 items, 8 each.) Checked for
-    a sequential loader and, after ``set_seed(0)``, a shuffled one.
+    a sequential loader and, after ``set_seed(0)``, a shuffled one. On a
+    world of more than 32 ranks, 2 items a rank (one batch of 2 each).
     """
     acc = impl.Accelerator()
     impl.utils.set_seed(0)
-    sequential = acc.prepare(DataLoader(range(64), batch_size=2))
-    shuffled = acc.prepare(DataLoader(range(64), batch_size=2, shuffle=True))
+    items = _shard_items(world)
+    sequential = acc.prepare(DataLoader(range(items), batch_size=2))
+    shuffled = acc.prepare(DataLoader(range(items), batch_size=2, shuffle=True))
     return {"sequential": _flat(_epoch(sequential)), "shuffled": [_flat(_epoch(shuffled)) for _ in range(2)]}
 
 
 @shard_disjoint.check
 def _shards_partition_the_data(values, world):
-    per_rank = 64 // world.size
+    items = _shard_items(world)
+    per_rank = items // world.size
     for rank, value in enumerate(values):
         expect_equal(len(set(value["sequential"])), per_rank, f"rank {rank}: distinct items of the sequential loader")
-    _expect_partition([v["sequential"] for v in values], 64, "sequential loader")
+    _expect_partition([v["sequential"] for v in values], items, "sequential loader")
     for epoch in range(2):
-        _expect_partition([v["shuffled"][epoch] for v in values], 64, f"shuffled loader, epoch {epoch}")
+        _expect_partition([v["shuffled"][epoch] for v in values], items, f"shuffled loader, epoch {epoch}")
 
 
-EFFECTIVE_LENGTH, EFFECTIVE_BATCH = 384, 16
+EFFECTIVE_BATCH = 16
+
+
+def _effective_length(world) -> int:
+    """384 samples (24 batches) on up to 8 ranks; more on larger worlds, so every rank gets whole batches."""
+    return EFFECTIVE_BATCH * math.lcm(24, world.size)
 
 
 @case("data.effective_batch")
@@ -160,7 +172,7 @@ def effective_batch(impl, world):
     (The quicktour's example: 16 on 4 GPUs trains at 64.)
     """
     acc = impl.Accelerator()
-    original = DataLoader(range(EFFECTIVE_LENGTH), batch_size=EFFECTIVE_BATCH)
+    original = DataLoader(range(_effective_length(world)), batch_size=EFFECTIVE_BATCH)
     prepared = acc.prepare(original)
     return {"original_len": len(original), "prepared_len": len(prepared), "batches": _epoch(prepared)}
 
@@ -169,14 +181,16 @@ def effective_batch(impl, world):
 def _batch_times_ranks(values, world):
     steps = _steps([v["batches"] for v in values])
     expect_equal({len(step) for step in steps}, {EFFECTIVE_BATCH * world.size}, "samples per step over all ranks")
-    expect_equal(sorted(_flat(steps)), list(range(EFFECTIVE_LENGTH)), "samples of one epoch over all ranks")
+    expect_equal(sorted(_flat(steps)), list(range(_effective_length(world))), "samples of one epoch over all ranks")
     for rank, value in enumerate(values):
         expect_equal(
             value["prepared_len"], value["original_len"] // world.size, f"rank {rank}: len(prepared) = len(original) / {world.size}"
         )
 
 
-SPLIT_BATCH = 24  # a multiple of every world size of ANY_WORLD
+def _split_batch(world) -> int:
+    """24 (a multiple of every world size of ANY_WORLD), or a multiple of a larger world's size."""
+    return math.lcm(24, world.size)
 
 
 @case("data.split_batches")
@@ -188,7 +202,7 @@ def split_batches(impl, world):
     both numbers.
     """
     acc = _accelerator(impl, split_batches=True)
-    original = DataLoader(range(5 * SPLIT_BATCH), batch_size=SPLIT_BATCH)
+    original = DataLoader(range(5 * _split_batch(world)), batch_size=_split_batch(world))
     prepared = acc.prepare(original)
     value = {"original": _epoch(original), "prepared_len": len(prepared), "batches": _epoch(prepared)}
     if world.size > 1:
@@ -212,7 +226,7 @@ def _each_rank_gets_its_share(values, world):
     expect_equal(_steps([v["batches"] for v in values]), original, "each step's shares, in rank order")
     for rank, value in enumerate(values):
         expect_equal(
-            {len(batch) for batch in value["batches"]}, {SPLIT_BATCH // world.size}, f"rank {rank}: batch sizes"
+            {len(batch) for batch in value["batches"]}, {_split_batch(world) // world.size}, f"rank {rank}: batch sizes"
         )
         expect_equal(value["prepared_len"], len(original), f"rank {rank}: len(prepared) with split_batches")
 
@@ -259,7 +273,9 @@ def _nothing_duplicated(values, world):
 # -- shuffling ----------------------------------------------------------------------
 
 
-SHUFFLE_LENGTH = 48
+def _shuffle_length(world) -> int:
+    """48 samples in batches of 2, or more on a world too large for every rank to get whole batches of them."""
+    return math.lcm(48, 2 * world.size)
 
 
 @case("data.shuffle_sync", worlds=DISTRIBUTED_WORLDS)
@@ -273,11 +289,11 @@ def shuffle_sync(impl, world):
     """
     acc = _accelerator(impl)
     torch.manual_seed(1000 + world.rank)
-    loader = acc.prepare(DataLoader(range(SHUFFLE_LENGTH), batch_size=2, shuffle=True))
+    loader = acc.prepare(DataLoader(range(_shuffle_length(world)), batch_size=2, shuffle=True))
     epochs = [_flat(_epoch(loader)) for _ in range(2)]
     synced = impl.Accelerator(rng_types=["torch", "generator"])
     torch.manual_seed(2000 + world.rank)
-    batches = iter(synced.prepare(DataLoader(range(SHUFFLE_LENGTH), batch_size=2, shuffle=True)))
+    batches = iter(synced.prepare(DataLoader(range(_shuffle_length(world)), batch_size=2, shuffle=True)))
     next(batches)
     return {"epochs": epochs, "draw_after_start": torch.rand(3).tolist()}
 
@@ -285,18 +301,20 @@ def shuffle_sync(impl, world):
 @shuffle_sync.check
 def _same_shuffle_everywhere(values, world):
     for epoch in range(2):
-        _expect_partition([v["epochs"][epoch] for v in values], SHUFFLE_LENGTH, f"shuffled epoch {epoch}")
+        _expect_partition([v["epochs"][epoch] for v in values], _shuffle_length(world), f"shuffled epoch {epoch}")
     orders = [[sample for v in values for sample in v["epochs"][epoch]] for epoch in range(2)]
     expect_true(orders[0] != orders[1], "the two epochs were shuffled the same way")
-    expect_true(orders[0] != list(range(SHUFFLE_LENGTH)), "shuffle=True did not shuffle")
+    expect_true(orders[0] != list(range(_shuffle_length(world))), "shuffle=True did not shuffle")
     draws = [v["draw_after_start"] for v in values]
     expect_equal(draws, [draws[0]] * world.size, 'torch draws after an epoch started with rng_types=["torch", ...]')
 
 
-SEEDABLE_LENGTH = 32
+def _seedable_length(size: int) -> int:
+    """32 samples in batches of 4, or more on a world too large for every rank to get whole batches of them."""
+    return math.lcm(32, 4 * size)
 
 
-def _seeded_run(impl, seed: int, noise: int) -> dict[str, list[list[int]]]:
+def _seeded_run(impl, seed: int, noise: int, size: int) -> dict[str, list[list[int]]]:
     """Epochs 0 and 1 of a loader prepared with use_seedable_sampler after set_seed(seed), then replayed.
 
     ``noise`` other random draws happen between epochs; the replay calls
@@ -304,7 +322,7 @@ def _seeded_run(impl, seed: int, noise: int) -> dict[str, list[list[int]]]:
     """
     impl.utils.set_seed(seed)
     acc = _accelerator(impl, use_seedable_sampler=True)
-    loader = acc.prepare(DataLoader(range(SEEDABLE_LENGTH), batch_size=4, shuffle=True))
+    loader = acc.prepare(DataLoader(range(_seedable_length(size)), batch_size=4, shuffle=True))
     runs = {"epochs": [], "replayed": []}
     for name in runs:
         impl.utils.set_seed(seed)
@@ -325,7 +343,8 @@ def seedable_sampler(impl, world):
     disjoint and the order is shuffled anew each epoch.
     """
     impl.Accelerator()
-    return {"runs": [_seeded_run(impl, 1234, noise) for noise in (1, 17)], "other_seed": _seeded_run(impl, 4321, 1)}
+    runs = [_seeded_run(impl, 1234, noise, world.size) for noise in (1, 17)]
+    return {"runs": runs, "other_seed": _seeded_run(impl, 4321, 1, world.size)}
 
 
 @seedable_sampler.check
@@ -335,10 +354,10 @@ def _same_order_every_run(values, world):
         expect_equal(first["replayed"], first["epochs"], f"rank {rank}: epochs replayed after set_seed and set_epoch")
         expect_equal(second["epochs"], first["epochs"], f"rank {rank}: the second run's epochs (same seed)")
     for epoch in range(2):
-        _expect_partition([v["runs"][0]["epochs"][epoch] for v in values], SEEDABLE_LENGTH, f"seedable sampler, epoch {epoch}")
+        _expect_partition([v["runs"][0]["epochs"][epoch] for v in values], _seedable_length(world.size), f"seedable sampler, epoch {epoch}")
     orders = [[sample for v in values for sample in v["runs"][0]["epochs"][epoch]] for epoch in range(2)]
     other = [sample for v in values for sample in v["other_seed"]["epochs"][0]]
-    expect_true(orders[0] != list(range(SEEDABLE_LENGTH)), "use_seedable_sampler with shuffle=True did not shuffle")
+    expect_true(orders[0] != list(range(_seedable_length(world.size))), "use_seedable_sampler with shuffle=True did not shuffle")
     expect_true(orders[0] != orders[1], "epochs 0 and 1 were shuffled the same way")
     expect_true(orders[0] != other, "seeds 1234 and 4321 gave the same order")
 

@@ -1,0 +1,127 @@
+"""A warmed fork server for pool ranks: ``python -m simulators._zygote``.
+
+The zygote imports ``torch`` and the modules named in
+``$SIMULATORS_ZYGOTE_PRELOAD`` (comma-separated) once, freezes the garbage
+collector's view of them (so children do not dirty those pages), then
+forks one child per request. Ranks forked from it share the imported
+modules' memory copy-on-write and skip the imports, which is what lets
+64 ranks start on a 2-core machine.
+
+Protocol (one JSON object or one text line per line):
+- stdin, a request: ``{"module": "simulators._worker", "env": {...},
+  "log": "/path/rankN.log", "cwd": null}``;
+- stdout, replies in order: ``started PID`` after each fork, and
+  ``exit PID CODE`` when a child ends (CODE negative: the signal), since only
+  the zygote, the children's parent, can reap them.
+
+Each child keeps every isolation rule of a spawned rank
+(:mod:`simulators.spawn`): it leads its own session and process group, gets
+``PR_SET_PDEATHSIG=SIGKILL`` (the zygote itself dies with the driver the
+same way, so the chain ends with it), has exactly the environment of its
+request, and dumps its stacks on SIGUSR1 to its own stack file. The zygote
+ends when its stdin closes; its children die with it.
+"""
+from __future__ import annotations
+
+import gc
+import importlib
+import json
+import os
+import runpy
+import select
+import signal
+import sys
+import traceback
+
+from simulators.spawn import die_with_parent
+from simulators.watchdog import install_stack_dumper
+
+PRELOAD_ENV = "SIMULATORS_ZYGOTE_PRELOAD"
+
+
+def _become_rank(request: dict, zygote_pid: int, keep_closed: list[int]) -> None:
+    """In the child: isolate, take the request's environment and output, run the module; never returns."""
+    code = 1
+    try:
+        os.setsid()
+        die_with_parent(zygote_pid)
+        for fd in keep_closed:
+            os.close(fd)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        if request.get("cwd"):
+            os.chdir(request["cwd"])
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        install_stack_dumper()
+        gc.unfreeze()
+        _apply_torch_env()
+        sys.argv = [request["module"]]
+        sys.modules.pop(request["module"], None)  # preloaded for its imports; runs afresh as __main__
+        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(code)
+
+
+def _apply_torch_env() -> None:
+    """Settings torch read from the zygote's environment at import, read again from the rank's."""
+    torch = sys.modules.get("torch")
+    if torch is not None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    distributed = sys.modules.get("torch.distributed")
+    if distributed is not None and distributed.is_available():
+        distributed.set_debug_level_from_env()  # TORCH_DISTRIBUTED_DEBUG
+
+
+def main() -> int:
+    install_stack_dumper()
+    replies = os.dup(1)
+    os.dup2(2, 1)  # stray prints go to the zygote's log, never into the protocol
+    for name in filter(None, os.environ.get(PRELOAD_ENV, "").split(",")):
+        importlib.import_module(name)
+    gc.collect()
+    gc.freeze()
+    children: dict[int, int] = {}  # pidfd -> pid
+    pending = b""
+    while True:
+        ready, _, _ = select.select([0, *children], [], [])
+        for fd in ready:
+            if fd == 0:
+                chunk = os.read(0, 65536)
+                if not chunk:
+                    return 0
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    request = json.loads(line)
+                    zygote_pid = os.getpid()
+                    pid = os.fork()
+                    if pid == 0:
+                        _become_rank(request, zygote_pid, [replies, *children])
+                    children[os.pidfd_open(pid)] = pid
+                    os.write(replies, f"started {pid}\n".encode())
+            else:
+                pid = children.pop(fd)
+                os.close(fd)
+                _, status = os.waitpid(pid, 0)
+                os.write(replies, f"exit {pid} {os.waitstatus_to_exitcode(status)}\n".encode())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""The driver's side of the warmed fork server (:mod:`simulators._zygote`).
+
+:class:`Zygote` starts the server once (as a spawned process with every
+isolation rule of :mod:`simulators.spawn`) and forks ranks from it;
+:class:`ForkedProcess` is the part of ``subprocess.Popen`` the simulator
+uses (``pid``, ``returncode``, ``poll()``, ``wait()``) for a rank that is the
+zygote's child, not the driver's: its exit code arrives over the zygote's
+reply pipe. If the zygote itself dies, its ranks die with it (PDEATHSIG) and
+report ``-SIGKILL``.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from simulators._zygote import PRELOAD_ENV
+from simulators.spawn import die_with_parent
+
+_ZYGOTE = (sys.executable, "-m", "simulators._zygote")
+#: Modules every zygote imports: the rank's own entry point (callers add torch and the rest).
+BASE_PRELOAD = ("simulators._worker",)
+
+
+class ZygoteError(RuntimeError):
+    """The fork server did not start or stopped answering; the message has its log tail."""
+
+
+class Zygote:
+    """A fork server with ``preload`` imported, running with ``env`` (it is the ranks' base environment)."""
+
+    def __init__(self, env: Mapping[str, str], log_file: Path, preload: Sequence[str] = ()) -> None:
+        self.log_file = log_file
+        modules = ",".join(dict.fromkeys([*BASE_PRELOAD, *preload]))
+        with open(log_file, "ab") as log:
+            self._proc = subprocess.Popen(
+                list(_ZYGOTE), env={**env, PRELOAD_ENV: modules}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=log, start_new_session=True, preexec_fn=functools.partial(die_with_parent, os.getpid()),
+            )
+        self._buffer = b""
+        self._started: list[int] = []
+        self.exits: dict[int, int] = {}
+
+    @property
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def fork(self, module: str, env: Mapping[str, str], log_file: Path, cwd: str | None, timeout: float) -> ForkedProcess:
+        """Fork a child that runs ``python -m module`` with exactly ``env``; wait at most ``timeout`` for its pid."""
+        request = json.dumps({"module": module, "env": dict(env), "log": str(log_file), "cwd": cwd})
+        try:
+            self._proc.stdin.write(request.encode() + b"\n")
+            self._proc.stdin.flush()
+        except BrokenPipeError:
+            raise self._error("the fork server is gone") from None
+        deadline = time.monotonic() + timeout
+        while not self._started:
+            if not self.pump(max(0.0, deadline - time.monotonic())) and time.monotonic() >= deadline:
+                raise self._error(f"the fork server did not fork a rank within {timeout}s")
+            if not self.alive and not self._started:
+                raise self._error("the fork server exited")
+        return ForkedProcess(self, self._started.pop(0))
+
+    def pump(self, timeout: float) -> bool:
+        """Read the replies that arrive within ``timeout``; False when none did."""
+        ready, _, _ = select.select([self._proc.stdout], [], [], timeout)
+        if not ready:
+            return False
+        chunk = os.read(self._proc.stdout.fileno(), 65536)
+        if not chunk:
+            time.sleep(min(timeout, 0.01))  # the zygote is gone: EOF stays readable
+            return False
+        self._buffer += chunk
+        *lines, self._buffer = self._buffer.split(b"\n")
+        for line in lines:
+            kind, *fields = line.decode().split()
+            if kind == "started":
+                self._started.append(int(fields[0]))
+            elif kind == "exit":
+                self.exits[int(fields[0])] = int(fields[1])
+        return True
+
+    def close(self, timeout: float = 5.0) -> None:
+        """End the zygote (its remaining children die with it) and reap it."""
+        try:
+            os.killpg(self._proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self._proc.kill()
+        self._proc.wait(timeout)
+        for stream in (self._proc.stdin, self._proc.stdout):
+            stream.close()
+
+    def _error(self, reason: str) -> ZygoteError:
+        tail = self.log_file.read_text(errors="replace")[-4000:] if self.log_file.exists() else ""
+        return ZygoteError(f"{reason}; its log ends:\n{tail}")
+
+
+class ForkedProcess:
+    """A rank forked by a :class:`Zygote`: the subset of ``subprocess.Popen`` the simulator uses."""
+
+    def __init__(self, zygote: Zygote, pid: int) -> None:
+        self.zygote = zygote
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            while self.zygote.pump(0.0):
+                pass
+            self._settle()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            left = 0.05 if deadline is None else min(0.05, deadline - time.monotonic())
+            if left <= 0:
+                raise subprocess.TimeoutExpired(f"rank pid {self.pid}", timeout)
+            self.zygote.pump(left)
+        return self.returncode
+
+    def _settle(self) -> None:
+        if self.pid in self.zygote.exits:
+            self.returncode = self.zygote.exits.pop(self.pid)
+        elif not self.zygote.alive and not _exists(self.pid):
+            self.returncode = -signal.SIGKILL  # died with its zygote; nobody left to report the code
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
