@@ -130,3 +130,4 @@ from .versions import compare_versions, is_torch_version
 # -- launching (issue 11) --
 from .launch import prepare_multi_gpu_env, prepare_simple_launcher_cmd_env  # noqa: E402
 from .torch_xla import install_xla  # noqa: E402
+from ..commands.config.default import write_basic_config  # noqa: E402
