@@ -61,7 +61,7 @@ class Finished:
 def start_cli(impl: ModuleType, args: list[str], env: dict[str, str], cwd: str, stdin: str | None = None) -> subprocess.Popen:
     """Start ``<impl> <args>`` (the implementation's ``accelerate`` command) in its own process group."""
     code = (
-        "import importlib, sys; importlib.import_module(sys.argv.pop(1)); "
+        "import importlib, sys; importlib.import_module(sys.argv.pop(1)).Accelerator; "
         "cli = importlib.import_module(sys.argv.pop(1) + '.commands.accelerate_cli'); "
         "sys.argv[0] = 'accelerate'; sys.exit(cli.main())"
     )
