@@ -44,6 +44,9 @@ def clean_env(home: str, **extra: str) -> dict[str, str]:
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and "devices/sites" not in p]
     env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in sys.path if p.endswith("tests") and p not in paths])
     env["HF_HOME"] = home
+    # The implementation's console scripts (``accelerate test`` runs ``accelerate-launch``) are found
+    # on PATH, as they are for a user who installed it.
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
     env["OMP_NUM_THREADS"] = "1"
     env.update(extra)
     return {k: v for k, v in env.items() if v is not None}
