@@ -28,7 +28,7 @@ import yaml
 
 from simulators.ports import free_port
 
-from ..case import case
+from ..case import ANY_WORLD, case
 from ..checks import expect_equal, expect_raises, expect_true
 from ..launching import LAUNCH_TIMEOUT, clean_env, finish, pid_alive, read_reports, run_cli, start_cli, write_probe
 
@@ -331,10 +331,13 @@ def launch_debug_launcher(impl, world):
     expect_equal(ran, [("debug", 0, 2, "MULTI_CPU"), ("debug", 1, 2, "MULTI_CPU")], "(tag, process_index, num_processes, distributed_type) of the runs of fn")
 
 
-@case("launch.distributed_type_branch", timeout=LAUNCH_CASE_TIMEOUT)
+@case("launch.distributed_type_branch", worlds=[w for w in ANY_WORLD if w != "1"], timeout=LAUNCH_CASE_TIMEOUT)
 def launch_distributed_type_branch(impl, world):
     """``accelerator.distributed_type`` is a ``DistributedType`` member a script can branch on: the XLA
-    (TPU) member exactly when the device is an XLA device, so static-shape code paths are taken there only."""
+    (TPU) member exactly when the device is an XLA device, so static-shape code paths are taken there only.
+
+    Not at world 1: there HF reports XLA on a single XLA replica and the reference NO (its rule in
+    ``tests/test_devices_xla.py``); which one the documents mean is open."""
     acc = impl.Accelerator()
     kind = acc.distributed_type
     expect_true(isinstance(kind, impl.DistributedType), f"distributed_type {kind!r} should be a DistributedType member")
