@@ -24,7 +24,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser("accelerate-ref", usage="accelerate-ref <command> [<args>]", allow_abbrev=False)
+    parser = OneLineParser("accelerate-ref", allow_abbrev=False)
     subparsers = parser.add_subparsers(dest="command", parser_class=OneLineParser)
     for add in (config_command_parser, env_command_parser, launch_command_parser, test_command_parser):
         add(subparsers)

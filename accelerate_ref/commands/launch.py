@@ -116,7 +116,7 @@ def _apply_config(args: argparse.Namespace) -> None:
 
 def validate(args: argparse.Namespace) -> None:
     """Raise LaunchError for a launch that cannot start (catalog "Launching", bad input)."""
-    if sum([args.cpu and not args.multi_gpu and not args.tpu, args.multi_gpu, args.tpu]) > 1 or (args.multi_gpu and args.tpu):
+    if sum([args.cpu, args.multi_gpu, args.tpu]) > 1:
         raise LaunchError("use only one of --cpu, --multi_gpu, --tpu")
     _apply_config(args)
     if args.num_processes < 1 or args.num_machines < 1:
