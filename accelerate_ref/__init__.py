@@ -41,3 +41,8 @@ __all__ = [
     "load_checkpoint_in_model",
     "skip_first_batches",
 ]
+
+# -- launching (issue 11) --
+from .launchers import debug_launcher, notebook_launcher  # noqa: E402
+
+__all__ += ["debug_launcher", "notebook_launcher"]

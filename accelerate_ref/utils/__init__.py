@@ -126,3 +126,8 @@ from .other import extract_model_from_parallel, is_compiled_module
 from .random import set_seed, synchronize_rng_state, synchronize_rng_states
 from .serialization import clean_state_dict_for_safetensors, fsync_directory, load, save, write_atomically
 from .versions import compare_versions, is_torch_version
+
+# -- launching (issue 11) --
+from .launch import prepare_multi_gpu_env, prepare_simple_launcher_cmd_env  # noqa: E402
+from .torch_xla import install_xla  # noqa: E402
+from ..commands.config.default import write_basic_config  # noqa: E402

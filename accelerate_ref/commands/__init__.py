@@ -1,0 +1,1 @@
+"""The ``accelerate-ref`` command line: ``config``, ``env``, ``launch``, ``test`` (catalog section "Launching")."""

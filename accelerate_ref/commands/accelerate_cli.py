@@ -1,0 +1,55 @@
+"""The ``accelerate-ref`` console script: ``config``, ``env``, ``launch``, ``test``.
+
+Every error is one line on stderr: usage errors (unknown flag, bad value,
+missing script, bad config, port in use) exit 2, a failed launch exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .config.config import PromptError, config_command_parser
+from .config.config_args import ConfigError
+from .env import env_command_parser
+from .launch import LaunchError, RankFailure, launch_command_parser
+from .test import test_command_parser
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (``prog: error: message``) and exit 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser("accelerate-ref", allow_abbrev=False)
+    subparsers = parser.add_subparsers(dest="command", parser_class=OneLineParser)
+    for add in (config_command_parser, env_command_parser, launch_command_parser, test_command_parser):
+        add(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if not hasattr(args, "func"):
+        parser.print_help()
+        return 2
+    prog = f"accelerate-ref {args.command}"
+    try:
+        return args.func(args)
+    except (LaunchError, ConfigError, PromptError, ValueError) as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        return 2
+    except RankFailure as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

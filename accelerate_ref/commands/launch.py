@@ -1,0 +1,233 @@
+"""``accelerate-ref launch``: run a script on N ranks over M machines (catalog "Launching").
+
+Process management and rendezvous are ``torch.distributed.run`` (torchrun's
+elastic agent, run in this process): ``--num_processes N`` ranks in all,
+``N / M`` per machine, ``--machine_rank`` this machine's index, machine 0
+hosting the rendezvous at ``--main_process_ip:--main_process_port``
+(``launch.multi_node``). ``--cpu --num_processes N`` starts N gloo ranks
+(``launch.cpu_ranks``; 🤗 Accelerate starts one, accelerate issue #2741). One
+process on one machine runs the script directly. Flags override the config
+file, which overrides the defaults (``launch.cli``). Ranks get 🤗 Accelerate's
+environment (``utils.launch``), so its scripts run unchanged.
+
+Bad input (unknown flag, missing script or module, bad config, machine rank
+out of range, port in use) is one line on stderr and exit 2; a failing rank
+ends the launch (its traceback first, then one line naming it) with exit 1,
+and so does a launch still running after ``--timeout`` seconds; every rank is
+stopped before the command returns (``launch.failure``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+from contextlib import contextmanager
+from typing import Iterator
+
+from ..utils.launch import is_port_in_use, prepare_multi_gpu_env, prepare_simple_launcher_cmd_env, torchrun_argv
+from .config.config_args import ConfigError, load_config_from_file
+
+
+class LaunchError(Exception):
+    """A launch that cannot start: bad flags, script, config or port (exit 2)."""
+
+
+class RankFailure(Exception):
+    """A launch whose ranks failed or ran past ``--timeout`` (exit 1)."""
+
+
+#: Settings a flag can give and the config file can default, with their last-resort defaults.
+DEFAULTS = {
+    "num_processes": 1,
+    "num_machines": 1,
+    "machine_rank": 0,
+    "main_process_ip": None,
+    "main_process_port": None,
+    "mixed_precision": "no",
+    "dynamo_backend": "no",
+    "gradient_accumulation_steps": None,
+    "gpu_ids": None,
+}
+
+#: config ``distributed_type`` -> the launch flag it stands for.
+DISTRIBUTED_FLAGS = {"MULTI_GPU": "multi_gpu", "MULTI_NPU": "multi_gpu", "XLA": "tpu", "TPU": "tpu", "MULTI_CPU": "cpu"}
+
+
+def _flag(group, *names: str, **kwargs) -> None:
+    """Add a flag under its underscore name and its hyphen spelling, as 🤗 Accelerate accepts both."""
+    spellings = list(names) + [n.replace("_", "-") for n in names if "_" in n]
+    group.add_argument(*spellings, **kwargs)
+
+
+def launch_command_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("launch", help="run a script on several ranks", allow_abbrev=False)
+    _flag(parser, "--config_file", default=None, help="config to read (default: the HF cache location)")
+    _flag(parser, "--cpu", action="store_true", help="run on CPU ranks (gloo), whatever accelerators are present")
+    _flag(parser, "--multi_gpu", action="store_true", help="one rank per GPU")
+    _flag(parser, "--tpu", action="store_true", help="TPU (XLA) ranks")
+    _flag(parser, "--num_processes", "-n", type=int, default=None, help="ranks in all (across machines)")
+    _flag(parser, "--num_machines", type=int, default=None)
+    _flag(parser, "--machine_rank", type=int, default=None)
+    _flag(parser, "--main_process_ip", default=None)
+    _flag(parser, "--main_process_port", type=int, default=None)
+    _flag(parser, "--mixed_precision", choices=["no", "fp16", "bf16", "fp8"], default=None)
+    _flag(parser, "--gradient_accumulation_steps", type=int, default=None)
+    _flag(parser, "--dynamo_backend", default=None)
+    _flag(parser, "--gpu_ids", default=None)
+    _flag(parser, "--debug", action="store_true", help="ACCELERATE_DEBUG_MODE: check collective shapes")
+    _flag(parser, "--module", "-m", action="store_true", help="the script is a module name (python -m)")
+    _flag(parser, "--no_python", action="store_true", help="run the script as an executable, not with python")
+    _flag(parser, "--timeout", type=float, default=None, help="stop every rank after this many seconds")
+    _flag(
+        parser,
+        "--simulate",
+        choices=["cpu", "xla", "npu"],
+        default=None,
+        help="dry run on the simulator's ranks with that device family's mock, then a run summary",
+    )
+    parser.add_argument("training_script", help="the script (or module, with -m) to run")
+    parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="arguments for the script")
+    parser.set_defaults(func=launch_command)
+    return parser
+
+
+def _apply_config(args: argparse.Namespace) -> None:
+    """Fill what no flag gave from the config file, then from ``DEFAULTS`` (flags win)."""
+    try:
+        config = load_config_from_file(args.config_file)
+    except ConfigError as error:
+        raise LaunchError(str(error)) from None
+    if config is not None:
+        if not (args.cpu or args.multi_gpu or args.tpu):
+            flag = DISTRIBUTED_FLAGS.get(str(config.distributed_type).upper())
+            if flag:
+                setattr(args, flag, True)
+        args.cpu = args.cpu or bool(config.use_cpu)
+        args.debug = args.debug or bool(config.debug)
+    for name, default in DEFAULTS.items():
+        if getattr(args, name) is None:
+            from_config = getattr(config, name, None) if config is not None else None
+            setattr(args, name, from_config if from_config is not None else default)
+
+
+def validate(args: argparse.Namespace) -> None:
+    """Raise LaunchError for a launch that cannot start (catalog "Launching", bad input)."""
+    if sum([args.cpu, args.multi_gpu, args.tpu]) > 1:
+        raise LaunchError("use only one of --cpu, --multi_gpu, --tpu")
+    _apply_config(args)
+    if args.num_processes < 1 or args.num_machines < 1:
+        raise LaunchError("--num_processes and --num_machines must be at least 1")
+    if args.num_processes % args.num_machines:
+        raise LaunchError(f"--num_processes {args.num_processes} is not a multiple of --num_machines {args.num_machines}")
+    if not 0 <= args.machine_rank < args.num_machines:
+        raise LaunchError(f"--machine_rank {args.machine_rank} is out of range for --num_machines {args.num_machines}")
+    if args.num_machines > 1 and (args.main_process_ip is None or args.main_process_port is None):
+        raise LaunchError("with --num_machines > 1, --main_process_ip and --main_process_port are required")
+    if args.module:
+        if importlib.util.find_spec(args.training_script.split(".")[0]) is None:
+            raise LaunchError(f"module {args.training_script!r} not found")
+    elif not args.no_python and not os.path.isfile(args.training_script):
+        raise LaunchError(f"script {args.training_script!r} not found")
+    host_here = args.machine_rank == 0 and args.main_process_ip in (None, "127.0.0.1", "localhost")
+    if args.main_process_port and host_here and is_port_in_use(args.main_process_port):
+        raise LaunchError(f"port {args.main_process_port} is already in use (--main_process_port)")
+
+
+class _Timeout(BaseException):
+    """Raised in the launcher's main thread when ``--timeout`` expires (unwinds torchrun's agent, which stops the ranks)."""
+
+
+@contextmanager
+def _deadline(seconds: float | None) -> Iterator[None]:
+    if not seconds:
+        yield
+        return
+
+    def expire(signum, frame):
+        raise _Timeout()
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def simple_launcher(args: argparse.Namespace) -> None:
+    """One process: run the script directly with the launch environment."""
+    cmd, env = prepare_simple_launcher_cmd_env(args)
+    process = subprocess.Popen(cmd, env=env)
+    try:
+        with _deadline(args.timeout):
+            code = process.wait()
+    except _Timeout:
+        raise RankFailure(f"the script was still running after --timeout {args.timeout:g}s; stopped it") from None
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+    if code != 0:
+        raise RankFailure(f"the script exited with code {code}")
+
+
+def multi_process_launcher(args: argparse.Namespace) -> None:
+    """Ranks through ``torch.distributed.run`` (in this process); the first failure ends the launch."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    env = prepare_multi_gpu_env(args)
+    torchrun_args = get_args_parser().parse_args(torchrun_argv(args))
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        with _deadline(args.timeout):
+            run(torchrun_args)
+    except ChildFailedError as error:
+        raise RankFailure(_describe_failure(error)) from None
+    except _Timeout:
+        raise RankFailure(f"ranks still running after --timeout {args.timeout:g}s; stopped every rank") from None
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _describe_failure(error) -> str:
+    rank, failure = error.get_first_failure()
+    how = f"signal {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
+    others = len(error.failures) - 1
+    return f"rank {rank} failed with {how}" + (f" ({others} more rank(s) failed)" if others > 0 else "") + "; every rank stopped"
+
+
+def launch_command(args: argparse.Namespace) -> int:
+    """Validate, then run the launch; return the exit status (errors raise LaunchError / RankFailure)."""
+    validate(args)
+    if args.simulate:
+        from simulators.dryrun import dry_run
+
+        return dry_run(args)
+    if args.num_processes == 1 and args.num_machines == 1:
+        simple_launcher(args)
+    else:
+        multi_process_launcher(args)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m accelerate_ref.commands.launch ...``: the ``launch`` subcommand alone."""
+    from .accelerate_cli import main as cli_main
+
+    return cli_main(["launch", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

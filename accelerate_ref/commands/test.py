@@ -1,0 +1,46 @@
+"""``accelerate-ref test``: a short distributed self-check (catalog ``launch.test``).
+
+Runs a subset of the conformance suite (process control, collectives, one
+training step) against the configured implementation in the configured world
+(``num_processes`` ranks of the config, at least 2 unless ``--num_processes``
+says otherwise) and exits non-zero on any failure: the drop-in for
+``accelerate test`` in a CI job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+from .config.config_args import ConfigError, load_config_from_file
+
+#: Conformance case patterns the self-check runs: cheap and covering the distributed basics.
+SELF_CHECK = "state.attributes,process.is_main,gather.*,reduce.doc_example,broadcast.*,wait_for_everyone*"
+
+
+def test_command(args: argparse.Namespace) -> int:
+    try:
+        config = load_config_from_file(args.config_file)
+    except ConfigError as error:
+        raise ValueError(str(error)) from None
+    ranks = args.num_processes or max(getattr(config, "num_processes", 0) or 0, 2)
+    command = [
+        sys.executable, "-m", "conformance", "run",
+        "--impl", args.impl, "--backend", args.backend,
+        "--worlds", str(ranks), "-k", SELF_CHECK, "--case-timeout", "60",
+    ]
+    print(f"Running the accelerate-ref self-check: {args.impl} on {ranks} ranks ({args.backend})", flush=True)
+    code = subprocess.call(command)
+    print("Test is a success! You are ready for your distributed training!" if code == 0 else "Self-check FAILED", flush=True)
+    return 0 if code == 0 else 1
+
+
+def test_command_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("test", help="run a short distributed self-check")
+    parser.add_argument("--config_file", "--config-file", default=None)
+    parser.add_argument("--num_processes", "--num-processes", type=int, default=None)
+    parser.add_argument("--impl", default="accelerate_ref", help="implementation module under test")
+    parser.add_argument("--backend", default="sim", choices=["sim", "sim-xla", "sim-npu", "native"])
+    parser.set_defaults(func=test_command)
+    return parser

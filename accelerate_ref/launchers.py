@@ -1,0 +1,84 @@
+"""``notebook_launcher`` and ``debug_launcher``: several ranks from one Python process.
+
+``notebook_launcher(fn, args, num_processes=N)`` forks N ranks with torch's
+elastic agent (``torch.distributed.launcher.api.elastic_launch``, start method
+``fork``, as documented for notebooks); each runs ``fn(*args)`` as one rank of
+a torchrun-style world. The ``Accelerator`` must be created inside ``fn``: one
+created before the call is refused with a ``ValueError`` saying so (catalog
+``launch.notebook_launcher``). ``debug_launcher(fn, args, num_processes=2)``
+forks CPU ranks over gloo for debugging (catalog ``launch.debug_launcher``).
+A rank that raises ends the launch with a ``RuntimeError`` naming it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from .state import AcceleratorState, PartialState
+from .utils.environment import patch_environment
+from .utils.launch import LOOPBACK, free_port
+
+REFUSAL = (
+    "an Accelerator (or PartialState) was created before notebook_launcher was called: create the "
+    "Accelerator only inside the training function, restart the notebook and run the launcher first"
+)
+
+
+def _state_exists() -> bool:
+    return bool(PartialState._shared_state) or bool(AcceleratorState._shared_state)
+
+
+def notebook_launcher(
+    function: Callable[..., Any],
+    args: tuple = (),
+    num_processes: int | None = None,
+    mixed_precision: str = "no",
+    use_port: str | int = "29500",
+    master_addr: str = LOOPBACK,
+    node_rank: int = 0,
+    num_nodes: int = 1,
+    max_restarts: int = 0,
+    monitor_interval: float = 0.1,
+) -> None:
+    """Run ``function(*args)`` on ``num_processes`` forked ranks per node (one process in place when 1 or None)."""
+    if _state_exists():
+        raise ValueError(REFUSAL)
+    if not num_processes or num_processes == 1:
+        with patch_environment(accelerate_mixed_precision=mixed_precision):
+            function(*args)
+        return
+    if not 0 <= node_rank < num_nodes:
+        raise ValueError(f"node_rank {node_rank} must be in [0, num_nodes={num_nodes})")
+    _fork_ranks(function, args, num_processes, num_nodes, node_rank, master_addr, str(use_port),
+                max_restarts, monitor_interval, accelerate_mixed_precision=mixed_precision)
+
+
+def debug_launcher(function: Callable[..., Any], args: tuple = (), num_processes: int = 2) -> None:
+    """Run ``function(*args)`` on ``num_processes`` forked CPU ranks (gloo on loopback) for debugging."""
+    _fork_ranks(function, args, num_processes, 1, 0, LOOPBACK, str(free_port()), 0, 0.1,
+                accelerate_mixed_precision="no", accelerate_use_cpu="True")
+
+
+def _fork_ranks(function, args, nproc, num_nodes, node_rank, master_addr, port, max_restarts, monitor_interval, **env) -> None:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    config = LaunchConfig(
+        min_nodes=num_nodes,
+        max_nodes=num_nodes,
+        nproc_per_node=nproc,
+        run_id="accelerate_ref_notebook",
+        rdzv_backend="static",
+        rdzv_endpoint=f"{master_addr}:{port}",
+        rdzv_configs={"rank": node_rank},
+        max_restarts=max_restarts,
+        monitor_interval=monitor_interval,
+        start_method="fork",
+    )
+    with patch_environment(omp_num_threads=os.environ.get("OMP_NUM_THREADS", "1"), **env):
+        try:
+            elastic_launch(config=config, entrypoint=function)(*args)
+        except ChildFailedError as error:
+            rank, failure = error.get_first_failure()
+            raise RuntimeError(f"rank {rank} of the launch failed: {failure.message or failure.exitcode}") from None

@@ -1,0 +1,61 @@
+"""``accelerate-ref launch --simulate``: the run summary of a dry run of an unmodified HF-accelerate script."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from simulators.dryrun import summary
+from simulators.launcher import LaunchResult
+from simulators.topology import World
+
+TRAIN = textwrap.dedent("""\
+    import sys
+    import torch
+    from accelerate import Accelerator
+
+    accelerator = Accelerator()
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
+    model, optimizer, loader = accelerator.prepare(model, optimizer, torch.utils.data.DataLoader(data, batch_size=4))
+    for inputs, targets in loader:
+        if "--misplace" in sys.argv:
+            targets = targets.cpu()
+        loss = torch.nn.functional.mse_loss(model(inputs), targets)
+        accelerator.backward(loss)
+        optimizer.step()
+    accelerator.print("trained on", accelerator.distributed_type)
+    """)
+
+
+def test_summary_names_rank_states_mixing_site_and_stacks():
+    tail = 'Traceback (most recent call last):\n  File "/x/train.py", line 12, in <module>\n  File "/v/site-packages/torch/f.py", line 9\n' \
+        "RuntimeError: Expected all tensors to be on the same device, but found at least two devices, xla:0 and cpu!\n" \
+        "XLA recompilation at step 3: shapes (4, 2) -> (3, 2)\n"
+    result = LaunchResult("timeout", 124, exit_codes={1: 1}, running=[0], stacks={0: "File train.py line 5 in wait"}, output_tail={1: tail})
+    text = summary(result, World.of(2, machines=1), "/x/train.py")
+    assert "rank 0: still running at the timeout" in text and "rank 1: exit 1" in text
+    assert "rank 1: device mixing at /x/train.py:12" in text
+    assert "XLA recompilation at step 3" in text and "--- rank 0 stack ---" in text
+
+
+@pytest.mark.extended
+def test_xla_dry_run_reports_the_misplaced_tensor_line(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    done = subprocess.run(
+        [sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", "launch", "--simulate", "xla", "--num_processes", "2", str(script), "--misplace"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )
+    assert done.returncode != 0
+    assert f"device mixing at {script}:13" in done.stdout, done.stdout[-2000:]
+    clean = subprocess.run(
+        [sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", "launch", "--simulate", "xla", "--num_processes", "2", str(script)],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )
+    assert clean.returncode == 0, clean.stdout[-2000:] + clean.stderr[-2000:]
+    assert "rank 0: exit 0" in clean.stdout and "rank 1: exit 0" in clean.stdout
