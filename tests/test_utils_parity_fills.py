@@ -29,6 +29,7 @@ from accelerate_ref.utils import (
     parse_choice_from_env,
     purge_accelerate_environment,
     recursive_getattr,
+    reduce,
     str_to_bool,
 )
 
@@ -105,6 +106,7 @@ def _ranks_copy_and_local_sgd() -> dict:
         refused = ""
     except ValueError as error:
         refused = str(error)
+    largest = reduce(torch.tensor([float(rank), 1.0 - rank]), "max")
     torch.manual_seed(rank)
     model = accelerator.prepare(torch.nn.Linear(2, 1))
     weights = []
@@ -115,14 +117,16 @@ def _ranks_copy_and_local_sgd() -> dict:
                     param.add_(float(rank + 1))
             sgd.step()
             weights.append(model.module.weight.detach().clone().tolist())
-    return {"copied": copied.tolist(), "dtype": str(copied.dtype), "refused": refused, "weights": weights}
+    return {"copied": copied.tolist(), "dtype": str(copied.dtype), "refused": refused, "weights": weights,
+            "max": largest.tolist()}
 
 
-def test_copy_tensor_to_devices_and_local_sgd_on_two_ranks() -> None:
+def test_copy_tensor_to_devices_reduce_max_and_local_sgd_on_two_ranks() -> None:
     reports = simulators.run(_ranks_copy_and_local_sgd, world=2, timeout=120)
     for report in reports:
         assert report["copied"] == [[1.5, 2.5]] and report["dtype"] == "torch.float32"
         assert "exactly one process" in report["refused"] and "0 did" in report["refused"]
+        assert report["max"] == [1.0, 1.0]
     # after step 1 the ranks differ (no averaging yet); after step 2 they agree (averaged)
     assert reports[0]["weights"][0] != reports[1]["weights"][0]
     assert reports[0]["weights"][1] == reports[1]["weights"][1]

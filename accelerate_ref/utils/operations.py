@@ -46,7 +46,7 @@ from .structures import (
     slice_tensors,
 )
 
-REDUCTIONS = ("sum", "mean", "none")
+REDUCTIONS = ("sum", "mean", "max", "none")
 
 
 class DistributedOperationException(Exception):
@@ -142,8 +142,8 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
     """Reduce every tensor of a nested structure across all processes.
 
     Rule: `reduction` is "sum" (element-wise sum over ranks), "mean" (the sum
-    divided by num_processes; integer tensors give floating results) or
-    "none" (the input returned unchanged, no communication; HF 1.15 sums
+    divided by num_processes; integer tensors give floating results), "max"
+    (element-wise maximum over ranks, listed by A v1.x) or "none" (the input returned unchanged, no communication; HF 1.15 sums
     instead); anything else is a ValueError naming it and the valid ones.
     `scale` multiplies the reduced value (on every backend). The utility
     defaults to "mean"; `Accelerator.reduce` to "sum". Leaves are reduced
@@ -158,7 +158,10 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
     collectives = _tensor_collectives(tensor, "reduce", same_shapes=True)
 
     def reduce_one(leaf: torch.Tensor) -> torch.Tensor:
-        result = collectives.all_reduce_sum(leaf.contiguous())
+        if reduction == "max":
+            result = collectives.all_reduce_max(leaf.contiguous())
+        else:
+            result = collectives.all_reduce_sum(leaf.contiguous())
         if reduction == "mean":
             result = result / collectives.num_processes
         return result * scale if scale != 1.0 else result
