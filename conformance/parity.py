@@ -252,11 +252,12 @@ def _unwrap_member(raw: Any) -> Any:
     return raw
 
 
-def _lookup(impl_module: ModuleType | None, qualname: str, owner_cls: type | None = None) -> tuple[bool, Any]:
+def _lookup(impl_module: ModuleType | None, qualname: str) -> tuple[bool, Any]:
+    """``(found, value)`` of ``qualname`` in the implementation's module (a class member raw, not bound)."""
     if impl_module is None:
         return False, None
     head, _, rest = qualname.partition(".")
-    if head not in vars(impl_module) and not hasattr(impl_module, head):
+    if not hasattr(impl_module, head):
         return False, None
     value = getattr(impl_module, head)
     if not rest:
