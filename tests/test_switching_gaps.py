@@ -63,3 +63,10 @@ def test_register_for_checkpointing_error_is_hfs_and_names_the_index() -> None:
     with pytest.raises(ValueError, match=r"All `objects` must include a `state_dict` and `load_state_dict`") as error:
         accelerator.register_for_checkpointing(good, object())
     assert "Item at index 1, `object`" in str(error.value)
+
+
+def test_changing_mixed_precision_after_initialisation_gives_hfs_message() -> None:
+    Accelerator(cpu=True)
+    with pytest.raises(ValueError, match=r"AcceleratorState has already been initialized and cannot be changed, "
+                                         r"restart your runtime completely and pass `mixed_precision='bf16'`"):
+        Accelerator(cpu=True, mixed_precision="bf16")
