@@ -246,8 +246,8 @@ def is_tqdm_available() -> bool:
 
 
 def is_rich_available() -> bool:
-    """True when `rich` is installed and not disabled with ACCELERATE_DISABLE_RICH=1. Catalog: env.checks."""
-    return _is_package_available("rich") and not parse_flag_from_env("ACCELERATE_DISABLE_RICH")
+    """True when `rich` is installed and enabled with ACCELERATE_ENABLE_RICH=1 (opt-in, as HF 1.15). Catalog: env.checks."""
+    return _is_package_available("rich") and parse_flag_from_env("ACCELERATE_ENABLE_RICH", False)
 
 
 # --------------------------------------------------------------------------
