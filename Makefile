@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e ".[test,hf]"
+	$(PY) -m pip install --quiet -e ".[test,hf,transformers,trackers]"
 	@touch $@
 
 # Every backend runs even when one fails; the matrix puts them side by side; the exit status is

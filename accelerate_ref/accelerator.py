@@ -104,6 +104,8 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
         self.device_placement = device_placement
         self.dataloader_config = dataloader_config or DataLoaderConfiguration(split_batches=split_batches)
         self.project_configuration = project_config or ProjectConfiguration(project_dir=project_dir)
+        if project_dir is not None and self.project_configuration.project_dir is None:
+            self.project_configuration.set_directories(project_dir)  # as HF: the argument fills the config's
         self.rng_types = list(rng_types) if rng_types is not None else ["generator"]
         self.log_with = log_with
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
@@ -175,6 +177,11 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
     @property
     def gradient_accumulation_steps(self) -> int:
         return self.gradient_state.num_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, gradient_accumulation_steps: int) -> None:
+        """Batches per optimizer update from now on (the gradient state's plugin). Catalog: accumulate.plugin."""
+        self.gradient_state.plugin.num_steps = gradient_accumulation_steps
 
     @property
     def split_batches(self) -> bool:

@@ -138,3 +138,12 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         Catalog: autocast.fp16_scaler.
         """
         return self._step_was_skipped
+
+    # torch's Optimizer pickles only defaults, state and param_groups, which here are the wrapped
+    # optimizer's: pickle the wrapper's own attributes instead (the wrapped optimizer among them).
+    def __getstate__(self) -> dict[str, Any]:
+        """The wrapper's attributes, so a prepared optimizer pickles and unpickles (as HF's does)."""
+        return dict(self.__dict__)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)

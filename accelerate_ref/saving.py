@@ -153,14 +153,14 @@ class CheckpointingMixin:
         Catalog: register_for_checkpointing.
         """
         invalid = [
-            f"{i}: {type(obj).__name__}"
+            f"\n\t- Item at index {i}, `{type(obj).__qualname__}`"
             for i, obj in enumerate(objects)
             if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)))
         ]
-        if invalid:
+        if invalid:  # HF's wording (which numbers the invalid items among themselves; here: among the arguments)
             raise ValueError(
-                "register_for_checkpointing takes objects with state_dict() and load_state_dict(); "
-                f"these arguments have neither or only one: {', '.join(invalid)}"
+                "All `objects` must include a `state_dict` and `load_state_dict` function to be stored. "
+                "The following inputs are invalid:" + "".join(invalid)
             )
         self._custom_objects.extend(objects)
 

@@ -331,11 +331,14 @@ class AcceleratorState(_SharedState):
         **kwargs: Any,
     ) -> None:
         if self._attach():
+            # HF's wording, so `pytest.raises(match=...)` checks written for accelerate keep working.
+            refusal = ("AcceleratorState has already been initialized and cannot be changed, restart your runtime "
+                       "completely and pass `{flag}` to `Accelerator()`.")
+            if cpu and self.device.type != "cpu":
+                raise ValueError(refusal.format(flag="cpu=True"))
             if mixed_precision is not None and mixed_precision != self._mixed_precision:
-                raise ValueError(
-                    f"AcceleratorState already initialised with mixed_precision={self._mixed_precision!r}; "
-                    f"reset it before asking for {mixed_precision!r}"
-                )
+                raise ValueError(refusal.format(flag=f"mixed_precision='{mixed_precision}'")
+                                 + f" (it has mixed_precision='{self._mixed_precision}')")
             return
         self._partial = PartialState(cpu, **kwargs)
         self._mixed_precision = _precision(mixed_precision)

@@ -1,14 +1,16 @@
-"""Command line: ``python -m conformance run|list|report``.
+"""Command line: ``python -m conformance run|list|report|parity``.
 
 * ``run``: run the suite against ``--impl`` (or ``ACCELERATE_IMPL``) on a backend.
 * ``list``: one line per catalog ID with the cases that cover it, or ``UNCOVERED``.
 * ``report``: build the Markdown/HTML matrix from saved JSON runs.
+* ``parity``: every public name of HF accelerate's documented modules, checked in ``--impl``.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Sequence
 
 from . import catalog, report
@@ -45,6 +47,13 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("runs", nargs="+", metavar="RUN.json")
     rep.add_argument("--markdown", metavar="PATH")
     rep.add_argument("--html", metavar="PATH")
+
+    par = commands.add_parser("parity", help="public names of accelerate, present and compatible in --impl")
+    par.add_argument("--impl", help="implementation package (default: $ACCELERATE_IMPL or accelerate_ref)")
+    par.add_argument("--exclusions", metavar="PATH", help="names left out on purpose (default: <impl>/PARITY.toml)")
+    par.add_argument("--module", dest="modules", action="append", default=[], help="only this accelerate module")
+    par.add_argument("--markdown", metavar="PATH", help="write the per-module counts as a Markdown table")
+    par.add_argument("-v", "--verbose", action="store_true", help="list every gap, explained or not")
     return parser
 
 
@@ -121,9 +130,32 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_parity(args: argparse.Namespace) -> int:
+    """Exit 0 with no unexplained gap and no stale exclusion, 1 otherwise, 2 on bad input."""
+    from . import parity
+
+    impl = chosen(args.impl)
+    try:
+        exclusions = parity.Exclusions.load(args.exclusions or parity.bundled_exclusions(impl))
+        result = parity.check(impl, exclusions, args.modules or None)
+    except parity.ParityUsageError as error:
+        print(f"conformance parity: {error}", file=sys.stderr)
+        return 2
+    print(result.markdown())
+    gaps = result.gaps if args.verbose else result.unexplained
+    for finding in gaps:
+        reason = result.exclusions.reason(finding.key) or "UNEXPLAINED"
+        print(f"{finding.status:9} {finding.key}  [{reason}] {finding.detail}".rstrip())
+    for key in result.stale:
+        print(f"stale     {key}  (listed as left out, but present and compatible or gone from accelerate)")
+    if args.markdown:
+        Path(args.markdown).write_text(result.markdown() + "\n", encoding="utf-8")
+    return 0 if result.ok else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    return {"run": cmd_run, "list": cmd_list, "report": cmd_report}[args.command](args)
+    return {"run": cmd_run, "list": cmd_list, "report": cmd_report, "parity": cmd_parity}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ To reproduce one break by hand::
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from tests.test_meta_suite import F, REFERENCE, Break, brk, shared_pools  # noqa: F401  (shared_pools: a fixture)
@@ -48,6 +50,14 @@ BREAKS = [
 
 #: Per world, the reference first (it must pass every case the breaks use), then the breaks, in one pool.
 PLAN = [entry for world in ("1", "2") for entry in [Break(REFERENCE, {}, world, SAVING)] + [b for b in BREAKS if b.world == world]]
+
+#: With 🤗 Transformers installed (extra `transformers`), its case too: a save on every rank is caught there.
+if importlib.util.find_spec("transformers") is not None:
+    TRANSFORMERS = ("save.once_per_machine", "save.transformers_save_pretrained")
+    PLAN += [
+        Break(REFERENCE, {}, "2", TRANSFORMERS),
+        brk("save_every_rank", {"save.once_per_machine": F, "save.transformers_save_pretrained": F}, "2", TRANSFORMERS),
+    ]
 
 
 @pytest.mark.parametrize("entry", PLAN, ids=lambda entry: entry.label)

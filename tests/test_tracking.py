@@ -143,6 +143,12 @@ def test_tensorboard_tracker(tmp_path):
     acc.log({"loss": 0.5, "text": "hello", "pair": {"a": 1.0, "b": 2.0}}, step=1)
     acc.end_training()
     assert any(name.startswith("events.out.tfevents") for name in os.listdir(tmp_path / "tb"))
+    # Read back with TensorBoard's own reader: the scalar, at its step, and the text.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0, "tensors": 0}).Reload()
+    assert [(e.step, e.value) for e in events.Scalars("loss")] == [(1, 0.5)]
+    assert any("text" in tag for tag in events.Tags()["tensors"]), events.Tags()
 
 
 # -- across ranks --------------------------------------------------------------------------

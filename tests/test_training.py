@@ -431,3 +431,30 @@ def test_profile_writes_a_chrome_trace_and_accepts_an_override(tmp_path):
     with acc.profile(ProfileKwargs(activities=["cpu"])) as prof:
         torch.ones(2)
     assert not (tmp_path / "trace" / "profile_1.json").exists()
+
+
+@pytest.mark.parametrize("factor", [0.5, 0.9])
+def test_find_executable_batch_size_reduction_factor_matches_hf_at_0_9(factor):
+    """The keyword expresses both documents: half (v0.27, the catalog) and HF 1.x's 0.9 back-off."""
+
+    def sizes_tried(decorator):
+        tried = []
+
+        @decorator
+        def train(batch_size):
+            tried.append(batch_size)
+            if batch_size > 16:
+                raise RuntimeError(OOM)
+
+        train()
+        return tried
+
+    ours = sizes_tried(find_executable_batch_size(starting_batch_size=128, reduction_factor=factor))
+    if factor == 0.5:
+        assert ours == [128, 64, 32, 16]
+    else:
+        hf_memory = pytest.importorskip("accelerate.utils.memory")
+        theirs = sizes_tried(hf_memory.find_executable_batch_size(starting_batch_size=128))
+        assert ours == theirs and ours[:3] == [128, 115, 103]
+    with pytest.raises(ValueError, match="reduction_factor"):
+        find_executable_batch_size(lambda batch_size: None, reduction_factor=1.0)

@@ -93,12 +93,13 @@ def test_package_checks_do_not_import(fake_packages):
     assert "wandb" not in sys.modules and "deepspeed" not in sys.modules
 
 
-def test_rich_can_be_disabled(fake_packages, monkeypatch):
+def test_rich_is_opt_in(fake_packages, monkeypatch):
+    """As HF 1.15: an installed rich counts only with ACCELERATE_ENABLE_RICH=1."""
     fake_packages("rich", {"__init__.py": ""})
-    monkeypatch.delenv("ACCELERATE_DISABLE_RICH", raising=False)
-    assert utils.is_rich_available() is True
-    monkeypatch.setenv("ACCELERATE_DISABLE_RICH", "1")
+    monkeypatch.delenv("ACCELERATE_ENABLE_RICH", raising=False)
     assert utils.is_rich_available() is False
+    monkeypatch.setenv("ACCELERATE_ENABLE_RICH", "1")
+    assert utils.is_rich_available() is True
 
 
 def test_npu_plugin_detection(fake_packages, monkeypatch):

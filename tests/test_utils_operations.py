@@ -84,7 +84,7 @@ def test_reduce_single_process(single_process):
     assert reduce({"a": [tensor]}, "mean")["a"][0].tolist() == [1.0, 2.0]
 
 
-@pytest.mark.parametrize("reduction", ["max", "SUM", "avg", None])
+@pytest.mark.parametrize("reduction", ["min", "SUM", "avg", None])  # "max" is valid (A v1.x)
 def test_reduce_rejects_unknown_reductions(single_process, reduction):
     with pytest.raises(ValueError) as error:
         reduce(torch.ones(1), reduction)
@@ -163,12 +163,13 @@ def _check_reduce(r, n):
     assert values.tolist() == [float(r), 2.0 * r + 1]
     nested = reduce({"x": [torch.tensor([r])], "y": (torch.tensor(1.0),)}, "sum")  # reduce.nested
     assert nested["x"][0].tolist() == [sum(range(n))] and nested["y"][0].item() == float(n)
+    assert reduce(values, "max").tolist() == [float(n - 1), 2.0 * (n - 1) + 1]  # "max": listed by A v1.x
     try:
-        reduce(values, "max")
+        reduce(values, "min")
     except ValueError as error:
-        assert "'max'" in str(error)
+        assert "'min'" in str(error) and "'max'" in str(error)
     else:
-        raise AssertionError("reduce(..., 'max') did not raise ValueError")
+        raise AssertionError("reduce(..., 'min') did not raise ValueError")
 
 
 def _check_broadcast(r, n):

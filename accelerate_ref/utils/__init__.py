@@ -131,3 +131,51 @@ from .versions import compare_versions, is_torch_version
 from .launch import prepare_multi_gpu_env, prepare_simple_launcher_cmd_env  # noqa: E402
 from .torch_xla import install_xla  # noqa: E402
 from ..commands.config.default import write_basic_config  # noqa: E402
+
+# Issue 13 (API parity with accelerate 1.15): the remaining names HF's `accelerate.utils` exports.
+from .environment import (  # noqa: E402
+    CPUInformation,
+    are_libraries_initialized,
+    convert_dict_to_env_variables,
+    get_cpu_distributed_information,
+    get_current_device_type,
+    parse_choice_from_env,
+    purge_accelerate_environment,
+)
+from .imports import (  # noqa: E402
+    is_amdsmi_available,
+    is_boto3_available,
+    is_fp16_available,
+    is_habana_gaudi1,
+    is_hpu_available,
+    is_import_timer_available,
+    is_lomo_available,
+    is_matplotlib_available,
+    is_neuron_available,
+    is_numpy_available,
+    is_pandas_available,
+    is_pippy_available,
+    is_pynvml_available,
+    is_pytest_available,
+    is_rocm_available,
+    is_sagemaker_available,
+    is_schedulefree_available,
+    is_sdaa_available,
+    is_swanlab_available,
+    is_timm_available,
+    is_torchdata_stateful_dataloader_available,
+    is_trackio_available,
+    is_triton_available,
+    is_weights_only_available,
+    is_xccl_available,
+)
+from .operations import CannotPadNestedTensorWarning, copy_tensor_to_devices  # noqa: E402
+from .other import (  # noqa: E402
+    check_os_kernel,
+    convert_bytes,
+    get_module_children_bottom_up,
+    get_pretty_name,
+    merge_dicts,
+    recursive_getattr,
+    wait_for_everyone,
+)

@@ -46,6 +46,10 @@ class Collectives:
         """A new tensor holding the element-wise sum of every rank's `tensor`."""
         raise NotImplementedError
 
+    def all_reduce_max(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A new tensor holding the element-wise maximum of every rank's `tensor` (through `all_gather`)."""
+        return self.all_gather(tensor.unsqueeze(0)).amax(dim=0)
+
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:
         """Overwrite `tensor` in place with rank `src`'s."""
         raise NotImplementedError

@@ -246,8 +246,8 @@ def is_tqdm_available() -> bool:
 
 
 def is_rich_available() -> bool:
-    """True when `rich` is installed and not disabled with ACCELERATE_DISABLE_RICH=1. Catalog: env.checks."""
-    return _is_package_available("rich") and not parse_flag_from_env("ACCELERATE_DISABLE_RICH")
+    """True when `rich` is installed and enabled with ACCELERATE_ENABLE_RICH=1 (opt-in, as HF 1.15). Catalog: env.checks."""
+    return _is_package_available("rich") and parse_flag_from_env("ACCELERATE_ENABLE_RICH", False)
 
 
 # --------------------------------------------------------------------------
@@ -286,3 +286,171 @@ def is_clearml_available() -> bool:
 def is_dvclive_available() -> bool:
     """True when `dvclive` is installed. Catalog: env.checks, tracking.init_log_end."""
     return _is_package_available("dvclive")
+
+
+# --------------------------------------------------------------------------
+# The remaining checks of accelerate 1.15's `utils.imports` (catalog env.checks):
+# same names and parameters, so a script's feature tests switch unchanged.
+# --------------------------------------------------------------------------
+USE_TORCH_XLA = parse_flag_from_env("USE_TORCH_XLA", default=True)
+
+
+def is_pytest_available() -> bool:
+    """True when `pytest` is installed. Catalog: env.checks."""
+    return _is_package_available("pytest")
+
+
+def is_pandas_available() -> bool:
+    """True when `pandas` is installed. Catalog: env.checks."""
+    return _is_package_available("pandas")
+
+
+def is_matplotlib_available() -> bool:
+    """True when `matplotlib` is installed. Catalog: env.checks."""
+    return _is_package_available("matplotlib")
+
+
+def is_timm_available() -> bool:
+    """True when `timm` is installed. Catalog: env.checks."""
+    return _is_package_available("timm")
+
+
+def is_boto3_available() -> bool:
+    """True when `boto3` is installed. Catalog: env.checks."""
+    return _is_package_available("boto3")
+
+
+def is_sagemaker_available() -> bool:
+    """True when the `sagemaker` SDK is installed. Catalog: env.checks."""
+    return _is_package_available("sagemaker")
+
+
+def is_schedulefree_available() -> bool:
+    """True when `schedulefree` is installed. Catalog: env.checks."""
+    return _is_package_available("schedulefree")
+
+
+def is_lomo_available() -> bool:
+    """True when `lomo_optim` is installed. Catalog: env.checks."""
+    return _is_package_available("lomo_optim")
+
+
+def is_import_timer_available() -> bool:
+    """True when `import_timer` is installed. Catalog: env.checks."""
+    return _is_package_available("import_timer")
+
+
+def is_pynvml_available() -> bool:
+    """True when `pynvml` (nvidia-ml-py) is installed. Catalog: env.checks."""
+    return _is_package_available("pynvml")
+
+
+def is_amdsmi_available() -> bool:
+    """True when `amdsmi` is installed. Catalog: env.checks."""
+    return _is_package_available("amdsmi")
+
+
+def is_swanlab_available() -> bool:
+    """True when `swanlab` is installed. Catalog: env.checks, tracking.init_log_end."""
+    return _is_package_available("swanlab")
+
+
+def is_trackio_available() -> bool:
+    """True when `trackio` is installed. Catalog: env.checks, tracking.init_log_end."""
+    return _is_package_available("trackio")
+
+
+def is_triton_available() -> bool:
+    """True when `triton` is installed. Catalog: env.checks."""
+    return _is_package_available("triton")
+
+
+def is_rocm_available() -> bool:
+    """True when torch is a ROCm build and sees a device. Catalog: env.checks."""
+    return _torch().version.hip is not None and is_cuda_available()
+
+
+def is_xccl_available() -> bool:
+    """True when torch.distributed has the XCCL backend (torch >= 2.7). Catalog: env.checks."""
+    if not is_torch_version(">=", "2.7.0"):
+        return False
+    return bool(_torch().distributed.distributed_c10d.is_xccl_available())
+
+
+def _has_device_package(package: str, check_device: bool, device_count: str) -> bool:
+    """True when `package` is installed and, with `check_device`, `<package>.<device_count>()` finds one."""
+    if not _is_package_available(package):
+        return False
+    if not check_device:
+        return True
+    try:
+        return getattr(importlib.import_module(package), device_count)() > 0
+    except (RuntimeError, AttributeError):
+        return False
+
+
+def is_hpu_available(init_hccl: bool = False) -> bool:
+    """True when Habana's `habana_frameworks.torch` is installed and torch sees an HPU. Catalog: env.checks."""
+    if not _is_package_available("habana_frameworks") or importlib.util.find_spec("habana_frameworks.torch") is None:
+        return False
+    importlib.import_module("habana_frameworks.torch")
+    if init_hccl:
+        importlib.import_module("habana_frameworks.torch.distributed.hccl")
+    hpu = getattr(_torch(), "hpu", None)
+    return bool(hpu is not None and hpu.is_available())
+
+
+def is_habana_gaudi1() -> bool:
+    """True on a first-generation Gaudi HPU (no fp16 there). Catalog: env.checks."""
+    if not is_hpu_available():
+        return False
+    experimental = importlib.import_module("habana_frameworks.torch.utils.experimental")
+    return experimental._get_device_type() == experimental.synDeviceType.synDeviceGaudi
+
+
+def is_fp16_available() -> bool:
+    """True everywhere except a Gaudi-1 HPU. Catalog: env.checks."""
+    return not is_habana_gaudi1()
+
+
+def is_sdaa_available(check_device: bool = False) -> bool:
+    """True when `torch_sdaa` is installed (and, with `check_device`, sees a device). Catalog: env.checks."""
+    return _has_device_package("torch_sdaa", check_device, "device_count")
+
+
+def is_neuron_available(check_device: bool = False) -> bool:
+    """True when `torch_neuronx` is installed (and, with `check_device`, sees a device). Catalog: env.checks."""
+    return _has_device_package("torch_neuronx", check_device, "device_count")
+
+
+def is_pippy_available() -> bool:
+    """True when torch has `torch.distributed.pipelining` (torch >= 2.4). Catalog: env.checks."""
+    return is_torch_version(">=", "2.4.0")
+
+
+def is_weights_only_available() -> bool:
+    """True when `torch.load(weights_only=True)` takes an allow-list (torch >= 2.4). Catalog: env.checks."""
+    return is_torch_version(">=", "2.4.0")
+
+
+def is_numpy_available(min_version: str = "1.25.0") -> bool:
+    """True when numpy is installed at `min_version` or later. Catalog: env.checks."""
+    from importlib import metadata
+
+    from packaging.version import parse
+
+    try:
+        return parse(metadata.version("numpy")) >= parse(min_version)
+    except metadata.PackageNotFoundError:
+        return False
+
+
+def is_torchdata_stateful_dataloader_available() -> bool:
+    """True when `torchdata` >= 0.8 (with StatefulDataLoader) is installed. Catalog: env.checks."""
+    from importlib import metadata
+
+    from packaging.version import parse
+
+    if not _is_package_available("torchdata"):
+        return False
+    return parse(metadata.version("torchdata")) >= parse("0.8.0")

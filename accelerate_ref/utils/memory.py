@@ -63,12 +63,17 @@ def find_executable_batch_size(
     function: Optional[Callable[..., Any]] = None,
     starting_batch_size: int = 128,
     reduce_batch_size_fn: Optional[Callable[[], int]] = None,
+    *,
+    reduction_factor: float = 0.5,
 ) -> Callable[..., Any]:
     """Decorator: call ``function(batch_size, *args)``, halving ``batch_size`` after each out-of-memory error.
 
     Rule: the first call gets ``starting_batch_size``; every failure that
-    `should_reduce_batch_size` recognises frees memory and retries with half
-    the batch size (or what ``reduce_batch_size_fn()`` returns), and the size
+    `should_reduce_batch_size` recognises frees memory and retries with what
+    ``reduce_batch_size_fn()`` returns, else ``int(batch_size * reduction_factor)``:
+    half by default, as the v0.27 document and the catalog say, while
+    ``reduction_factor=0.9`` is HF 1.x's back-off (a keyword HF lacks, listed in
+    PARITY.toml; HF's 0.9 default is a manifest deviation); the size
     that worked is kept for later calls; any other exception propagates
     unchanged; reaching 0 raises RuntimeError. The caller does not pass
     ``batch_size`` (``train(model, optimizer)`` for ``train(batch_size,
@@ -81,13 +86,16 @@ def find_executable_batch_size(
             find_executable_batch_size,
             starting_batch_size=starting_batch_size,
             reduce_batch_size_fn=reduce_batch_size_fn,
+            reduction_factor=reduction_factor,
         )
+    if not 0 < reduction_factor < 1:
+        raise ValueError(f"reduction_factor must be between 0 and 1 (exclusive), got {reduction_factor}")
     batch_size = starting_batch_size
 
-    def halve() -> int:
-        return batch_size // 2
+    def scale_down() -> int:
+        return int(batch_size * reduction_factor)
 
-    reduce = reduce_batch_size_fn or halve
+    reduce = reduce_batch_size_fn or scale_down
 
     @functools.wraps(function)
     def run_with_executable_batch_size(*args: Any, **kwargs: Any) -> Any:

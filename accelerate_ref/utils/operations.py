@@ -17,6 +17,7 @@ broadcast_object_list.in_place, debug.shape_mismatch.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -45,7 +46,7 @@ from .structures import (
     slice_tensors,
 )
 
-REDUCTIONS = ("sum", "mean", "none")
+REDUCTIONS = ("sum", "mean", "max", "none")
 
 
 class DistributedOperationException(Exception):
@@ -58,6 +59,8 @@ class DistributedOperationException(Exception):
 
 
 def _describe_leaf(leaf: Any) -> Any:
+    if getattr(leaf, "is_nested", False):
+        return "<nested tensor>"  # it has no single shape
     return list(leaf.shape) if isinstance(leaf, torch.Tensor) else f"<{type(leaf).__name__}>"
 
 
@@ -139,8 +142,8 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
     """Reduce every tensor of a nested structure across all processes.
 
     Rule: `reduction` is "sum" (element-wise sum over ranks), "mean" (the sum
-    divided by num_processes; integer tensors give floating results) or
-    "none" (the input returned unchanged, no communication; HF 1.15 sums
+    divided by num_processes; integer tensors give floating results), "max"
+    (element-wise maximum over ranks, listed by A v1.x) or "none" (the input returned unchanged, no communication; HF 1.15 sums
     instead); anything else is a ValueError naming it and the valid ones.
     `scale` multiplies the reduced value (on every backend). The utility
     defaults to "mean"; `Accelerator.reduce` to "sum". Leaves are reduced
@@ -155,7 +158,10 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
     collectives = _tensor_collectives(tensor, "reduce", same_shapes=True)
 
     def reduce_one(leaf: torch.Tensor) -> torch.Tensor:
-        result = collectives.all_reduce_sum(leaf.contiguous())
+        if reduction == "max":
+            result = collectives.all_reduce_max(leaf.contiguous())
+        else:
+            result = collectives.all_reduce_sum(leaf.contiguous())
         if reduction == "mean":
             result = result / collectives.num_processes
         return result * scale if scale != 1.0 else result
@@ -200,13 +206,18 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
     return object_list
 
 
+class CannotPadNestedTensorWarning(UserWarning):
+    """Warned when `pad_across_processes` meets a nested tensor, which it leaves as it is."""
+
+
 def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
     """Pad every tensor of a nested structure to the largest size any process has on `dim`.
 
     Rule: each tensor is padded on `dim` (negative counts from the end) with
     `pad_index`, at the end, or at the start with `pad_first`; a tensor
     already at the largest size is returned as it is, and so is one with no
-    dimension `dim` (e.g. 0-d). Lists/tuples/dicts are padded leaf by leaf;
+    dimension `dim` (e.g. 0-d), and a nested tensor (with a
+    `CannotPadNestedTensorWarning`). Lists/tuples/dicts are padded leaf by leaf;
     non-tensor leaves are a TypeError. Rank r holding `arange(r + 1)` on 2
     ranks gives shape [2] everywhere.
     Catalog: pad.doc_example, pad.pad_first_index_dim.
@@ -214,6 +225,10 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
     collectives = _tensor_collectives(tensor, "pad_across_processes", same_shapes=False)
 
     def pad_one(leaf: torch.Tensor) -> torch.Tensor:
+        if getattr(leaf, "is_nested", False):
+            warnings.warn("Cannot pad nested tensors without more information. Leaving unprocessed.",
+                          CannotPadNestedTensorWarning)
+            return leaf
         if not -leaf.ndim <= dim < leaf.ndim:
             return leaf
         axis = dim % leaf.ndim
@@ -230,7 +245,31 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
     return apply_to_leaves(pad_one, tensor)
 
 
+def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
+    """The tensor that exactly one process holds, on every process (the others pass ``None``).
+
+    Rule: unlike `broadcast`, the receiving processes need not know the shape or
+    dtype: those travel first, then the holder's values reach every process (a sum
+    of the holder's tensor with zeros elsewhere, as HF does). No holder, or more
+    than one, is a ValueError naming how many held one.
+    Catalog: broadcast.from_process (its shape-free variant).
+    """
+    from ..state import PartialState
+
+    state = PartialState()
+    held = [None if tensor is None else (tuple(tensor.shape), tensor.dtype)]
+    described = [d for d in (gather_object(held) if state.num_processes > 1 else held) if d is not None]
+    if len(described) != 1:
+        raise ValueError(
+            f"copy_tensor_to_devices: exactly one process must pass a tensor (the others None), {len(described)} did")
+    if tensor is None:
+        shape, dtype = described[0]
+        tensor = torch.zeros(shape, dtype=dtype, device=state.device)
+    return reduce(tensor, reduction="sum")
+
+
 __all__ = [
+    "CannotPadNestedTensorWarning",
     "ConvertOutputsToFp32",
     "DistributedOperationException",
     "broadcast",
@@ -238,6 +277,7 @@ __all__ = [
     "concatenate",
     "convert_outputs_to_fp32",
     "convert_to_fp32",
+    "copy_tensor_to_devices",
     "find_batch_size",
     "find_device",
     "gather",

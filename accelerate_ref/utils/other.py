@@ -14,6 +14,9 @@ import sys
 
 import torch
 
+# `save`, `load` and `clean_state_dict_for_safetensors` live in `serialization`; HF's path is here.
+from .serialization import clean_state_dict_for_safetensors, load, save  # noqa: F401
+
 #: Attribute under which a mixed-precision forward wrapper keeps the forward it wraps.
 ORIGINAL_FORWARD = "_original_forward"
 
@@ -73,3 +76,85 @@ def has_device_map(model: torch.nn.Module) -> bool:
     entry. Catalog: prepare.verify_device_map.
     """
     return any(len(getattr(module, "hf_device_map", None) or {}) > 1 for module in model.modules())
+
+
+# --------------------------------------------------------------------------
+# The remaining helpers of accelerate 1.15's `utils.other`: same names and parameters.
+# --------------------------------------------------------------------------
+
+#: The oldest Linux kernel HF accelerate recommends (older ones can hang distributed runs, HF issue #1929).
+MIN_LINUX_KERNEL = "5.5.0"
+
+
+def check_os_kernel() -> None:
+    """Warn on Linux when the kernel is older than ``MIN_LINUX_KERNEL`` (it can make processes hang).
+
+    Catalog: env.checks.
+    """
+    import logging
+    import platform
+    import re
+
+    from packaging.version import Version
+
+    info = platform.uname()
+    if info.system != "Linux":
+        return
+    found = re.search(r"\d+\.\d+\.\d+", info.release)
+    if found and Version(found.group()) < Version(MIN_LINUX_KERNEL):
+        logging.getLogger(__name__).warning(
+            f"Detected kernel version {found.group()}, which is below the recommended minimum of "
+            f"{MIN_LINUX_KERNEL}; this can cause the process to hang. It is recommended to upgrade the kernel "
+            "to the minimum version or higher.")
+
+
+def convert_bytes(size: float) -> str:
+    """``size`` bytes in the largest unit under 1024 of it, rounded to 2 decimals ("1.5 KB"). Catalog: env.checks."""
+    for unit in ("bytes", "KB", "MB", "GB", "TB"):
+        if size < 1024.0:
+            return f"{round(size, 2)} {unit}"
+        size /= 1024.0
+    return f"{round(size, 2)} PB"
+
+
+def get_pretty_name(obj: object) -> str:
+    """``obj``'s qualified name, else its class's, else ``str(obj)``. Catalog: env.checks."""
+    if not hasattr(obj, "__qualname__") and not hasattr(obj, "__name__"):
+        obj = getattr(obj, "__class__", obj)
+    return getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or str(obj)
+
+
+def merge_dicts(source: dict, destination: dict) -> dict:
+    """Merge ``source`` into ``destination`` recursively (nested dicts merged, other values replaced)."""
+    for key, value in source.items():
+        if isinstance(value, dict):
+            merge_dicts(value, destination.setdefault(key, {}))
+        else:
+            destination[key] = value
+    return destination
+
+
+def recursive_getattr(obj: object, attr: str) -> object:
+    """``getattr`` along a dotted path: ``recursive_getattr(m, "a.b")`` is ``m.a.b``."""
+    for name in attr.split("."):
+        obj = getattr(obj, name)
+    return obj
+
+
+def get_module_children_bottom_up(model: torch.nn.Module, return_fqns: bool = False) -> list:
+    """Every module of ``model``, children before parents, ``model`` last (with names if ``return_fqns``)."""
+    stack: list[tuple[str, torch.nn.Module]] = [("", model)]
+    ordered: list[tuple[str, torch.nn.Module]] = []
+    while stack:
+        name, module = stack.pop()
+        ordered.append((name, module))
+        stack.extend((f"{name}.{child}" if name else child, sub) for child, sub in module.named_children())
+    ordered.reverse()
+    return ordered if return_fqns else [module for _, module in ordered]
+
+
+def wait_for_everyone() -> None:
+    """Block until every process reaches this point (``PartialState().wait_for_everyone()``). Catalog: process.wait."""
+    from ..state import PartialState
+
+    PartialState().wait_for_everyone()

@@ -1,0 +1,72 @@
+"""Behaviour gaps found when switching scripts from accelerate 1.15 (issue 13, item 3); each failed before its fix.
+
+Catalog: accumulate.plugin, reduce.doc_example, register_for_checkpointing, save_state.roundtrip.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+from accelerate_ref import Accelerator, AcceleratorState, GradientState, ProjectConfiguration
+from accelerate_ref.optimizer import AcceleratedOptimizer
+from accelerate_ref.scheduler import AcceleratedScheduler
+from accelerate_ref.utils import reduce
+
+
+@pytest.fixture(autouse=True)
+def fresh_state():
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    yield
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+def test_project_dir_fills_the_project_config(tmp_path) -> None:
+    accelerator = Accelerator(cpu=True, project_dir=str(tmp_path),
+                              project_config=ProjectConfiguration(automatic_checkpoint_naming=True))
+    assert accelerator.project_dir == str(tmp_path)
+    assert accelerator.project_configuration.automatic_checkpoint_naming
+    assert accelerator.logging_dir == str(tmp_path)
+
+
+def test_prepared_optimizer_and_scheduler_pickle() -> None:
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.25)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)
+    _, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    optimizer_copy = pickle.loads(pickle.dumps(optimizer))
+    assert isinstance(optimizer_copy, AcceleratedOptimizer) and optimizer_copy.param_groups[0]["lr"] == 0.25
+    assert isinstance(pickle.loads(pickle.dumps(scheduler)), AcceleratedScheduler)
+
+
+def test_reduce_max_and_unknown_reduction() -> None:
+    Accelerator(cpu=True)
+    assert reduce(torch.tensor([1.0, 3.0]), "max").tolist() == [1.0, 3.0]
+    with pytest.raises(ValueError, match="'max'"):
+        reduce(torch.tensor([1.0]), "min")
+
+
+def test_gradient_accumulation_steps_can_be_set() -> None:
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    accelerator.gradient_accumulation_steps = 4
+    assert accelerator.gradient_accumulation_steps == 4 and accelerator.gradient_state.num_steps == 4
+
+
+def test_register_for_checkpointing_error_is_hfs_and_names_the_index() -> None:
+    accelerator = Accelerator(cpu=True)
+    good = torch.nn.Linear(1, 1)
+    with pytest.raises(ValueError, match=r"All `objects` must include a `state_dict` and `load_state_dict`") as error:
+        accelerator.register_for_checkpointing(good, object())
+    assert "Item at index 1, `object`" in str(error.value)
+
+
+def test_changing_mixed_precision_after_initialisation_gives_hfs_message() -> None:
+    Accelerator(cpu=True)
+    with pytest.raises(ValueError, match=r"AcceleratorState has already been initialized and cannot be changed, "
+                                         r"restart your runtime completely and pass `mixed_precision='bf16'`"):
+        Accelerator(cpu=True, mixed_precision="bf16")
