@@ -47,6 +47,7 @@ def _assert_clean_runs(script: Path, nproc: int, runs: int) -> None:
     for attempt in range(runs):
         done = _torchrun(script, nproc)
         printed = done.stdout.count(f"gathered {list(range(nproc))}")
+        print(f"torchrun launch {attempt + 1}/{runs} at {nproc} ranks: exit {done.returncode}", flush=True)
         if done.returncode != 0 or printed != nproc:
             failures.append(f"run {attempt}: exit {done.returncode}, {printed}/{nproc} ranks printed\n{done.stderr[-1500:]}")
     assert not failures, f"{len(failures)} of {runs} torchrun launches at {nproc} ranks failed:\n" + "\n".join(failures)
@@ -58,6 +59,7 @@ def test_four_line_script_exits_zero_under_torchrun(script):
 
 
 @pytest.mark.extended
+@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_four_line_script_exits_zero_in_20_torchrun_launches(script, nproc):
     _assert_clean_runs(script, nproc=nproc, runs=20)
