@@ -27,15 +27,21 @@ class Entry:
 
 
 def parse(markdown: str) -> list[Entry]:
-    """Every catalog row of ``markdown``, in document order."""
-    entries: list[Entry] = []
+    """One entry per catalog ID of ``markdown``, in document order.
+
+    An ID that a later section repeats (``config.write_basic_config`` sits in
+    both "Utilities" and "Launching") is one entry, in the place and with the
+    text of its last row, which restates the rule most fully.
+    """
+    entries: dict[str, Entry] = {}
     area = ""
     for line in markdown.splitlines():
         if section := _SECTION.match(line):
             area = section["title"].strip()
         elif (row := _ROW.match(line)) and area:
-            entries.append(Entry(row["id"], area, row["world"].strip(), row["text"].strip()))
-    return entries
+            entries.pop(row["id"], None)
+            entries[row["id"]] = Entry(row["id"], area, row["world"].strip(), row["text"].strip())
+    return list(entries.values())
 
 
 @lru_cache(maxsize=1)

@@ -46,6 +46,13 @@ def test_catalog_parses_every_row_with_its_area():
     assert len(entries) == len(catalog.entries()), "catalog IDs are unique"
 
 
+def test_an_id_repeated_in_a_later_section_is_one_entry_in_its_last_place():
+    markdown = "## Utilities (U)\n| a.b | 1 | first |\n## Launching (Q)\n| c.d | 2 | other |\n| a.b | 1 | fuller |\n"
+    assert [(e.id, e.area, e.text) for e in catalog.parse(markdown)] == [
+        ("c.d", "Launching", "other"), ("a.b", "Launching", "fuller")]
+    assert catalog.by_id()["config.write_basic_config"].area == "Launching"
+
+
 MANIFEST = """
 [[deviation]]
 id = "reduce.none"
