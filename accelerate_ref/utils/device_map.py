@@ -140,7 +140,8 @@ def infer_auto_device_map(
         children = list(module.named_children()) if isinstance(module, nn.Module) else []
         if children and module.__class__.__name__ not in no_split:
             say(f"Not enough room on {device} for {name} ({size} bytes): splitting it.")
-            opened = list(module.named_parameters(recurse=False)) + children
+            # Its own buffers go with it too (🤗 Accelerate 1.15 drops them, leaving them without a device).
+            opened = list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False)) + children
             pending = [(f"{name}.{n}", m) for n, m in opened] + pending
             layer_size, layer_names = remaining_largest_layer()
             continue
