@@ -361,7 +361,7 @@ class CpuOffload(ModelHook):
         return module.to("cpu")
 
     def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
-        if self.prev_module_hook is not None:
+        if self.prev_module_hook is not None and next(self.prev_module_hook.model.parameters()).device.type != "cpu":
             self.prev_module_hook.offload()
         device = as_torch_device(self.execution_device)
         module.to(device)
