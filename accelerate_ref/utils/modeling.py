@@ -260,8 +260,10 @@ def _assign(model: torch.nn.Module, name: str, current: torch.Tensor, value: tor
                 module.register_buffer(attribute, new, persistent=attribute not in module._non_persistent_buffers_set)
         elif new.device == current.device and new.dtype == current.dtype:
             current.copy_(new)
-        else:
+        elif new.device == current.device:
             current.data = new
+        else:  # another device: a new tensor (a device's tensor type may not fit the old one's)
+            set_module_tensor_to_device(model, name, target, value=new, dtype=dtype)
 
 
 def _check_before_loading(
