@@ -12,7 +12,9 @@ import sys
 from typing import Sequence
 
 from . import catalog, report
-from .backends import BACKENDS
+from simulators.devices.machine import machine_env
+
+from .backends import BACKENDS, mock_device
 from .case import all_cases
 from .impl import chosen
 from .manifest import Manifest
@@ -32,6 +34,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--manifest", help="a manifest of known deviations (default: the bundled one for --impl)")
     run.add_argument("--no-manifest", action="store_true", help="ignore the bundled manifest")
     run.add_argument("--strict", action="store_true", help="fail on an unexpected pass of a manifest entry")
+    run.add_argument("--device-count", help="mock accelerators every rank sees (sim-npu, sim-xla; default one per rank)")
+    run.add_argument("--device-memory", help="memory budget of each mock accelerator: bytes, 64MB, 500MiB (default none)")
     for fmt in ("json", "junit", "markdown", "html"):
         run.add_argument(f"--{fmt}", metavar="PATH", help=f"write a {fmt} report")
 
@@ -50,7 +54,23 @@ def _manifest(args: argparse.Namespace, impl: str) -> Manifest | None:
     return None if args.no_manifest else Manifest.bundled(impl)
 
 
+def _machine(args: argparse.Namespace) -> dict[str, str]:
+    """The ranks' mock accelerator environment; ValueError when the backend has none or a value is bad."""
+    if args.device_count is None and args.device_memory is None:
+        return {}
+    kind = mock_device(args.backend)
+    if kind is None:
+        raise ValueError(f"backend {args.backend} has no mock accelerators; --device-count and --device-memory "
+                         "need sim-npu or sim-xla")
+    return machine_env(kind, args.device_count, args.device_memory)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        machine = _machine(args)
+    except ValueError as error:
+        print(f"conformance: {error}", file=sys.stderr)
+        return 2
     impl = chosen(args.impl)
     options = RunOptions(
         impl=impl,
@@ -60,6 +80,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         case_timeout=args.case_timeout,
         manifest=_manifest(args, impl),
         strict=args.strict,
+        machine=machine,
     )
     try:
         run = execute(options)

@@ -38,6 +38,8 @@ class RunOptions:
     case_timeout: float = DEFAULT_CASE_TIMEOUT
     manifest: Manifest | None = None
     strict: bool = False
+    #: The mock accelerators' environment for every rank (``--device-count``, ``--device-memory``).
+    machine: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -90,12 +92,13 @@ def metadata(options: RunOptions) -> dict[str, Any]:
         "platform": platform.platform(),
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "manifest": options.manifest.source if options.manifest else None,
+        "machine": dict(options.machine),
     }
 
 
 def execute(options: RunOptions, out: IO[str] = sys.stdout) -> Run:
     """Run every selected case at every requested world it applies to."""
-    backend = make_backend(options.backend, options.impl, options.case_timeout)
+    backend = make_backend(options.backend, options.impl, options.case_timeout, options.machine)
     reporting = not isinstance(backend, NativeBackend) or backend.is_reporter
     selected = select(all_cases(), options.patterns)
     cases = [c for c in selected if backend.runs(c)]
@@ -137,6 +140,7 @@ def _header(meta: dict[str, Any], count: int) -> str:
         f"conformance: impl={meta['impl']} {meta['impl_version']}  backend={meta['backend']}  "
         f"worlds={','.join(meta['worlds'])}  torch={meta['torch']}  python={meta['python']}\n"
         f"manifest: {meta['manifest'] or 'none'}  case timeout: {meta['case_timeout_s']} s  cases: {count}\n"
+        + "".join(f"machine: {name}={value}\n" for name, value in meta.get("machine", {}).items())
     )
 
 
