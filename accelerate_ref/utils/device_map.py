@@ -64,6 +64,16 @@ def _accelerators(budget: dict) -> list[int]:
     return [device for device in budget if device not in ("cpu", "disk", "mps")]
 
 
+def reserving_devices(budget: dict) -> list:
+    """The devices that keep room for the largest layer still to place (rule 4): accelerator 0 and the CPU.
+
+    Accelerator 0 executes the layers offloaded to CPU or disk, and the CPU
+    stages the layers read from disk; on Apple silicon ``mps`` alone.
+    """
+    accelerators = _accelerators(budget)
+    return ["mps"] if "mps" in budget else ([accelerators[0], "cpu"] if accelerators else ["cpu"])
+
+
 def infer_auto_device_map(
     model: nn.Module,
     max_memory: Optional[MaxMemory] = None,
@@ -87,7 +97,7 @@ def infer_auto_device_map(
     no_split = [no_split_module_classes] if isinstance(no_split_module_classes, str) else list(no_split_module_classes or [])
     devices = list(budget) + ([] if "disk" in budget else ["disk"])
     accelerators = _accelerators(budget)
-    reserving = ["mps"] if "mps" in budget else ([accelerators[0], "cpu"] if accelerators else ["cpu"])
+    reserving = reserving_devices(budget)
     sizes = compute_module_sizes(model, dtype, special_dtypes)
     tied_groups = find_tied_parameters(model)
     pending: list[Entry] = top_level_entries(model)

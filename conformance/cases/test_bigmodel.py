@@ -82,8 +82,8 @@ def init_empty_weights(impl, world):
 @case("modeling.load_checkpoint_device_map", worlds=[1])
 def load_checkpoint_device_map(impl, world):
     """Every layout (single safetensors/pickle, index, folder) into an empty model with cpu and disk entries."""
-    modeling = impl.part("utils.modeling")
-    offload = impl.part("utils.offload")
+    modeling = impl.utils.modeling
+    offload = impl.utils.offload
     reference = built(width=8, depth=2)
     device_map = {"embed": "cpu", "blocks.0": "cpu", "blocks.1": "disk", "head": "cpu"}
     for layout in ("safetensors", "pickle", "index", "folder"):
@@ -296,3 +296,75 @@ def hooks_add_remove(impl, world):
     before = outer[0]._old_forward(x)
     hooks.remove_hook_from_module(outer, recurse=True)
     expect_tensor(outer(x), before, "recurse=True removes the submodules' hooks too")
+
+
+def _peak_rss_growth(function) -> int:
+    """Run ``function`` while sampling this process's resident memory; return the peak above the start, in bytes."""
+    import threading
+
+    import psutil
+
+    process = psutil.Process()
+    start = process.memory_info().rss
+    peak = [start]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.002):
+            peak[0] = max(peak[0], process.memory_info().rss)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        function()
+    finally:
+        done.set()
+        sampler.join(timeout=10)
+    return peak[0] - start
+
+
+@case("bigmodel.load_checkpoint_and_dispatch", worlds=[1], timeout=120)
+def load_within_cpu_budget(impl, world):
+    """A 100 MB sharded checkpoint loaded with a 16 MB CPU budget (the rest to disk) never holds the checkpoint in RAM.
+
+    The process's resident memory may grow by the CPU budget plus a few
+    layers (one shard is read at a time), not by the checkpoint's size.
+    """
+    big_modeling = impl.part("big_modeling")
+    width, depth = 1024, 12
+    layer = width * width * 4
+    folder = os.path.join(world.shared_dir, "big")
+    os.makedirs(folder)
+    reference = built(width=width, depth=depth)
+    state = {k: v.contiguous() for k, v in reference.state_dict().items()}
+    shards = {f"blocks.{i}": f"model-{i + 1:05d}-of-{depth + 1:05d}.safetensors" for i in range(depth)}
+    weight_map = {name: shards.get(".".join(name.split(".")[:2]), f"model-{depth + 1:05d}-of-{depth + 1:05d}.safetensors") for name in state}
+    for file in dict.fromkeys(weight_map.values()):
+        save_file({k: state[k] for k, f in weight_map.items() if f == file}, os.path.join(folder, file), metadata={"format": "pt"})
+    import json
+
+    with open(os.path.join(folder, "model.safetensors.index.json"), "w", encoding="utf-8") as stream:
+        json.dump({"metadata": {"total_size": 0}, "weight_map": weight_map}, stream)
+    expected_embed = reference.embed.weight.detach().clone()
+    del reference, state
+    gc.collect()
+    model = _empty(impl, width=width, depth=depth)
+    cpu_budget = 4 * layer
+    loaded = []
+
+    def load() -> None:
+        loaded.append(
+            big_modeling.load_checkpoint_and_dispatch(
+                model, folder, device_map="sequential", max_memory={"cpu": cpu_budget},
+                no_split_module_classes=["Block"], offload_folder=os.path.join(world.shared_dir, "big-offload"),
+            )
+        )
+
+    grown = _peak_rss_growth(load)
+    total = depth * 2 * layer
+    expect_true("disk" in loaded[0].hf_device_map.values(), f"a 16 MB CPU budget sends blocks to disk: {loaded[0].hf_device_map}")
+    expect_true(
+        grown <= cpu_budget + 4 * layer,
+        f"loading a {total >> 20} MB checkpoint with a {cpu_budget >> 20} MB CPU budget grew the resident memory by {grown >> 20} MB",
+    )
+    expect_tensor(loaded[0].embed.weight, expected_embed, "the embedding (on the cpu) is loaded")

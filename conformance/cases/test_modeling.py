@@ -18,7 +18,7 @@ from .bigmodel_models import Net, built, hand_sizes, owner_of
 
 
 def _modeling(impl):
-    return impl.part("utils.modeling")
+    return impl.utils.modeling
 
 
 # -- modeling.sizes ----------------------------------------------------------------
@@ -260,7 +260,7 @@ def tensor_to_device(impl, world):
 @case("modeling.offload_roundtrip", worlds=[1])
 def offload_roundtrip(impl, world):
     """One ``.dat`` memmap per tensor and an ``index.json``; loading back is bit-exact (fp32, bf16, int64, 0-d)."""
-    offload = impl.part("utils.offload")
+    offload = impl.utils.offload
     modeling = _modeling(impl)
     folder = os.path.join(world.shared_dir, "offload")
     model = built(width=8, depth=1)
