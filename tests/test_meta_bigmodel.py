@@ -24,17 +24,17 @@ BIGMODEL = ("modeling.*", "bigmodel.*", "hooks.*")
 TIMEOUT = 120.0
 
 BREAKS = [
-    brk("bigmodel_map_ignores_reserve", {"modeling.device_map": F}, WORLD, BIGMODEL, case_timeout=TIMEOUT),
+    brk("bigmodel_map_ignores_reserve", {"device_map_rules": F, "device_map_spills_and_cleans": F}, WORLD, BIGMODEL, case_timeout=TIMEOUT),
     brk(
         "bigmodel_map_splits_no_split",
-        {"modeling.device_map": F, "bigmodel.load_checkpoint_and_dispatch": F},
+        {"device_map_rules": F, "device_map_spills_and_cleans": F, "load_and_dispatch_cpu_disk": F},
         WORLD,
         BIGMODEL,
         # Balanced budgets are sized for whole blocks.
         collateral={"modeling.balanced_memory"},
         case_timeout=TIMEOUT,
     ),
-    brk("bigmodel_disk_offload_reads_all", {"bigmodel.load_checkpoint_and_dispatch": F}, WORLD, BIGMODEL, case_timeout=TIMEOUT),
+    brk("bigmodel_disk_offload_reads_all", {"load_within_cpu_budget": F}, WORLD, BIGMODEL, case_timeout=TIMEOUT),
     brk(
         "bigmodel_retie_copies",
         {"modeling.tied_parameters": F, "modeling.tensor_to_device": F},

@@ -28,7 +28,7 @@ TIMEOUT = 120.0
 NPU_BREAKS = [
     brk(
         "bigmodel_hook_keeps_inputs",
-        {"bigmodel.dispatch_model": (F, E)},
+        {"dispatch_across_npus": (F, E)},
         WORLD,
         BIGMODEL,
         # Every forward through hooks across devices meets the unmoved input.

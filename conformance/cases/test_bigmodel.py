@@ -181,11 +181,13 @@ def load_and_dispatch_npus(impl, world):
     block = 16 * 16 * 4 * 2 + 16 * 4 * 2 + 16 * 4 + 16 * 8
     budget = {0: 2 * block, 1: 2 * block, 2: 2 * block, 3: 2 * block, "cpu": 10**7}
     for strategy in ("sequential", "balanced_low_0", "auto"):
+        gc.collect()
+        before = [torch.npu.memory_allocated(index) for index in range(4)]  # what earlier cases left
         model = _load_and_dispatch(impl, world, strategy, budget, strategy)
         used = {d for d in model.hf_device_map.values()}
         expect_true(len(used & {0, 1, 2, 3}) >= 2, f"{strategy}: several accelerators used: {model.hf_device_map}")
         for index in range(4):
-            held = torch.npu.memory_allocated(index)
+            held = torch.npu.memory_allocated(index) - before[index]
             expect_true(held <= budget[index], f"{strategy}: npu:{index} holds {held} bytes, budget {budget[index]}")
         del model  # freed before the next strategy loads
         gc.collect()
