@@ -25,7 +25,7 @@ WORLD = "1"
 BIGMODEL = ("bigmodel.*", "hooks.*")
 TIMEOUT = 120.0
 
-NPU_BREAKS = [
+BREAKS = [
     brk(
         "bigmodel_hook_keeps_inputs",
         {"dispatch_across_npus": (F, E)},
@@ -37,7 +37,7 @@ NPU_BREAKS = [
     ),
 ]
 
-PLAN = [Break(REFERENCE, {}, WORLD, BIGMODEL, case_timeout=TIMEOUT)] + NPU_BREAKS
+PLAN = [Break(REFERENCE, {}, WORLD, BIGMODEL, case_timeout=TIMEOUT)] + BREAKS
 
 
 @pytest.fixture(scope="module")
