@@ -24,10 +24,15 @@ def npu():
     yield from device_world("npu", "1")
 
 
+@pytest.fixture(scope="module")
+def xla():
+    yield from device_world("xla", "1")
+
+
 @contextlib.contextmanager
-def machine(count: str, memory: str):
-    """Inside the block, this process is a machine of ``count`` NPUs of ``memory`` each."""
-    names = ("SIMULATORS_NPU_DEVICE_COUNT", "SIMULATORS_DEVICE_MEMORY")
+def machine(count: str, memory: str, kind: str = "NPU"):
+    """Inside the block, this process is a machine of ``count`` ``kind`` devices of ``memory`` each."""
+    names = (f"SIMULATORS_{kind}_DEVICE_COUNT", "SIMULATORS_DEVICE_MEMORY")
     before = {name: os.environ.get(name) for name in names}
     os.environ.update(dict(zip(names, (count, memory))))
     try:
@@ -159,6 +164,7 @@ def moves_between_devices():
             "values kept": tensor.to("npu:1").tolist(),
             "copy_ across": torch.zeros(4, device="npu:0").copy_(tensor).device.index,
             "cpu": str(tensor.cpu().device),
+            "meta": [str(tensor.to("meta").device), torch.npu.memory_allocated(3)],
             "held on npu:2 after moving away": torch.npu.memory_allocated(2),
         }
 
@@ -176,6 +182,26 @@ def machine_read_when_queried():
                 refused = str(error)
             seen.append({"count": torch.npu.device_count(), "total": torch.npu.mem_get_info(1)[1], "npu:3": refused})
     return seen
+
+
+def two_xla_devices():
+    import torch
+    import torch_xla.core.xla_model as xm
+
+    with machine("2", "1MB", kind="XLA"):
+        second = torch.ones(1000, device="xla:1")
+        errors = []
+        for attempt in (
+            lambda: second + torch.ones(1000, device=xm.xla_device()),
+            lambda: torch.empty(300_000, device="xla:1"),
+            lambda: torch.ones(1, device="xla:2"),
+        ):
+            try:
+                attempt()
+                errors.append(None)
+            except RuntimeError as error:  # OutOfMemoryError is one
+                errors.append(f"{type(error).__name__}: {error}")
+        return {"device": str(second.device), "memory": xm.get_memory_info("xla:1"), "errors": errors}
 
 
 # -- tests (run in pytest) -------------------------------------------------------------------
@@ -226,6 +252,9 @@ def test_tensors_and_modules_move_between_npus(npu):
         "values kept": [0.0, 1.0, 2.0, 3.0],
         "copy_ across": 0,
         "cpu": "cpu",
+        # a meta copy takes nothing; npu:3 holds the layer's 8 floats and the arange's 4 (which
+        # torch makes empty, then resizes: the books follow the resize)
+        "meta": ["meta", (8 + 4) * 4],
         "held on npu:2 after moving away": 0,
     }
 
@@ -235,3 +264,13 @@ def test_the_machine_environment_is_read_when_queried(npu):
     assert four == {"count": 4, "total": 64 * MB, "npu:3": None}
     assert two["count"] == 2 and two["total"] == 500 * 2**20
     assert "invalid device ordinal: npu:3" in two["npu:3"] and "2 npu device(s)" in two["npu:3"]
+
+
+def test_the_mock_xla_has_several_budgeted_devices_too(xla):
+    got = xla.one(two_xla_devices)
+    assert got["device"] == "xla:1"
+    assert got["memory"] == {"bytes_used": 4000, "bytes_limit": 10**6, "peak_bytes_used": 4000}
+    mixed, out_of_memory, ordinal = got["errors"]
+    assert mixed.startswith("RuntimeError: Expected all tensors to be on the same device") and "xla:1 and xla:0" in mixed
+    assert out_of_memory.startswith("OutOfMemoryError: XLA out of memory. Tried to allocate 1.14 MiB (xla:1;")
+    assert "invalid device ordinal: xla:2" in ordinal

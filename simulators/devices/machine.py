@@ -16,7 +16,9 @@ persistent rank pool):
 Each rank is a machine of its own: its devices and their memory are its
 process's (a rank's allocations never count against another rank's budget).
 
-Catalog: big_model.* (device maps over several accelerators), npu.distributed_type.
+Catalog: the "Big-model inference" rows (``modeling.device_map``,
+``bigmodel.dispatch_model``, ...: device maps over several accelerators),
+``npu.distributed_type``.
 """
 from __future__ import annotations
 

@@ -3,11 +3,12 @@
 Rules (the budget is :func:`simulators.devices.machine.device_memory`):
 
 - a device holds the storages of the live tensors on it: a storage counts
-  once, at its size in bytes when a tensor on the device first wraps it, however
-  many tensors (views, parameters, their ``.data``) share it, and stops
-  counting when the last of them dies (autograd's saved tensors keep theirs
-  alive, as on hardware);
-- a new storage that would take a device past its budget raises torch's
+  once, at its size in bytes, however many tensors (views, parameters, their
+  ``.data``) share it, from when a tensor on the device first wraps it until
+  the last of them dies (autograd's saved tensors keep theirs alive, as on
+  hardware); an op that resizes it (``out=``, ``resize_``, the factories
+  that fill an empty tensor) changes its size in the books;
+- a new storage (or a resize) that would take a device past its budget raises torch's
   ``torch.OutOfMemoryError`` (what ``torch.cuda`` raises) naming the device,
   the size asked for, the budget, what is allocated and what is free; nothing
   is counted then;
@@ -15,6 +16,8 @@ Rules (the budget is :func:`simulators.devices.machine.device_memory`):
   :meth:`DeviceMemory.reset_peak`.
 
 Each process keeps its own books: a rank is a machine of its own.
+
+Catalog: the "Big-model inference" rows (``modeling.device_map``, ``bigmodel.dispatch_model``, ...).
 """
 from __future__ import annotations
 
@@ -58,23 +61,41 @@ class DeviceMemory:
 
         ``payload`` is the CPU tensor a device tensor wraps (and the only one to hold it).
         """
-        if payload.layout != torch.strided or payload.device.type != "cpu":
+        if payload.layout is not torch.strided or not payload.is_cpu:
             return
         storage = payload.untyped_storage()
-        address, size = storage.data_ptr(), storage.nbytes()
-        if size == 0 or address == 0:
-            return
+        # Keyed by the storage itself (not its data pointer, which a resize changes).
+        key, size = storage._cdata, storage.nbytes()
         with self._lock:
             device = self._devices.setdefault(index, _Device())
-            known = device.storages.get(address)
+            known = device.storages.get(key)
             if known is None:
-                self._check_budget(device, index, size)
-                known = device.storages[address] = _Storage(size)
-                device.allocated += size
-                device.peak = max(device.peak, device.allocated)
+                self._grow(device, index, size)
+                known = device.storages[key] = _Storage(size)
             known.holders += 1
             # The payload, not the tensor: torch swaps a module's parameters only when they have no weakref.
-            self._watchers.add(weakref.ref(payload, self._releaser(index, address)))
+            self._watchers.add(weakref.ref(payload, self._releaser(index, key)))
+
+    def resized(self, payload: torch.Tensor, index: int) -> None:
+        """Count the new size of ``payload``'s storage after an op wrote into it (``out=``, ``resize_``)."""
+        if payload.layout is not torch.strided or not payload.is_cpu:
+            return
+        storage = payload.untyped_storage()
+        with self._lock:
+            device = self._devices.get(index)
+            known = device.storages.get(storage._cdata) if device else None
+            if known is None or known.size == storage.nbytes():
+                return
+            growth = storage.nbytes() - known.size
+            self._grow(device, index, growth)
+            known.size += growth
+
+    def _grow(self, device: _Device, index: int, size: int) -> None:
+        """Add ``size`` bytes (which may be negative) to ``device``; OutOfMemoryError past its budget."""
+        if size > 0:
+            self._check_budget(device, index, size)
+        device.allocated += size
+        device.peak = max(device.peak, device.allocated)
 
     def allocated(self, index: int) -> int:
         """Bytes device ``index`` holds now."""
@@ -109,15 +130,15 @@ class DeviceMemory:
             f"{machine.MEMORY_VARIABLE}={os.environ.get(machine.MEMORY_VARIABLE)})"
         )
 
-    def _releaser(self, index: int, address: int):
+    def _releaser(self, index: int, key: int):
         def release(watcher: weakref.ref) -> None:
             with self._lock:
                 self._watchers.discard(watcher)
                 device = self._devices[index]
-                storage = device.storages[address]
+                storage = device.storages[key]
                 storage.holders -= 1
                 if storage.holders == 0:
-                    del device.storages[address]
+                    del device.storages[key]
                     device.allocated -= storage.size
 
         return release

@@ -116,6 +116,8 @@ class DeviceTensor(torch.Tensor):
     @classmethod
     def check_index(cls, index: int) -> None:
         """Refuse ``index`` when this process has no such device of the family, as torch does."""
+        if index == 0:  # every process has a device 0 (and most ops run there: no need to ask)
+            return
         count = cls.device_count()
         if not 0 <= index < count:
             raise RuntimeError(
@@ -190,7 +192,7 @@ class DeviceTensor(torch.Tensor):
         first = on_device[0]
         first.observe(func, on_device)
         target = kwargs.get("device")
-        if target is not None and torch.device(target).type == "cpu":
+        if target is not None and torch.device(target).type in ("cpu", "meta"):
             return func(*tree_map(_payload_of, args), **kwargs)
         index = first.device_index if target is None else first.index_of(target)
         payload_args, payload_kwargs = tree_map(_payload_of, (args, kwargs))
@@ -243,7 +245,10 @@ def _rewrapper(cls: type[DeviceTensor], index: int, inputs: list[DeviceTensor]) 
         if not isinstance(value, torch.Tensor):
             return value
         known = by_payload.get(id(value))
-        return known if known is not None else cls.wrap(value, index)
+        if known is None:
+            return cls.wrap(value, index)
+        cls.memory.resized(value, known.device_index)  # an out= or in-place op may have resized its storage
+        return known
 
     return rewrap
 
