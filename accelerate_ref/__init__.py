@@ -20,6 +20,16 @@ from .utils.dataclasses import (
 )
 from .utils.memory import find_executable_batch_size
 from .utils.modeling import load_checkpoint_in_model
+from .big_modeling import (  # big-model inference (issue 10)
+    cpu_offload,
+    cpu_offload_with_hook,
+    disk_offload,
+    dispatch_model,
+    init_empty_weights,
+    init_on_device,
+    load_checkpoint_and_dispatch,
+)
+from .utils.modeling import infer_auto_device_map
 
 __version__ = "0.1.0"
 
@@ -40,6 +50,15 @@ __all__ = [
     "find_executable_batch_size",
     "load_checkpoint_in_model",
     "skip_first_batches",
+    # big-model inference (issue 10)
+    "cpu_offload",
+    "cpu_offload_with_hook",
+    "disk_offload",
+    "dispatch_model",
+    "infer_auto_device_map",
+    "init_empty_weights",
+    "init_on_device",
+    "load_checkpoint_and_dispatch",
 ]
 
 # -- launching (issue 11) --

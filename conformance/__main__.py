@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Sequence
 
 from . import catalog, report
-from .backends import BACKENDS
+from simulators.devices.machine import machine_env
+
+from .backends import BACKENDS, mock_device
 from .case import all_cases
 from .impl import chosen
 from .manifest import Manifest
@@ -38,6 +40,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--debug-collectives", action="store_true",
                      help="run ranks under TORCH_DISTRIBUTED_DEBUG=DETAIL: mismatched collectives fail at once")
     run.add_argument("--strict", action="store_true", help="fail on an unexpected pass of a manifest entry")
+    run.add_argument("--device-count", help="mock accelerators every rank sees (sim-npu, sim-xla; default one per rank)")
+    run.add_argument("--device-memory", help="memory budget of each mock accelerator: bytes, 64MB, 500MiB (default none)")
     for fmt in ("json", "junit", "markdown", "html"):
         run.add_argument(f"--{fmt}", metavar="PATH", help=f"write a {fmt} report")
 
@@ -63,11 +67,27 @@ def _manifest(args: argparse.Namespace, impl: str) -> Manifest | None:
     return None if args.no_manifest else Manifest.bundled(impl)
 
 
+def _machine(args: argparse.Namespace) -> dict[str, str]:
+    """The ranks' mock accelerator environment; ValueError when the backend has none or a value is bad."""
+    if args.device_count is None and args.device_memory is None:
+        return {}
+    kind = mock_device(args.backend)
+    if kind is None:
+        raise ValueError(f"backend {args.backend} has no mock accelerators; --device-count and --device-memory "
+                         "need sim-npu or sim-xla")
+    return machine_env(kind, args.device_count, args.device_memory)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     try:
         worlds = [world.label for world in parse_worlds(args.worlds)]
     except ValueError as error:
         print(f"conformance: error: --worlds: {error}", file=sys.stderr)
+        return 2
+    try:
+        machine = _machine(args)
+    except ValueError as error:
+        print(f"conformance: {error}", file=sys.stderr)
         return 2
     impl = chosen(args.impl)
     options = RunOptions(
@@ -79,6 +99,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         manifest=_manifest(args, impl),
         strict=args.strict,
         debug_collectives=args.debug_collectives,
+        machine=machine,
     )
     try:
         run = execute(options)

@@ -59,8 +59,19 @@ class SimBackend:
     device: str | None = None
 
     def __init__(
-        self, impl: str, case_timeout: float, start_timeout: float = 180.0, env: dict[str, str] | None = None
+        self,
+        impl: str,
+        case_timeout: float,
+        start_timeout: float = 180.0,
+        env: dict[str, str] | None = None,
+        machine: dict[str, str] | None = None,
     ) -> None:
+        """``env``: added for every rank (``--debug-collectives``); ``machine``: the mock accelerators'
+        environment (:func:`simulators.devices.machine.machine_env`)."""
+        if machine and self.device is None:
+            raise ValueError(f"backend {self.name} has no mock accelerators; --device-count and --device-memory "
+                             "need sim-npu or sim-xla")
+        self.machine = dict(machine or {})
         self.impl = impl
         #: Environment added for every rank (``--debug-collectives``), over ``base_env``.
         self.env = dict(env or {})
@@ -124,7 +135,8 @@ class SimBackend:
             self._pools[world] = RankPool(
                 world,
                 setup="conformance.worker:setup",
-                env={**(devices.env if devices else {}), **self.base_env, **self.env, "ACCELERATE_IMPL": self.impl},
+                env={**(devices.env if devices else {}), **self.machine, **self.base_env, **self.env,
+                     "ACCELERATE_IMPL": self.impl},
                 start_timeout=self.start_timeout,
                 pythonpath=[*(devices.pythonpath if devices else ()), *sys.path],
                 preload=["torch", "torch.distributed", "conformance.worker", self.impl],
@@ -257,13 +269,26 @@ class NativeBackend:
 _SIMULATED = {backend.name: backend for backend in (SimBackend, SimXlaBackend, SimNpuBackend)}
 
 
-def make_backend(name: str, impl: str, case_timeout: float, env: dict[str, str] | None = None) -> SimBackend | NativeBackend:
-    """The backend called ``name``; ``env`` is added to the ranks' environment where the backend starts them."""
+def make_backend(
+    name: str, impl: str, case_timeout: float, env: dict[str, str] | None = None,
+    machine: dict[str, str] | None = None,
+) -> SimBackend | NativeBackend:
+    """The backend called ``name``; ``env`` is added to the ranks' environment where the backend starts
+    them; ``machine`` sets its mock accelerators up (ValueError where it has none)."""
     if name in _SIMULATED:
-        return _SIMULATED[name](impl, case_timeout, env=env)
+        return _SIMULATED[name](impl, case_timeout, env=env, machine=machine)
     if name == "native":
+        if machine:
+            raise ValueError("backend native runs on real devices; --device-count and --device-memory "
+                             "need sim-npu or sim-xla")
         return NativeBackend(impl, case_timeout)
     raise ValueError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}")
+
+
+def mock_device(name: str) -> str | None:
+    """The mock accelerator family backend ``name`` runs on (``"npu"``, ``"xla"``), None for none."""
+    backend = _SIMULATED.get(name)
+    return backend.device if backend else None
 
 
 BACKENDS = (*_SIMULATED, "native")

@@ -60,6 +60,8 @@ class RunOptions:
     strict: bool = False
     #: Run ranks under TORCH_DISTRIBUTED_DEBUG=DETAIL (simulated backends).
     debug_collectives: bool = False
+    #: The mock accelerators' environment for every rank (``--device-count``, ``--device-memory``).
+    machine: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -113,13 +115,14 @@ def metadata(options: RunOptions) -> dict[str, Any]:
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "manifest": options.manifest.source if options.manifest else None,
         "debug_collectives": options.debug_collectives,
+        "machine": dict(options.machine),
     }
 
 
 def execute(options: RunOptions, out: IO[str] = sys.stdout) -> Run:
     """Run every selected case at every requested world it applies to."""
     backend = make_backend(options.backend, options.impl, options.case_timeout,
-                           env=DEBUG_ENV if options.debug_collectives else None)
+                           env=DEBUG_ENV if options.debug_collectives else None, machine=options.machine)
     reporting = not isinstance(backend, NativeBackend) or backend.is_reporter
     selected = select(all_cases(), options.patterns)
     cases = [c for c in selected if backend.runs(c)]
@@ -161,6 +164,7 @@ def _header(meta: dict[str, Any], count: int) -> str:
         f"conformance: impl={meta['impl']} {meta['impl_version']}  backend={meta['backend']}  "
         f"worlds={','.join(meta['worlds'])}  torch={meta['torch']}  python={meta['python']}\n"
         f"manifest: {meta['manifest'] or 'none'}  case timeout: {meta['case_timeout_s']} s  cases: {count}\n"
+        + "".join(f"machine: {name}={value}\n" for name, value in meta.get("machine", {}).items())
     )
 
 

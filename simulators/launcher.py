@@ -86,12 +86,14 @@ def launch(
     timeout: float | None,
     env: Mapping[str, str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
+    pythonpath: Sequence[str] = (),
 ) -> LaunchResult:
     """Run a Python script (``"train.py"`` or ``["train.py", *args]``) on every rank of ``world``.
 
     The script path is relative to ``cwd``; a missing script raises
-    FileNotFoundError before any rank starts. A run that does not succeed
-    prints its report to stderr.
+    FileNotFoundError before any rank starts. ``pythonpath`` goes first on
+    every rank's import path (a mock device's stand-in package). A run that
+    does not succeed prints its report to stderr.
     """
     argv = [os.fspath(script_or_argv)] if isinstance(script_or_argv, (str, os.PathLike)) else list(script_or_argv)
     if not argv:
@@ -100,7 +102,9 @@ def launch(
     if not script.is_file():
         raise FileNotFoundError(f"script not found: {script}")
     with tempfile.TemporaryDirectory(prefix="simulators-launch-") as workdir:
-        result = _execute([*_BOOTSTRAP, *argv], world, timeout=timeout, env=env, cwd=cwd, workdir=Path(workdir))
+        result = _execute(
+            [*_BOOTSTRAP, *argv], world, timeout=timeout, env=env, cwd=cwd, workdir=Path(workdir), pythonpath=pythonpath
+        )
     if result.status != "ok":
         print(result.message, file=sys.stderr, flush=True)
     return result
@@ -163,9 +167,10 @@ def _execute(
     env: Mapping[str, str] | None,
     cwd: str | os.PathLike[str] | None,
     workdir: Path,
+    pythonpath: Sequence[str] = (),
 ) -> LaunchResult:
     started = time.monotonic()
-    ranks = spawn_world(argv, world, master_port=free_port(), workdir=workdir, env=env, cwd=cwd)
+    ranks = spawn_world(argv, world, master_port=free_port(), workdir=workdir, env=env, cwd=cwd, pythonpath=pythonpath)
     output = _RankOutput(ranks)
     try:
         result = _watch(ranks, timeout)

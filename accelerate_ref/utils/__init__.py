@@ -178,4 +178,29 @@ from .other import (  # noqa: E402
     merge_dicts,
     recursive_getattr,
     wait_for_everyone,
+
+# -- big-model inference (issue 10): sizes, placement, offload ----------------------
+from .modeling import (  # noqa: E402
+    calculate_maximum_sizes,
+    check_device_map,
+    compute_module_sizes,
+    compute_module_total_buffer_size,
+    find_tied_parameters,
+    get_balanced_memory,
+    get_max_layer_size,
+    get_max_memory,
+    infer_auto_device_map,
+    load_offloaded_weights,
+    named_module_tensors,
+    retie_parameters,
+    set_module_tensor_to_device,
+)
+from .offload import (  # noqa: E402
+    OffloadedWeightsLoader,
+    PrefixedDataset,
+    extract_submodules_state_dict,
+    load_offloaded_weight,
+    offload_state_dict,
+    offload_weight,
+    save_offload_index,
 )

@@ -14,14 +14,46 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import tempfile
 import warnings
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 from safetensors import SafetensorError
 
 from .constants import SAFE_WEIGHTS_NAME, WEIGHTS_NAME
+from .device_map import check_device_map, clean_device_map, get_balanced_memory, infer_auto_device_map
+from .module_sizes import (
+    as_torch_device,
+    calculate_maximum_sizes,
+    compute_module_sizes,
+    compute_module_total_buffer_size,
+    find_tied_parameters,
+    get_max_layer_size,
+    get_max_memory,
+    named_module_tensors,
+    retie_parameters,
+    set_module_tensor_to_device,
+)
+from .offload import load_offloaded_weight, offload_weight, save_offload_index
 from .serialization import load
+
+__all__ = [  # the names of 🤗 Accelerate's utils.modeling that live in the sibling modules
+    "calculate_maximum_sizes",
+    "check_device_map",
+    "clean_device_map",
+    "compute_module_sizes",
+    "compute_module_total_buffer_size",
+    "find_tied_parameters",
+    "get_balanced_memory",
+    "get_max_layer_size",
+    "get_max_memory",
+    "infer_auto_device_map",
+    "named_module_tensors",
+    "retie_parameters",
+    "set_module_tensor_to_device",
+]
 
 DeviceMap = dict[str, Union[int, str, torch.device]]
 
@@ -168,15 +200,37 @@ def checkpoint_files(checkpoint: Union[str, os.PathLike]) -> list[str]:
     return [os.path.join(os.path.dirname(path), name) for name in dict.fromkeys(weight_map.values())]
 
 
+def _lazy_tensors(path: str) -> tuple[dict[str, tuple[int, ...]], Callable[[str], torch.Tensor]]:
+    """The shapes of the weights in file ``path`` and a reader of one weight, never the whole file in RAM.
+
+    A safetensors file is read one tensor at a time through ``safe_open``;
+    a ``torch.save`` file is opened memory-mapped (``mmap=True``), so a
+    tensor's bytes are read only when copied to its destination.
+    """
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no weights file at {path}")
+    try:
+        if path.endswith(".safetensors"):
+            from safetensors import safe_open
+
+            handle = safe_open(path, framework="pt")
+            metadata = handle.metadata() or {}
+            if metadata.get("format", "pt") != "pt":
+                raise ValueError(f"{path} holds weights in the {metadata['format']!r} format; PyTorch weights ('pt') are needed")
+            shapes = {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}
+            return shapes, handle.get_tensor
+        tensors = load(path, map_location="cpu", mmap=True)
+    except (OSError, RuntimeError, EOFError, SafetensorError) as error:
+        raise ValueError(f"cannot read the weights file {path} (missing, truncated or not a weights file): {error}") from error
+    return {name: tuple(tensor.shape) for name, tensor in tensors.items()}, tensors.__getitem__
+
+
 def _device_for(name: str, device_map: DeviceMap) -> Union[int, str, torch.device]:
     """The device ``device_map`` gives weight ``name``: its longest matching module prefix ("" matches all)."""
     prefixes = [key for key in device_map if key == "" or name == key or name.startswith(key + ".")]
     if not prefixes:
         raise ValueError(f"device_map gives no device to {name}; add its module (or '') to the map")
-    device = device_map[max(prefixes, key=len)]
-    if device == "disk":
-        raise NotImplementedError(f"offloading weights to disk ({name}) is not supported by accelerate_ref")
-    return device
+    return device_map[max(prefixes, key=len)]
 
 
 def _target_dtype(name: str, current: torch.Tensor, loaded: torch.Tensor, dtype: Optional[torch.dtype], keep_in_fp32: list[str]) -> torch.dtype:
@@ -194,7 +248,7 @@ def _assign(model: torch.nn.Module, name: str, current: torch.Tensor, value: tor
     In place, keeping the Parameter object (an optimizer holds it); a
     weight on the meta device has no data to keep and is replaced.
     """
-    target = torch.device(device) if device is not None else ("cpu" if current.is_meta else current.device)
+    target = as_torch_device(device) if device is not None else ("cpu" if current.is_meta else current.device)
     with torch.no_grad():
         new = value.to(device=target, dtype=dtype)
         if current.is_meta:
@@ -206,8 +260,33 @@ def _assign(model: torch.nn.Module, name: str, current: torch.Tensor, value: tor
                 module.register_buffer(attribute, new, persistent=attribute not in module._non_persistent_buffers_set)
         elif new.device == current.device and new.dtype == current.dtype:
             current.copy_(new)
-        else:
+        elif new.device == current.device:
             current.data = new
+        else:  # another device: a new tensor (a device's tensor type may not fit the old one's)
+            set_module_tensor_to_device(model, name, target, value=new, dtype=dtype)
+
+
+def _check_before_loading(
+    model: torch.nn.Module, files: list[str], device_map: Optional[DeviceMap], offload_folder: Any, tensors: dict[str, torch.Tensor]
+) -> None:
+    """Refuse, before anything is loaded or written, a map naming unknown modules, "disk" without a folder, or wrong shapes."""
+    if device_map is not None:
+        known = set(dict(model.named_modules())) | set(tensors)
+        unknown = [key for key in device_map if key != "" and key not in known]
+        if unknown:
+            raise ValueError(f"device_map names modules the model does not have: {unknown}")
+        if "disk" in device_map.values() and offload_folder is None:
+            disk = [key for key, device in device_map.items() if device == "disk"]
+            raise ValueError(f"device_map offloads {disk} to 'disk': pass an offload_folder to write them to")
+    for path in files:
+        shapes, _ = _lazy_tensors(path)
+        wrong = [
+            f"{name}: the checkpoint holds shape {list(shape)}, the model {list(tensors[name].shape)}"
+            for name, shape in shapes.items()
+            if name in tensors and shape != tuple(tensors[name].shape)
+        ]
+        if wrong:
+            raise ValueError(f"{path} does not fit the model (nothing was loaded): " + "; ".join(wrong))
 
 
 def load_checkpoint_in_model(
@@ -225,50 +304,91 @@ def load_checkpoint_in_model(
     """Load a (possibly sharded) checkpoint into ``model``, placing weights where ``device_map`` says.
 
     Rules: ``checkpoint`` is a weights file, the ``.index.json`` of shards,
-    or a folder holding one of them (`checkpoint_files`); shards are loaded
-    one at a time. Each weight goes into the model's parameter or buffer of
-    the same name in place (the Parameter objects stay, so an optimizer
-    built on them keeps working), on the device ``device_map`` gives its
-    module (``{"": device}`` for the whole model; the longest matching
-    module name wins), else where it already is; floating weights are cast
-    to ``dtype`` if given (``keep_in_fp32_modules`` stay float32), else to
-    the model's dtype. A shape mismatch is a ValueError naming the file and
-    every weight that does not fit, before anything of that file is loaded.
+    or a folder holding one of them (`checkpoint_files`); files are read one
+    tensor at a time (safetensors ``safe_open``, memory-mapped pickles), so
+    the checkpoint is never held in RAM. Each weight goes into the model's
+    parameter or buffer of the same name in place (the Parameter objects
+    stay, so an optimizer built on them keeps working), on the device
+    ``device_map`` gives its module (``{"": device}`` for the whole model;
+    the longest matching module name wins), else where it already is. A
+    ``"disk"`` entry writes the weight to ``offload_folder`` (a ``.dat``
+    memmap per tensor plus ``index.json``, see `utils.offload`) and leaves it
+    on ``meta`` in the model; buffers go to disk only with
+    ``offload_buffers``, else to the CPU. ``offload_state_dict`` stages the
+    CPU weights on disk while loading and reads them back at the end.
+    Floating weights are cast to ``dtype`` if given (``keep_in_fp32_modules``
+    stay float32), else to the model's dtype. Tied weights are tied again
+    at the end. Refused before anything is loaded or written (ValueError
+    naming the culprit): a map key that is no module of the model, a
+    ``"disk"`` entry without ``offload_folder``, a weight whose shape differs.
     Keys the model lacks, and weights the checkpoint lacks, are warned
-    about, or a ValueError with ``strict=True``. Offloading to disk is not
-    supported (NotImplementedError).
-    Catalog: save_model.reload, save_model.sharded.
+    about, or a ValueError with ``strict=True``.
+    Catalog: save_model.reload, save_model.sharded, modeling.load_checkpoint_device_map.
     """
-    if offload_folder is not None or offload_state_dict or offload_buffers or offload_8bit_bnb:
-        raise NotImplementedError("accelerate_ref does not offload weights (offload_* arguments)")
+    if offload_8bit_bnb:
+        raise NotImplementedError("accelerate_ref does not quantize weights while offloading them (offload_8bit_bnb)")
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype.replace("torch.", ""))
+    tied = find_tied_parameters(model)
     tensors = dict(model.named_parameters(remove_duplicate=False))
     tensors.update(model.named_buffers(remove_duplicate=False))
+    buffers = {name for name, _ in model.named_buffers(remove_duplicate=False)}
+    files = checkpoint_files(checkpoint)
+    _check_before_loading(model, files, device_map, offload_folder, tensors)
+    if device_map is not None and "disk" in device_map.values():
+        os.makedirs(offload_folder, exist_ok=True)
     expected = set(model.state_dict())
+    disk_index: dict = {}
+    staged_index: dict = {}
+    staging = tempfile.mkdtemp(prefix="accelerate_ref_staged_") if offload_state_dict else None
     loaded_names: set[str] = set()
     unexpected: list[str] = []
-    for path in checkpoint_files(checkpoint):
-        state_dict = load_state_dict(path, device_map)
-        unexpected += [name for name in state_dict if name not in expected]
-        wrong = [
-            f"{name}: the checkpoint holds shape {list(value.shape)}, the model {list(tensors[name].shape)}"
-            for name, value in state_dict.items()
-            if name in expected and tuple(value.shape) != tuple(tensors[name].shape)
-        ]
-        if wrong:
-            raise ValueError(f"{path} does not fit the model (nothing of it was loaded): " + "; ".join(wrong))
-        for name, value in state_dict.items():
-            if name not in expected:
-                continue
-            current = tensors[name]
-            device = _device_for(name, device_map) if device_map is not None else None
-            _assign(model, name, current, value, device, _target_dtype(name, current, value, dtype, keep_in_fp32_modules or []))
-            loaded_names.add(name)
-    loaded = {id(tensors[name]) for name in loaded_names}  # a tied weight is loaded through its twin
-    missing = sorted(name for name in expected if id(tensors[name]) not in loaded)
+    try:
+        for path in files:
+            shapes, read = _lazy_tensors(path)
+            for name in shapes:
+                if name not in expected:
+                    unexpected.append(name)
+                    continue
+                value, current = read(name), tensors[name]
+                device = _device_for(name, device_map) if device_map is not None else None
+                target_dtype = _target_dtype(name, current, value, dtype, keep_in_fp32_modules or [])
+                if device == "disk" and (offload_buffers or name not in buffers):
+                    offload_weight(value.to(target_dtype), name, offload_folder, index=disk_index)
+                    set_module_tensor_to_device(model, name, "meta", dtype=target_dtype)
+                elif staging is not None and device == "cpu":
+                    offload_weight(value.to(target_dtype), name, staging, index=staged_index)
+                    set_module_tensor_to_device(model, name, "meta", dtype=target_dtype)
+                else:
+                    _assign(model, name, current, value, "cpu" if device == "disk" else device, target_dtype)
+                loaded_names.add(name)
+        save_offload_index(disk_index, offload_folder or "")
+        if staging is not None:
+            load_offloaded_weights(model, staged_index, staging)
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+    retie_parameters(model, tied)
+    loaded = {id(_tensor_of(model, name)) for name in loaded_names}  # a tied weight is loaded through its twin
+    missing = sorted(name for name in expected if name not in loaded_names and id(_tensor_of(model, name)) not in loaded)
     if missing or unexpected:
         message = f"loading {os.fspath(checkpoint)}: weights missing from the checkpoint {missing}, keys the model lacks {unexpected}"
         if strict:
             raise ValueError(message)
         warnings.warn(message)
+
+
+def _tensor_of(model: torch.nn.Module, name: str) -> torch.Tensor:
+    module_name, _, attribute = name.rpartition(".")
+    module = model.get_submodule(module_name)
+    return module._parameters[attribute] if attribute in module._parameters else module._buffers[attribute]
+
+
+def load_offloaded_weights(model: torch.nn.Module, index: dict, offload_folder: Union[str, os.PathLike]) -> None:
+    """Put every weight of ``index`` (read from ``offload_folder``) into ``model`` on the CPU, bit-exactly.
+
+    Catalog: modeling.offload_roundtrip.
+    """
+    for name, info in (index or {}).items():
+        weight = load_offloaded_weight(os.path.join(os.fspath(offload_folder), f"{name}.dat"), info)
+        set_module_tensor_to_device(model, name, "cpu", value=weight, dtype=weight.dtype)

@@ -11,9 +11,12 @@ Rules (catalog ``npu.distributed_type``, ``npu.collectives``):
 - PrivateUse1 becomes the ``npu`` device: ``torch.device("npu", i)``,
   ``Tensor.npu()``, ``Module.to("npu:1")`` work, and an `NpuTensor` follows
   :mod:`simulators.devices.tensor` (mixing with CPU tensors raises);
-- each rank of the world drives one NPU: a host has ``LOCAL_WORLD_SIZE``
-  devices; the current device (``torch.npu.set_device``, 0 until set) is
-  where ``"npu"`` and ``"npu:0"`` put tensors (see
+- a rank sees ``SIMULATORS_NPU_DEVICE_COUNT`` NPUs of its own, or, without
+  it, one per rank of its host (``LOCAL_WORLD_SIZE``; each rank drives one);
+  each has the memory budget of ``SIMULATORS_DEVICE_MEMORY``
+  (:mod:`simulators.devices.machine`, :mod:`simulators.devices.memory`);
+  the current device (``torch.npu.set_device``, 0 until set) is where
+  ``"npu"`` and ``"npu:0"`` put tensors (see
   :meth:`simulators.devices.tensor.DeviceTensor.index_of`);
 - ``init_process_group("hccl")`` makes a gloo group (``hccl`` is Ascend's
   collective library; here gloo runs on the tensors' CPU payloads);
@@ -30,7 +33,8 @@ from types import ModuleType
 
 import torch
 
-from simulators.devices import backend
+from simulators.devices import backend, machine
+from simulators.devices.memory import DeviceMemory
 from simulators.devices.replicas import replicas
 from simulators.devices.tensor import DeviceTensor
 
@@ -42,7 +46,8 @@ _current = [0]
 
 
 def set_current(index: int) -> None:
-    """Make ``npu:<index>`` this process's current NPU."""
+    """Make ``npu:<index>`` this process's current NPU (RuntimeError when there is no such NPU)."""
+    NpuTensor.check_index(index)
     _current[0] = index
 
 
@@ -58,14 +63,19 @@ def generator(index: int) -> torch.Generator:
 
 
 def device_count() -> int:
-    """NPUs on this host: one per rank of the simulated machine."""
-    return replicas().local_world_size
+    """NPUs a rank sees: ``SIMULATORS_NPU_DEVICE_COUNT``, else one per rank of the simulated machine."""
+    return machine.device_count("npu", replicas().local_world_size)
 
 
 class NpuTensor(DeviceTensor):
     """A tensor on the mock ``npu`` device."""
 
     device_type = "npu"
+    memory = DeviceMemory("npu")
+
+    @classmethod
+    def device_count(cls) -> int:
+        return device_count()
 
     @classmethod
     def current_index(cls) -> int:

@@ -11,8 +11,14 @@ case that runs on ``sim-xla`` / ``sim-npu``):
   same device, but found at least two devices, xla:0 and cpu!``. CPU tensors
   of 0 dimensions are allowed (torch treats them as scalars on every
   accelerator), and so are the ops that move data between devices
-  (``copy_``, ``_to_copy``). Two indices of the mock device are not told
-  apart (each rank drives one device; see the index rule below);
+  (``copy_``, ``_to_copy``). Two indices of the mock device mix no more
+  than the mock device and the CPU do (``npu:0 and npu:1``);
+- ``Tensor.to("npu:2")`` (and ``Module.to``, ``.npu(2)``) moves a tensor
+  between indices as between devices;
+- a device index past the family's :meth:`DeviceTensor.device_count` is
+  refused as an invalid device ordinal; every device's memory is counted
+  (:mod:`simulators.devices.memory`, the family's ``memory``), and a new
+  storage past its budget raises ``torch.OutOfMemoryError``;
 - a parameter on the mock device is an instance of the family's class, and
   ``type(param)(data, requires_grad=...)`` makes a ``Parameter`` of ``data``,
   as it would for a parameter of a real accelerator;
@@ -44,6 +50,8 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils._python_dispatch import return_and_correct_aliasing
 
+from simulators.devices.memory import DeviceMemory
+
 #: Ops allowed to take tensors of different devices: they are how data moves between them.
 _TRANSFERS = frozenset({torch.ops.aten.copy_.default, torch.ops.aten._to_copy.default})
 #: Ops whose CPU-payload arguments must be adapted before the CPU runs them, and how
@@ -59,6 +67,8 @@ class DeviceTensor(torch.Tensor):
     _payload: torch.Tensor
     #: The index of the mock device (``1`` for ``npu:1``).
     device_index: int
+    #: The memory books of the family's devices in this process (each family sets its own).
+    memory: DeviceMemory
 
     @staticmethod
     def __new__(cls, payload: torch.Tensor, index: int = 0, requires_grad: bool | None = None) -> torch.Tensor:
@@ -99,9 +109,43 @@ class DeviceTensor(torch.Tensor):
         return device.index
 
     @classmethod
+    def device_count(cls) -> int:
+        """How many devices of the family this process sees (families override)."""
+        return 1
+
+    @classmethod
+    def check_index(cls, index: int) -> None:
+        """Refuse ``index`` when this process has no such device of the family, as torch does."""
+        if index == 0:  # every process has a device 0 (and most ops run there: no need to ask)
+            return
+        count = cls.device_count()
+        if not 0 <= index < count:
+            raise RuntimeError(
+                f"{cls.device_type.upper()} error: invalid device ordinal: {cls.device_type}:{index} "
+                f"(this simulated machine has {count} {cls.device_type} device(s) per rank; "
+                "see simulators.devices.machine)"
+            )
+
+    @classmethod
     def wrap(cls, payload: torch.Tensor, index: int) -> DeviceTensor:
-        """``payload`` (a CPU tensor) as a tensor on this family's device ``index``."""
-        return cls(payload, index)
+        """``payload`` (a CPU tensor) as a tensor on this family's device ``index``, counted in its memory."""
+        cls.check_index(index)
+        tensor = cls(payload, index)
+        cls.memory.track(payload, index)
+        return tensor
+
+    def to(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """``Tensor.to``, with a move to another index of the family copying to that device.
+
+        (torch's C++ side sees every mock tensor on index 0, so it would take
+        ``npu:2 -> npu:0`` for a no-op, and send the gradient of ``npu:0 ->
+        npu:1`` back on ``npu:1``: :class:`_MoveBetweenIndices` does both.)
+        """
+        parsed = {key: value for key, value in kwargs.items() if key != "copy"}  # _parse_to knows no ``copy``
+        device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args, **parsed)
+        if device is None or device.type != self.device_type or self.index_of(device) == self.device_index:
+            return super().to(*args, **kwargs)
+        return _MoveBetweenIndices.apply(self, self.index_of(device), dtype or self.dtype, memory_format)
 
     @classmethod
     def generator_for(cls, index: int) -> torch.Generator:
@@ -148,7 +192,7 @@ class DeviceTensor(torch.Tensor):
         first = on_device[0]
         first.observe(func, on_device)
         target = kwargs.get("device")
-        if target is not None and torch.device(target).type == "cpu":
+        if target is not None and torch.device(target).type in ("cpu", "meta"):
             return func(*tree_map(_payload_of, args), **kwargs)
         index = first.device_index if target is None else first.index_of(target)
         payload_args, payload_kwargs = tree_map(_payload_of, (args, kwargs))
@@ -160,6 +204,26 @@ class DeviceTensor(torch.Tensor):
             payload_args = PAYLOAD_ADAPTERS[func](payload_args)
         out = func(*payload_args, **payload_kwargs)
         return return_and_correct_aliasing(func, args, kwargs, tree_map(_rewrapper(type(first), index, on_device), out))
+
+
+class _MoveBetweenIndices(torch.autograd.Function):
+    """A copy of a mock tensor onto another index of its family; the gradient goes back to the source's."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: DeviceTensor, index: int, dtype: torch.dtype, memory_format: Any) -> DeviceTensor:
+        ctx.source = (tensor.device_index, tensor.dtype)
+        return _moved(tensor, index, dtype, memory_format)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        index, dtype = ctx.source
+        return _moved(grad, index, dtype, None), None, None, None
+
+
+def _moved(tensor: DeviceTensor, index: int, dtype: torch.dtype, memory_format: Any) -> DeviceTensor:
+    """A copy of ``tensor`` on index ``index`` of its family, as ``dtype``."""
+    options = {"memory_format": memory_format} if memory_format is not None else {}
+    return type(tensor).wrap(tensor._payload.to(dtype, copy=True, **options), index)
 
 
 def _takes_generator(func: Any) -> bool:
@@ -181,19 +245,24 @@ def _rewrapper(cls: type[DeviceTensor], index: int, inputs: list[DeviceTensor]) 
         if not isinstance(value, torch.Tensor):
             return value
         known = by_payload.get(id(value))
-        return known if known is not None else cls.wrap(value, index)
+        if known is None:
+            return cls.wrap(value, index)
+        cls.memory.resized(value, known.device_index)  # an out= or in-place op may have resized its storage
+        return known
 
     return rewrap
 
 
 def _check_one_device(func: Any, on_device: list[DeviceTensor], leaves: list[Any]) -> None:
     """Raise as real accelerators do when ``func`` gets tensors of the mock device and of another one."""
-    elsewhere = [
+    first = on_device[0]
+    elsewhere: list[torch.Tensor] = [tensor for tensor in on_device if tensor.device_index != first.device_index]
+    elsewhere += [
         leaf for leaf in leaves
         if isinstance(leaf, torch.Tensor) and not isinstance(leaf, DeviceTensor) and leaf.dim() > 0
     ]
     if elsewhere:
         raise RuntimeError(
             "Expected all tensors to be on the same device, but found at least two devices, "
-            f"{on_device[0].device} and {elsewhere[0].device}! (in {func}; simulators mock device)"
+            f"{first.device} and {elsewhere[0].device}! (in {func}; simulators mock device)"
         )

@@ -28,7 +28,8 @@ from __future__ import annotations
 import os
 import torch
 
-from simulators.devices import backend
+from simulators.devices import backend, machine
+from simulators.devices.memory import DeviceMemory
 from simulators.devices.replicas import replicas
 from simulators.devices.steps import StepGraphs
 from simulators.devices.tensor import DeviceTensor
@@ -64,6 +65,11 @@ class XlaTensor(DeviceTensor):
     """A tensor on the mock ``xla`` device."""
 
     device_type = "xla"
+    memory = DeviceMemory("xla")
+
+    @classmethod
+    def device_count(cls) -> int:
+        return device_count()
 
     @property
     def is_xla(self) -> bool:
@@ -95,7 +101,7 @@ class _DeviceModule:
 
     @staticmethod
     def device_count() -> int:
-        return replicas().local_world_size
+        return device_count()
 
     @staticmethod
     def current_device() -> int:
@@ -108,6 +114,11 @@ class _DeviceModule:
     @staticmethod
     def manual_seed_all(seed: int) -> None:
         """``torch.manual_seed`` calls this; the XLA RNG is seeded by ``xm.set_rng_state`` only."""
+
+
+def device_count() -> int:
+    """XLA devices a rank sees: ``SIMULATORS_XLA_DEVICE_COUNT``, else one per rank of the simulated machine."""
+    return machine.device_count("xla", replicas().local_world_size)
 
 
 def install() -> None:

@@ -1,10 +1,12 @@
 """``torch.npu``: device selection, RNG and memory queries of the mock NPUs.
 
-Rules: ``is_available()`` is true; ``device_count()`` is the number of ranks
-on this simulated machine; ``set_device`` / ``current_device`` select this
-process's NPU (0 until set); the RNG functions act on each device's own
-generator; memory queries report nothing in use (the payloads live in host
-memory).
+Rules: ``is_available()`` is true; ``device_count()`` is
+``SIMULATORS_NPU_DEVICE_COUNT``, else the number of ranks on this simulated
+machine; ``set_device`` / ``current_device`` select this process's NPU (0
+until set); the RNG functions act on each device's own generator; the
+memory queries report each device's books (:mod:`simulators.devices.memory`:
+the live tensors' storages against the ``SIMULATORS_DEVICE_MEMORY`` budget);
+``device`` arguments default to the current NPU.
 """
 from __future__ import annotations
 
@@ -65,21 +67,36 @@ def empty_cache() -> None:
 
 
 def memory_allocated(device: Any = None) -> int:
-    return 0
+    """Bytes the live tensors on the NPU hold."""
+    return _mock.NpuTensor.memory.allocated(_index(device, current_device()))
 
 
 def max_memory_allocated(device: Any = None) -> int:
-    return 0
+    """The most bytes the NPU held since the start or the last ``reset_peak_memory_stats``."""
+    return _mock.NpuTensor.memory.peak(_index(device, current_device()))
+
+
+def memory_reserved(device: Any = None) -> int:
+    """Bytes reserved on the NPU: what is allocated (the mock caches nothing)."""
+    return memory_allocated(device)
+
+
+def max_memory_reserved(device: Any = None) -> int:
+    return max_memory_allocated(device)
 
 
 def reset_peak_memory_stats(device: Any = None) -> None:
-    """Reset the peak statistics (all zero in the mock)."""
+    """Start the NPU's peak again from what it holds now."""
+    _mock.NpuTensor.memory.reset_peak(_index(device, current_device()))
+
+
+def reset_max_memory_allocated(device: Any = None) -> None:
+    reset_peak_memory_stats(device)
 
 
 def mem_get_info(device: Any = None) -> tuple[int, int]:
-    """``(free, total)`` bytes of the device: the mock reports 64 GiB, all free."""
-    total = 64 << 30
-    return total, total
+    """``(free, total)`` bytes of the NPU: its budget (64 GiB without one) less what it holds."""
+    return _mock.NpuTensor.memory.info(_index(device, current_device()))
 
 
 def is_bf16_supported() -> bool:
@@ -131,11 +148,16 @@ def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
         _mock.generator(index).set_state(state)
 
 
-def _index(device: int | str | torch.device, default: int = 0) -> int:
+def _index(device: int | str | torch.device | None, default: int = 0) -> int:
+    if device is None:
+        return default
     if isinstance(device, int):
-        return device
-    index = torch.device(device).index
-    return default if index is None else index
+        index = device
+    else:
+        index = torch.device(device).index
+        index = default if index is None else index
+    _mock.NpuTensor.check_index(index)
+    return index
 
 
 #: ``torch.npu.amp``: the NPU's autocast context and gradient scaler.

@@ -59,6 +59,19 @@ def get_xla_supported_devices(devkind: str | None = None, max_devices: int | Non
     return devices[:max_devices] if max_devices else devices
 
 
+def get_memory_info(device: str | torch.device | None = None) -> dict[str, int]:
+    """``{"bytes_used", "bytes_limit", "peak_bytes_used"}`` of ``device`` (default: this replica's).
+
+    The mock's books (:mod:`simulators.devices.memory`): the live tensors' storages
+    against ``SIMULATORS_DEVICE_MEMORY`` (64 GiB without it).
+    """
+    index = _mock.XlaTensor.index_of(device)
+    _mock.XlaTensor.check_index(index)
+    books = _mock.XlaTensor.memory
+    free, total = books.info(index)
+    return {"bytes_used": total - free, "bytes_limit": total, "peak_bytes_used": books.peak(index)}
+
+
 def xla_device_hw(device: str | torch.device) -> str:
     """The hardware behind ``device``: the world's PJRT device type."""
     return runtime.device_type()

@@ -1,0 +1,53 @@
+"""Meta-test of the big-model cases on ``sim-npu``: a hook that does not move inputs must be reported.
+
+On the CPU alone nothing needs moving, so the break shows only where a
+model spreads over several accelerators: the ``*_npus`` cases put one over
+four mock NPUs (``SIMULATORS_NPU_DEVICE_COUNT=4``), where a tensor of npu:1
+meeting one of npu:0 fails as on hardware. The reference runs first over
+the same cases and must pass them all.
+
+To reproduce by hand::
+
+    PYTHONPATH=tests python -m conformance run --impl broken_impls.bigmodel_hook_keeps_inputs --backend sim-npu --worlds 1 -k 'bigmodel.*' --no-manifest
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance.backends import SimNpuBackend
+from tests.test_meta_suite import E, F, REFERENCE, Break, SharedPools, brk
+from tests.test_meta_suite import test_suite_reports as check_entry
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+WORLD = "1"
+BIGMODEL = ("bigmodel.*", "hooks.*")
+TIMEOUT = 120.0
+
+BREAKS = [
+    brk(
+        "bigmodel_hook_keeps_inputs",
+        {"dispatch_across_npus": (F, E)},
+        WORLD,
+        BIGMODEL,
+        # Every forward through hooks across devices meets the unmoved input.
+        collateral={"bigmodel.load_checkpoint_and_dispatch", "bigmodel.cpu_offload"},
+        case_timeout=TIMEOUT,
+    ),
+]
+
+PLAN = [Break(REFERENCE, {}, WORLD, BIGMODEL, case_timeout=TIMEOUT)] + BREAKS
+
+
+@pytest.fixture(scope="module")
+def shared_pools(tmp_path_factory):
+    pools = SharedPools(tmp_path_factory.mktemp("switchboard") / "choice", backend=SimNpuBackend)
+    yield pools
+    pools.close()
+
+
+@pytest.mark.parametrize("entry", PLAN, ids=lambda entry: entry.label)
+def test_sim_npu_reports_hook_break(entry: Break, request) -> None:
+    # The judgement of test_meta_suite, on this module's entries and its sim-npu pool.
+    check_entry(entry, request)
