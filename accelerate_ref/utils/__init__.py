@@ -178,6 +178,7 @@ from .other import (  # noqa: E402
     merge_dicts,
     recursive_getattr,
     wait_for_everyone,
+)
 
 # -- big-model inference (issue 10): sizes, placement, offload ----------------------
 from .modeling import (  # noqa: E402
