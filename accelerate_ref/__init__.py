@@ -41,3 +41,8 @@ __all__ = [
     "load_checkpoint_in_model",
     "skip_first_batches",
 ]
+
+# Engine plugins (catalog "Plugins and engines").
+from .utils.dataclasses import DeepSpeedPlugin, FullyShardedDataParallelPlugin  # noqa: E402
+
+__all__ += ["DeepSpeedPlugin", "FullyShardedDataParallelPlugin"]

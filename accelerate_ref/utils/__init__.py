@@ -126,3 +126,14 @@ from .other import extract_model_from_parallel, is_compiled_module
 from .random import set_seed, synchronize_rng_state, synchronize_rng_states
 from .serialization import clean_state_dict_for_safetensors, fsync_directory, load, save, write_atomically
 from .versions import compare_versions, is_torch_version
+
+# Engines and plugins (catalog "Plugins and engines").
+from .dataclasses import (  # noqa: E402
+    BnbQuantizationConfig,
+    DDPCommunicationHookType,
+    DeepSpeedPlugin,
+    FP8RecipeKwargs,
+    FullyShardedDataParallelPlugin,
+    MegatronLMPlugin,
+)
+from .fsdp_utils import get_module_class_from_name, load_fsdp_model, merge_fsdp_weights, save_fsdp_model  # noqa: E402
