@@ -372,6 +372,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
         if getattr(optimizer, "_is_accelerate_prepared", False):
             return _remember(self._optimizers, optimizer)
         placement = device_placement if device_placement is not None else self.device_placement
+        self._engines.switch_optimizer_parameters(optimizer)
         prepared = AcceleratedOptimizer(optimizer, device_placement=placement, scaler=self.scaler)
         prepared._is_accelerate_prepared = True
         return _remember(self._optimizers, prepared)

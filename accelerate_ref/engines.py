@@ -11,7 +11,7 @@ Catalog: plugin.fsdp, plugin.dynamo, plugin.unavailable_engines.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
@@ -51,6 +51,18 @@ class Engines:
 
     fsdp_plugin: Optional[FullyShardedDataParallelPlugin]
     dynamo_plugin: TorchDynamoPlugin
+    #: The parameters sharding replaced, by the replaced parameter's id.
+    replaced_parameters: dict[int, torch.nn.Parameter] = field(default_factory=dict)
+
+    def switch_optimizer_parameters(self, optimizer: torch.optim.Optimizer) -> None:
+        """Point ``optimizer``'s parameter groups at the sharded parameters that replaced theirs.
+
+        Rule: FSDP's ``fully_shard`` registers new (DTensor) parameters, so an
+        optimizer built on the model before `prepare` would step stale
+        tensors. Catalog: plugin.fsdp.
+        """
+        for group in optimizer.param_groups:
+            group["params"] = [self.replaced_parameters.get(id(p), p) for p in group["params"]]
 
 
 def resolve_engines(
@@ -119,7 +131,9 @@ def prepare_with_engines(model: torch.nn.Module, engines: Engines, state: Any, d
         return None
     from .utils.fsdp_utils import shard_model
 
-    return shard_model(model, engines.fsdp_plugin, state)
+    model, replaced = shard_model(model, engines.fsdp_plugin, state)
+    engines.replaced_parameters.update(replaced)
+    return model
 
 
 def compile_model(model: torch.nn.Module, plugin: TorchDynamoPlugin) -> torch.nn.Module:

@@ -135,5 +135,7 @@ from .dataclasses import (  # noqa: E402
     FP8RecipeKwargs,
     FullyShardedDataParallelPlugin,
     MegatronLMPlugin,
+    get_module_class_from_name,
 )
-from .fsdp_utils import get_module_class_from_name, load_fsdp_model, merge_fsdp_weights, save_fsdp_model  # noqa: E402
+from .fsdp_utils import load_fsdp_model, merge_fsdp_weights, save_fsdp_model  # noqa: E402
+from .bnb import load_and_quantize_model  # noqa: E402

@@ -542,4 +542,5 @@ from .engine_plugins import (  # noqa: E402  (needs KwargsHandler above)
     FP8RecipeKwargs,
     FullyShardedDataParallelPlugin,
     MegatronLMPlugin,
+    get_module_class_from_name,
 )

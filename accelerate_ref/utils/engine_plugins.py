@@ -102,6 +102,20 @@ class FullyShardedDataParallelPlugin:
             self.mixed_precision_policy = {"param_dtype": dtypes[mixed_precision], "reduce_dtype": dtypes[mixed_precision]}
 
 
+def get_module_class_from_name(module: Any, name: str) -> Optional[type]:
+    """The class named ``name`` among ``module`` (an ``nn.Module``) and its descendants, or None.
+
+    Catalog: plugin.fsdp_wrap_policy.
+    """
+    if type(module).__name__ == name:
+        return type(module)
+    for child in module.children():
+        found = get_module_class_from_name(child, name)
+        if found is not None:
+            return found
+    return None
+
+
 #: DeepSpeedPlugin field -> the dotted key of the DeepSpeed config it sets.
 DEEPSPEED_PLUGIN_KEYS = {
     "gradient_accumulation_steps": "gradient_accumulation_steps",

@@ -21,18 +21,7 @@ from typing import Any, Optional
 import torch
 
 from .constants import FSDP_MODEL_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_NAME
-from .engine_plugins import FullyShardedDataParallelPlugin
-
-
-def get_module_class_from_name(module: torch.nn.Module, name: str) -> Optional[type]:
-    """The class named ``name`` among ``module`` and its descendants, or None. Catalog: plugin.fsdp_wrap_policy."""
-    if type(module).__name__ == name:
-        return type(module)
-    for child in module.children():
-        found = get_module_class_from_name(child, name)
-        if found is not None:
-            return found
-    return None
+from .engine_plugins import FullyShardedDataParallelPlugin, get_module_class_from_name
 
 
 def wrap_targets(model: torch.nn.Module, plugin: FullyShardedDataParallelPlugin) -> list[str]:
@@ -93,8 +82,11 @@ def _mixed_precision(plugin: FullyShardedDataParallelPlugin) -> Any:
     return MixedPrecisionPolicy(**policy) if isinstance(policy, dict) else (policy or MixedPrecisionPolicy())
 
 
-def shard_model(model: torch.nn.Module, plugin: FullyShardedDataParallelPlugin, state: Any) -> torch.nn.Module:
-    """``model`` sharded in place with ``fully_shard``: each wrap target first, then the root.
+def shard_model(
+    model: torch.nn.Module, plugin: FullyShardedDataParallelPlugin, state: Any
+) -> tuple[torch.nn.Module, dict[int, torch.nn.Parameter]]:
+    """``model`` sharded in place with ``fully_shard`` (each wrap target first, then the root), and the
+    new parameter that replaced each old one, by the old one's ``id`` (for optimizers built before).
 
     Rules: parameters are broadcast from rank 0 first when
     ``sync_module_states`` (or ``cpu_ram_efficient_loading``) is set, so every
@@ -121,10 +113,11 @@ def shard_model(model: torch.nn.Module, plugin: FullyShardedDataParallelPlugin, 
     }
     if plugin.cpu_offload:
         options["offload_policy"] = CPUOffloadPolicy()
+    before = dict(model.named_parameters())
     for name in targets:
         fully_shard(model.get_submodule(name), **options)
     fully_shard(model, **options)
-    return model
+    return model, {id(before[name]): parameter for name, parameter in model.named_parameters()}
 
 
 def is_fsdp_model(model: torch.nn.Module) -> bool:
