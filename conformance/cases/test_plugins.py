@@ -189,8 +189,9 @@ def _fsdp_units(model: torch.nn.Module) -> list[str]:
 def plugin_fsdp_wrap_policy(impl, world):
     """Wrap by layer class name (resolved in the model) or by size; an unknown class name is refused naming it."""
     utils = impl.utils
-    expect_equal(utils.get_module_class_from_name(_net(), "Block"), Block, "get_module_class_from_name(model, 'Block')")
-    expect_equal(utils.get_module_class_from_name(_net(), "Missing"), None, "get_module_class_from_name of an absent class")
+    resolve = impl.part("utils.dataclasses").get_module_class_from_name  # where HF defines it
+    expect_equal(resolve(_net(), "Block"), Block, "get_module_class_from_name(model, 'Block')")
+    expect_equal(resolve(_net(), "Missing"), None, "get_module_class_from_name of an absent class")
     found = {}
     by_class = {"auto_wrap_policy": "transformer_based_wrap", "transformer_cls_names_to_wrap": ["Block"]}
     by_size = {"auto_wrap_policy": "size_based_wrap", "min_num_params": 50}
@@ -212,30 +213,35 @@ def _wrap_policy_check(values, world):
         expect_equal(v["by_size"], ["blocks.0.linear", "blocks.1.linear"], "units wrapped by min_num_params=50")
 
 
-@case("plugin.dynamo", worlds=[1])
-def plugin_dynamo(impl, world):
-    """dynamo_backend / TorchDynamoPlugin compile the prepared model; outputs equal eager; unwrap can drop it."""
+def _check_compiles(impl: Any, label: str, **accelerator_kwargs: Any) -> None:
     from torch._dynamo.eval_frame import OptimizedModule
     from torch._dynamo.utils import counters
 
+    torch._dynamo.reset()  # a graph cached by an earlier case would hide whether this one compiles
     x = torch.randn(3, WIDTH, generator=torch.Generator().manual_seed(7))
     expected = _net()(x)
-    for label, kwargs in (
-        ("dynamo_backend", {"dynamo_backend": "eager"}),
-        ("TorchDynamoPlugin", {"dynamo_plugin": impl.utils.TorchDynamoPlugin(backend="aot_eager")}),
-    ):
-        acc = impl.Accelerator(**kwargs)
-        model = acc.prepare(_net())
-        expect_true(isinstance(model, OptimizedModule), f"{label}: prepare returns a torch.compile module, got {type(model).__name__}")
-        graphs = counters["stats"]["unique_graphs"]
-        got = model(x)
-        expect_true(counters["stats"]["unique_graphs"] > graphs, f"{label}: the forward ran through a compiled graph")
-        expect_true(torch.allclose(got, expected, atol=1e-6), f"{label}: compiled outputs equal the eager model's")
-        expect_true(isinstance(acc.unwrap_model(model), OptimizedModule), f"{label}: unwrap_model keeps torch.compile by default")
-        bare = acc.unwrap_model(model, keep_torch_compile=False)
-        expect_equal(type(bare).__name__, "_Net", f"{label}: unwrap_model(keep_torch_compile=False)")
-    plain = impl.Accelerator().prepare(_net())
-    expect_true(not isinstance(plain, OptimizedModule), "without a dynamo backend the model is not compiled")
+    acc = impl.Accelerator(**accelerator_kwargs)
+    model = acc.prepare(_net())
+    expect_true(isinstance(model, OptimizedModule), f"{label}: prepare returns a torch.compile module, got {type(model).__name__}")
+    graphs = counters["stats"]["unique_graphs"]
+    got = model(x)
+    expect_true(counters["stats"]["unique_graphs"] > graphs, f"{label}: the forward ran through a compiled graph")
+    expect_true(torch.allclose(got, expected, atol=1e-6), f"{label}: compiled outputs equal the eager model's")
+    expect_true(isinstance(acc.unwrap_model(model), OptimizedModule), f"{label}: unwrap_model keeps torch.compile by default")
+    bare = acc.unwrap_model(model, keep_torch_compile=False)
+    expect_equal(type(bare).__name__, "_Net", f"{label}: unwrap_model(keep_torch_compile=False)")
+
+
+@case("plugin.dynamo", worlds=[1])
+def plugin_dynamo_backend(impl, world):
+    """``dynamo_backend="eager"`` compiles the prepared model; outputs equal eager; unwrap can drop the compile."""
+    _check_compiles(impl, "dynamo_backend='eager'", dynamo_backend="eager")
+
+
+@case("plugin.dynamo", worlds=[1])
+def plugin_dynamo_plugin(impl, world):
+    """``TorchDynamoPlugin(backend="aot_eager")`` compiles the prepared model the same way."""
+    _check_compiles(impl, "TorchDynamoPlugin(backend='aot_eager')", dynamo_plugin=impl.utils.TorchDynamoPlugin(backend="aot_eager"))
 
 
 #: Hook kind -> the name torch gives the registered hook function.
@@ -385,33 +391,60 @@ def _refused(build: Callable[[], Any], names: tuple[str, ...], what: str) -> Non
 
 
 @case("plugin.unavailable_engines", worlds=[1])
-def plugin_unavailable_engines(impl, world):
-    """Engine configurations validate as dataclasses; an engine not installed is refused at Accelerator(...)."""
+def plugin_engine_configs_validate(impl, world):
+    """Engine configurations validate as dataclasses, naming the bad field."""
     utils = impl.utils
     _refused(lambda: utils.BnbQuantizationConfig(load_in_8bit=True, load_in_4bit=True), ("load_in_8bit",), "8-bit and 4-bit at once")
     _refused(lambda: utils.FP8RecipeKwargs(backend="nonsense"), ("backend",), "an unknown FP8 backend")
     utils.MegatronLMPlugin()  # documented defaults construct
-    if importlib.util.find_spec("deepspeed") is None:
-        _refused(lambda: impl.Accelerator(deepspeed_plugin=utils.DeepSpeedPlugin()), ("deepspeed",), "deepspeed_plugin without deepspeed")
-    if importlib.util.find_spec("megatron") is None:
-        _refused(lambda: impl.Accelerator(megatron_lm_plugin=utils.MegatronLMPlugin()), ("megatron",), "megatron_lm_plugin without Megatron-LM")
-    if importlib.util.find_spec("transformer_engine") is None:
-        _refused(lambda: impl.Accelerator(mixed_precision="fp8"), ("transformer_engine", "TransformerEngine"), "fp8 without TransformerEngine")
-    if importlib.util.find_spec("bitsandbytes") is None:
-        _refused(
-            lambda: utils.load_and_quantize_model(_net(), utils.BnbQuantizationConfig(load_in_8bit=True)),
-            ("bitsandbytes",),
-            "load_and_quantize_model without bitsandbytes",
-        )
+    utils.DeepSpeedPlugin()
+
+
+#: Engine -> (its import name, the names an error may use for it, how the case asks for it).
+_ENGINE_REQUESTS: dict[str, tuple[str, tuple[str, ...], Callable[[Any], Any]]] = {
+    "deepspeed": ("deepspeed", ("deepspeed",), lambda impl: impl.Accelerator(deepspeed_plugin=impl.utils.DeepSpeedPlugin())),
+    "megatron": ("megatron", ("megatron",), lambda impl: impl.Accelerator(megatron_lm_plugin=impl.utils.MegatronLMPlugin())),
+    "fp8": ("transformer_engine", ("transformer_engine", "TransformerEngine"), lambda impl: impl.Accelerator(mixed_precision="fp8")),
+    "bnb": (
+        "bitsandbytes",
+        ("bitsandbytes",),
+        lambda impl: impl.utils.load_and_quantize_model(_net(), impl.utils.BnbQuantizationConfig(load_in_8bit=True)),
+    ),
+}
+
+
+def _refusal_case(engine: str) -> None:
+    """Register a plugin.unavailable_engines case: asking for ``engine`` without its package is refused naming it."""
+    module, names, request = _ENGINE_REQUESTS[engine]
+
+    def function(impl, world):
+        if importlib.util.find_spec(module) is not None:
+            raise NotSupported(f"{module} is installed here, so its absence cannot be checked")
+        _refused(lambda: request(impl), names, f"{engine} without {module}")
+
+    function.__name__ = function.__qualname__ = f"plugin_refuses_{engine}"
+    function.__doc__ = f"Asking for {engine} without `{module}` installed is refused with an error naming it."
+    globals()[function.__name__] = case("plugin.unavailable_engines", worlds=[1])(function)
+
+
+for _engine in _ENGINE_REQUESTS:
+    _refusal_case(_engine)
 
 
 @case("plugin.unavailable_engines", worlds=[1])
-def plugin_bad_inputs(impl, world):
-    """Bad plugin inputs get an error naming the field: strategy, two engine plugins at once."""
+def plugin_bad_sharding_strategy(impl, world):
+    """An unknown FSDP sharding strategy is refused naming the field."""
+    plugin = impl.utils.FullyShardedDataParallelPlugin
+    _refused(lambda: plugin(sharding_strategy="HALF_SHARD"), ("sharding_strategy",), "sharding_strategy='HALF_SHARD'")
+
+
+@case("plugin.unavailable_engines", worlds=[1])
+def plugin_two_engines(impl, world):
+    """Two engine plugins at once (where the documents allow one) are refused naming both."""
     utils = impl.utils
-    _refused(lambda: utils.FullyShardedDataParallelPlugin(sharding_strategy="HALF_SHARD"), ("sharding_strategy",), "sharding_strategy='HALF_SHARD'")
     both = {"fsdp_plugin": utils.FullyShardedDataParallelPlugin(), "megatron_lm_plugin": utils.MegatronLMPlugin()}
-    _refused(lambda: impl.Accelerator(**both), ("fsdp_plugin", "megatron_lm_plugin"), "fsdp_plugin and megatron_lm_plugin together")
+    error = expect_raises(lambda: impl.Accelerator(**both), Exception, "fsdp_plugin and megatron_lm_plugin together")
+    expect_true("fsdp_plugin" in str(error) and "megatron_lm_plugin" in str(error), f"the error names both plugins: {error}")
 
 
 @case("quantization.load_and_quantize", worlds=[1])
