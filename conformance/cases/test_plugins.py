@@ -174,6 +174,65 @@ for _strategy in ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"):
 _strategy_case("HYBRID_SHARD", ["2x2"])
 
 
+def _fsdp_state_roundtrip(impl: Any, world: Any, state_dict_type: str) -> dict:
+    """save_fsdp_model after one step, a second step, load_fsdp_model: the saved weights come back exactly."""
+    utils = impl.utils
+    plugin = utils.FullyShardedDataParallelPlugin(state_dict_type=state_dict_type)
+    acc = impl.Accelerator(fsdp_plugin=plugin)
+    model = acc.prepare(_net())
+    optimizer = acc.prepare(torch.optim.SGD(model.parameters(), lr=LR))
+    directory = os.path.join(world.shared_dir, state_dict_type.lower())
+    steps = [torch.tensor([4 * step + 2 * world.rank, 4 * step + 2 * world.rank + 1]) for step in range(2)]
+    _train(acc, model, optimizer, steps[:1])
+    utils.save_fsdp_model(plugin, acc, model, directory)
+    saved = _plain(acc.get_state_dict(model))
+    _train(acc, model, optimizer, steps[1:])
+    moved = _plain(acc.get_state_dict(model))
+    utils.load_fsdp_model(plugin, acc, model, directory)
+    restored = _plain(acc.get_state_dict(model))
+    merged = None
+    if state_dict_type == "SHARDED_STATE_DICT" and acc.is_main_process:
+        from safetensors.torch import load_file
+
+        utils.merge_fsdp_weights(os.path.join(directory, "pytorch_model_fsdp_0"), os.path.join(directory, "merged"))
+        merged = _plain(load_file(os.path.join(directory, "merged", "model.safetensors")))
+    acc.wait_for_everyone()
+    local = sum(_local_numel(p) for p in model.parameters())
+    return {"saved": saved, "moved": moved, "restored": restored, "merged": merged, "local": local, "total": 180}
+
+
+def _check_roundtrip(values: list[dict], world: Any, sharded: bool) -> None:
+    main = values[0]
+    if main["saved"]:
+        expect_true(main["moved"] != main["saved"], "the second step changed the weights")
+        expect_equal(main["restored"], main["saved"], "weights after load_fsdp_model (bit-identical to those saved)")
+        if sharded:
+            expect_equal(main["merged"], main["saved"], "merge_fsdp_weights of the sharded checkpoint")
+    _check_sharding(values, world.size, "sharded model")
+
+
+@case("plugin.fsdp_state_dict", worlds=[2])
+def plugin_fsdp_state_dict_sharded(impl, world):
+    """SHARDED_STATE_DICT: each rank saves its shard; load restores exactly; merge_fsdp_weights gives the full state."""
+    return _fsdp_state_roundtrip(impl, world, "SHARDED_STATE_DICT")
+
+
+@plugin_fsdp_state_dict_sharded.check
+def _sharded_roundtrip_check(values, world):
+    _check_roundtrip(values, world, sharded=True)
+
+
+@case("plugin.fsdp_state_dict", worlds=[2])
+def plugin_fsdp_state_dict_full(impl, world):
+    """FULL_STATE_DICT: the main process saves the full weights; load restores them exactly on every rank."""
+    return _fsdp_state_roundtrip(impl, world, "FULL_STATE_DICT")
+
+
+@plugin_fsdp_state_dict_full.check
+def _full_roundtrip_check(values, world):
+    _check_roundtrip(values, world, sharded=False)
+
+
 def _fsdp_units(model: torch.nn.Module) -> list[str]:
     """Names of the submodules that are FSDP units (FSDP2 ``FSDPModule`` or an FSDP1 wrapper), wrappers stripped."""
     units = []
