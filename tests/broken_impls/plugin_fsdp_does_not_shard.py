@@ -1,7 +1,8 @@
 """Broken: the FSDP plugin replicates: every rank holds every parameter whole (NO_SHARD whatever was asked).
 
 Rule: FULL_SHARD / SHARD_GRAD_OP hold 1/N of the parameters per rank. Caught
-at world 2 by ``plugin.fsdp`` and the sharding strategy cases.
+at world 2 by ``plugin.fsdp`` and the ``plugin.fsdp_strategies`` cases
+of FULL_SHARD and SHARD_GRAD_OP.
 """
 
 import dataclasses

@@ -1,7 +1,8 @@
 """Broken: a sharded FSDP save writes only rank 0's shard.
 
 Rule: SHARDED_STATE_DICT checkpoints hold every rank's shard, so loading and
-`merge_fsdp_weights` give back the whole model. Caught at world 2 by
+`merge_fsdp_weights` give back the whole model. Caught at world 2 by the
+``plugin.fsdp_state_dict`` case
 ``plugin_fsdp_state_dict_sharded``.
 """
 
