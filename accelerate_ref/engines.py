@@ -78,8 +78,8 @@ def resolve_engines(
     TypeError naming the argument; more than one of ``fsdp_plugin``,
     ``deepspeed_plugin(s)``, ``megatron_lm_plugin`` a ValueError naming
     them; DeepSpeed/Megatron-LM refused as the module docstring says;
-    ``mixed_precision="fp8"`` refused naming the `FP8RecipeKwargs` backend's
-    package; ``dynamo_backend`` and ``dynamo_plugin`` together a ValueError.
+    ``mixed_precision="fp8"`` with an `FP8RecipeKwargs` refused naming its
+    backend's package; ``dynamo_backend`` and ``dynamo_plugin`` together a ValueError.
     Catalog: plugin.unavailable_engines, plugin.dynamo.
     """
     unknown = sorted(set(engines) - set(ENGINE_ARGUMENTS))
@@ -100,8 +100,8 @@ def resolve_engines(
             raise NotImplementedError(f"{name}: accelerate_ref does not drive {module} yet (it is installed)")
     if "torch_tp_plugin" in given:
         raise NotImplementedError("torch_tp_plugin: accelerate_ref does not provide tensor parallelism yet")
-    if str(mixed_precision).lower() == "fp8":
-        _refuse_fp8(handlers.get(FP8RecipeKwargs))
+    if str(mixed_precision).lower() == "fp8" and handlers.get(FP8RecipeKwargs) is not None:
+        _refuse_fp8(handlers[FP8RecipeKwargs])  # without a recipe, `precision.MixedPrecision` refuses naming every engine
     if dynamo_backend is not None and dynamo_plugin is not None:
         raise ValueError("Pass either dynamo_backend or dynamo_plugin, not both")
     if dynamo_plugin is None:
@@ -112,8 +112,7 @@ def resolve_engines(
     return Engines(fsdp_plugin=fsdp_plugin, dynamo_plugin=dynamo_plugin)
 
 
-def _refuse_fp8(recipe: Optional[FP8RecipeKwargs]) -> None:
-    recipe = recipe or FP8RecipeKwargs()
+def _refuse_fp8(recipe: FP8RecipeKwargs) -> None:
     if not _FP8_CHECKS[recipe.backend]():
         raise ImportError(
             f"mixed_precision='fp8' with the {recipe.backend} backend needs the `{recipe.package}` package, "

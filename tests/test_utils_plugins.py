@@ -99,7 +99,8 @@ def test_wrap_targets_by_class_size_and_callable():
     [
         ({"megatron_lm_plugin": MegatronLMPlugin()}, ("megatron_lm_plugin", "megatron")),
         ({"deepspeed_plugin": DeepSpeedPlugin()}, ("deepspeed_plugin", "deepspeed")),
-        ({"mixed_precision": "fp8"}, ("fp8", "transformer_engine")),
+        ({"mixed_precision": "fp8"}, ("fp8", "transformer-engine")),
+        ({"mixed_precision": "fp8", "kwargs_handlers": [FP8RecipeKwargs(backend="msamp")]}, ("fp8", "msamp")),
         ({"fsdp_plugin": FullyShardedDataParallelPlugin(), "megatron_lm_plugin": MegatronLMPlugin()}, ("fsdp_plugin", "megatron_lm_plugin")),
         ({"fsdp_plugin": "FULL_SHARD"}, ("fsdp_plugin",)),
         ({"dynamo_backend": "eager", "dynamo_plugin": accelerate_ref.utils.TorchDynamoPlugin()}, ("dynamo_backend", "dynamo_plugin")),

@@ -463,7 +463,7 @@ def plugin_engine_configs_validate(impl, world):
 _ENGINE_REQUESTS: dict[str, tuple[str, tuple[str, ...], Callable[[Any], Any]]] = {
     "deepspeed": ("deepspeed", ("deepspeed",), lambda impl: impl.Accelerator(deepspeed_plugin=impl.utils.DeepSpeedPlugin())),
     "megatron": ("megatron", ("megatron",), lambda impl: impl.Accelerator(megatron_lm_plugin=impl.utils.MegatronLMPlugin())),
-    "fp8": ("transformer_engine", ("transformer_engine", "TransformerEngine"), lambda impl: impl.Accelerator(mixed_precision="fp8")),
+    "fp8": ("transformer_engine", ("transformer_engine", "transformer-engine", "TransformerEngine"), lambda impl: impl.Accelerator(mixed_precision="fp8")),
     "bnb": (
         "bitsandbytes",
         ("bitsandbytes",),
