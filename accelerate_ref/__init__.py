@@ -65,3 +65,8 @@ __all__ = [
 from .launchers import debug_launcher, notebook_launcher  # noqa: E402
 
 __all__ += ["debug_launcher", "notebook_launcher"]
+
+# Engine plugins (catalog "Plugins and engines").
+from .utils.dataclasses import DeepSpeedPlugin, FullyShardedDataParallelPlugin  # noqa: E402
+
+__all__ += ["DeepSpeedPlugin", "FullyShardedDataParallelPlugin"]

@@ -38,15 +38,12 @@ from .utils.dataclasses import (
     ProfileKwargs,
     ProjectConfiguration,
 )
+from .engines import compile_model, prepare_with_engines, resolve_engines
 from .utils.memory import release_memory
 from .utils.other import extract_model_from_parallel, has_device_map
 from .utils.structures import recursively_apply
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-#: Constructor arguments whose engines this reference does not provide yet.
-_UNSUPPORTED_ENGINES = ("deepspeed_plugin", "fsdp_plugin", "megatron_lm_plugin", "torch_tp_plugin", "deepspeed_plugins")
-
 
 class Accelerator(CheckpointingMixin, TrackingMixin):
     """Creates the process state and exposes process control and collectives.
@@ -77,12 +74,9 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
         dynamo_plugin: Any = None,
         **engines: Any,
     ) -> None:
-        unknown = sorted(set(engines) - set(_UNSUPPORTED_ENGINES))
-        if unknown:
-            raise TypeError(f"Accelerator() got unexpected keyword argument(s): {', '.join(unknown)}")
-        requested = sorted(name for name, value in engines.items() if value is not None)
-        if requested:
-            raise NotImplementedError(f"accelerate_ref does not provide {', '.join(requested)} yet")
+        self._engines = resolve_engines(
+            engines, mixed_precision, _index_handlers(kwargs_handlers or []), dynamo_backend, dynamo_plugin
+        )
         if gradient_accumulation_plugin is not None and gradient_accumulation_steps != 1:
             raise ValueError(
                 "Pass either gradient_accumulation_steps or gradient_accumulation_plugin, not both "
@@ -93,7 +87,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
         self.state = AcceleratorState(
             mixed_precision=mixed_precision,
             cpu=cpu,
-            dynamo_plugin=dynamo_plugin,
+            dynamo_plugin=self._engines.dynamo_plugin,
             _from_accelerator=True,
             **(init_kwargs.to_kwargs() if init_kwargs else {}),
         )
@@ -354,7 +348,8 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
         over several devices with a device map cannot be trained by several
         processes: ValueError. A model prepared before comes back as it is.
         Catalog: prepare.single_methods, prepare.unwrap, prepare.evaluation_mode,
-        prepare.verify_device_map, kwargs.ddp, autocast.bf16.
+        prepare.verify_device_map, kwargs.ddp, autocast.bf16, plugin.fsdp (an
+        `fsdp_plugin` shards instead of DDP), plugin.dynamo (compiled last).
         """
         if getattr(model, "_is_accelerate_prepared", False):
             return _remember(self._models, model)
@@ -368,7 +363,9 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
             model = self.state.family.move_module(model, self.device)
         self._precision.wrap_forward(model)
         if not evaluation_mode and self.use_distributed:
-            model = gradient_sync.wrap_for_data_parallel(model, self.device, self.ddp_handler)
+            sharded = prepare_with_engines(model, self._engines, self.state, self.use_distributed)
+            model = sharded if sharded is not None else gradient_sync.wrap_for_data_parallel(model, self.device, self.ddp_handler)
+        model = compile_model(model, self._engines.dynamo_plugin)
         model._is_accelerate_prepared = True
         return _remember(self._models, model)
 
@@ -382,6 +379,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
         if getattr(optimizer, "_is_accelerate_prepared", False):
             return _remember(self._optimizers, optimizer)
         placement = device_placement if device_placement is not None else self.device_placement
+        self._engines.switch_optimizer_parameters(optimizer)
         prepared = AcceleratedOptimizer(optimizer, device_placement=placement, scaler=self.scaler)
         prepared._is_accelerate_prepared = True
         return _remember(self._optimizers, prepared)

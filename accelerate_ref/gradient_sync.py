@@ -27,15 +27,19 @@ def wrap_for_data_parallel(
 
     Rule: only a model with trainable parameters is wrapped (DDP has nothing
     to synchronise otherwise); on a GPU the wrapper is pinned to the
-    process's device. Catalog: prepare.unwrap, kwargs.ddp.
+    process's device; the handler's communication hook is registered on
+    the wrapper. Catalog: prepare.unwrap, kwargs.ddp, plugin.ddp_comm_hook.
     """
     if not any(parameter.requires_grad for parameter in model.parameters()):
         return model
-    return torch.nn.parallel.DistributedDataParallel(
+    wrapped = torch.nn.parallel.DistributedDataParallel(
         model,
         device_ids=[device.index] if device.type == "cuda" else None,
         **(handler.to_kwargs() if handler is not None else {}),
     )
+    if handler is not None:
+        handler.register_comm_hook(wrapped)
+    return wrapped
 
 
 @contextlib.contextmanager

@@ -95,8 +95,13 @@ class CheckpointingMixin:
         `unwrap_model(model)`, in the precision the model trains in; with
         ``unwrap=False`` that of ``model`` as prepared (a
         ``DistributedDataParallel``'s keys start with ``module.``).
-        Catalog: get_state_dict.unwrap, save_model.default.
+        An FSDP-sharded model gives its full, unsharded state on every rank.
+        Catalog: get_state_dict.unwrap, save_model.default, plugin.fsdp.
         """
+        from .utils.fsdp_utils import full_state_dict, is_fsdp_model
+
+        if unwrap and is_fsdp_model(self.unwrap_model(model)):
+            return full_state_dict(self.unwrap_model(model))
         return (self.unwrap_model(model) if unwrap else model).state_dict()
 
     def save_model(

@@ -169,7 +169,7 @@ def test_torch_dynamo_plugin(monkeypatch):
     monkeypatch.setenv("ACCELERATE_DYNAMO_USE_DYNAMIC", "true")
     from_env = TorchDynamoPlugin()
     assert (from_env.backend, from_env.dynamic) == (DynamoBackend.EAGER, True)
-    assert from_env.to_kwargs() == {"backend": DynamoBackend.EAGER, "dynamic": True}
+    assert from_env.to_kwargs() == {"backend": "eager", "dynamic": True}  # torch.compile's backend name, as HF
     with pytest.raises(ValueError, match="'NOPE' is not a valid DynamoBackend"):
         TorchDynamoPlugin(backend="nope")
 

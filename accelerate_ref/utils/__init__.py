@@ -205,3 +205,16 @@ from .offload import (  # noqa: E402
     offload_weight,
     save_offload_index,
 )
+
+# Engines and plugins (catalog "Plugins and engines").
+from .dataclasses import (  # noqa: E402
+    BnbQuantizationConfig,
+    DDPCommunicationHookType,
+    DeepSpeedPlugin,
+    FP8RecipeKwargs,
+    FullyShardedDataParallelPlugin,
+    MegatronLMPlugin,
+    get_module_class_from_name,
+)
+from .fsdp_utils import load_fsdp_model, merge_fsdp_weights, save_fsdp_model  # noqa: E402
+from .bnb import load_and_quantize_model  # noqa: E402

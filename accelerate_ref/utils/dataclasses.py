@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import enum
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -172,6 +172,20 @@ class PrecisionType(str, BaseEnum):
     BF16 = "bf16"
 
 
+class DDPCommunicationHookType(BaseEnum):
+    """Torch DDP communication hooks `DistributedDataParallelKwargs.comm_hook` can register.
+
+    Values: NO, FP16, BF16 (compress gradients for the all-reduce), POWER_SGD,
+    BATCHED_POWER_SGD (low-rank compression). Catalog: plugin.ddp_comm_hook.
+    """
+
+    NO = "no"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    POWER_SGD = "power_sgd"
+    BATCHED_POWER_SGD = "batched_power_sgd"
+
+
 class RNGType(BaseEnum):
     """A random number generator that can be synchronised across processes.
 
@@ -260,9 +274,50 @@ class DistributedDataParallelKwargs(KwargsHandler):
     check_reduction: bool = False
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
+    comm_hook: DDPCommunicationHookType = DDPCommunicationHookType.NO
+    comm_wrapper: DDPCommunicationHookType = DDPCommunicationHookType.NO
+    comm_state_option: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check(self.bucket_cap_mb > 0, f"bucket_cap_mb must be positive, got {self.bucket_cap_mb}")
+        self.comm_hook = DDPCommunicationHookType(self.comm_hook)
+        self.comm_wrapper = DDPCommunicationHookType(self.comm_wrapper)
+        _check(
+            self.comm_wrapper in (DDPCommunicationHookType.NO, DDPCommunicationHookType.FP16, DDPCommunicationHookType.BF16),
+            f"comm_wrapper must be no, fp16 or bf16, got {self.comm_wrapper.value!r}",
+        )
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The DDP constructor's arguments: the comm hook fields are registered after wrapping instead."""
+        hook_fields = ("comm_hook", "comm_wrapper", "comm_state_option")
+        return {key: value for key, value in super().to_kwargs().items() if key not in hook_fields}
+
+    def register_comm_hook(self, model: Any) -> None:
+        """Register torch's DDP communication hook named by `comm_hook` on the DDP ``model``.
+
+        Rule: FP16/BF16 are torch's compress hooks, POWER_SGD/BATCHED_POWER_SGD
+        its PowerSGD hooks with a `PowerSGDState` built from
+        `comm_state_option`; `comm_wrapper` (FP16/BF16) wraps the hook; NO
+        registers nothing. Catalog: plugin.ddp_comm_hook.
+        """
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+        kind = DDPCommunicationHookType
+        hooks = {
+            kind.FP16: default_hooks.fp16_compress_hook,
+            kind.BF16: default_hooks.bf16_compress_hook,
+            kind.POWER_SGD: powerSGD_hook.powerSGD_hook,
+            kind.BATCHED_POWER_SGD: powerSGD_hook.batched_powerSGD_hook,
+        }
+        wrappers = {kind.FP16: default_hooks.fp16_compress_wrapper, kind.BF16: default_hooks.bf16_compress_wrapper}
+        hook = hooks.get(self.comm_hook)
+        if hook is None:
+            return
+        if self.comm_wrapper in wrappers:
+            hook = wrappers[self.comm_wrapper](hook)
+        power_sgd = self.comm_hook in (kind.POWER_SGD, kind.BATCHED_POWER_SGD)
+        state = powerSGD_hook.PowerSGDState(None, **self.comm_state_option) if power_sgd else None
+        model.register_comm_hook(state=state, hook=hook)
 
 
 @dataclass
@@ -472,3 +527,20 @@ class TorchDynamoPlugin(KwargsHandler):
             self.fullgraph = parse_flag_from_env(prefix + "USE_FULLGRAPH")
         if self.dynamic is None and prefix + "USE_DYNAMIC" in os.environ:
             self.dynamic = str_to_bool(os.environ[prefix + "USE_DYNAMIC"]) == 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, with `backend` as torch.compile's lower-case backend name."""
+        fields = super().to_dict()
+        fields["backend"] = self.backend.value.lower()
+        return fields
+
+
+# Engine plugins live in their own module; HF users import them from here.
+from .engine_plugins import (  # noqa: E402  (needs KwargsHandler above)
+    BnbQuantizationConfig,
+    DeepSpeedPlugin,
+    FP8RecipeKwargs,
+    FullyShardedDataParallelPlugin,
+    MegatronLMPlugin,
+    get_module_class_from_name,
+)

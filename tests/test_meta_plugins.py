@@ -1,0 +1,63 @@
+"""Meta-tests of the "Plugins and engines" cases: each ``broken_impls.plugin_*`` module must be reported.
+
+The machinery is `test_meta_suite`'s; this module lists the plugin breaks
+(the five of issue 12) and how each must show. Each world first runs the
+reference over the union of the selections, which must pass. FSDP cases
+build a device mesh and dynamo compiles: entries run with `CASE_TIMEOUT`.
+
+To reproduce one break by hand::
+
+    PYTHONPATH=tests python -m conformance run --impl broken_impls.plugin_fsdp_does_not_shard --worlds 2 -k 'plugin.fsdp*' --no-manifest --case-timeout 60
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.test_meta_suite import REFERENCE, Break, F, E, brk, shared_pools  # noqa: F401  (shared_pools: a fixture)
+from tests.test_meta_suite import test_suite_reports as check_reported
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+#: Seconds before a case is a HANG here (see the module docstring).
+CASE_TIMEOUT = 60.0
+
+FSDP = ("plugin.fsdp", "plugin.fsdp_strategies", "plugin.fsdp_state_dict")
+SINGLE = ("plugin.dynamo", "plugin.deepspeed_config")
+
+
+def pbrk(module: str, caught, world: str, patterns, collateral=()) -> Break:
+    return brk(module, caught, world, patterns, collateral, case_timeout=CASE_TIMEOUT)
+
+
+BREAKS = [
+    pbrk(
+        "plugin_fsdp_does_not_shard",
+        {"plugin.fsdp": F, "plugin_fsdp_strategy_full_shard": F, "plugin_fsdp_strategy_shard_grad_op": F},
+        "2",
+        FSDP,
+        # The state dict cases also check that the model they save is sharded.
+        collateral={"plugin.fsdp_state_dict"},
+    ),
+    pbrk("plugin_sharded_save_rank_zero_only", {"plugin_fsdp_state_dict_sharded": (F, E)}, "2", FSDP),
+    # By case name: the bf16 case of the ID is NOT_SUPPORTED on gloo (a torch limit).
+    pbrk("plugin_comm_hook_not_registered", {"plugin_ddp_comm_hook": F}, "2", ("plugin_ddp_comm_hook",)),
+    pbrk("plugin_dynamo_not_compiled", {"plugin.dynamo": F}, "1", SINGLE),
+    pbrk("plugin_deepspeed_auto_unfilled", {"plugin_deepspeed_config": F}, "1", SINGLE),
+]
+
+
+def _plan() -> list[Break]:
+    """Per world, a reference control over the union of the selections, then the breaks."""
+    plan: list[Break] = []
+    for world in dict.fromkeys(b.world for b in BREAKS):
+        here = [b for b in BREAKS if b.world == world]
+        patterns = tuple(dict.fromkeys(p for b in here for p in b.patterns))
+        plan.append(Break(REFERENCE, {}, world, patterns, case_timeout=CASE_TIMEOUT))
+        plan.extend(here)
+    return plan
+
+
+@pytest.mark.parametrize("entry", _plan(), ids=lambda e: e.label)
+def test_plugin_break_reported(entry: Break, request) -> None:
+    check_reported(entry, request)

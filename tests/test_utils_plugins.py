@@ -1,0 +1,124 @@
+"""Unit tests of the engine plugin dataclasses, the FSDP wrap policy and the Accelerator's refusals.
+
+Catalog: plugin.unavailable_engines, plugin.deepspeed_config, plugin.fsdp_wrap_policy, plugin.dynamo.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import accelerate_ref
+from accelerate_ref.utils import (
+    BnbQuantizationConfig,
+    DDPCommunicationHookType,
+    DeepSpeedPlugin,
+    DistributedDataParallelKwargs,
+    FP8RecipeKwargs,
+    FullyShardedDataParallelPlugin,
+    MegatronLMPlugin,
+    get_module_class_from_name,
+    merge_fsdp_weights,
+)
+from accelerate_ref.utils.fsdp_utils import wrap_targets
+
+
+@pytest.mark.parametrize(
+    ("build", "field"),
+    [
+        (lambda: FullyShardedDataParallelPlugin(sharding_strategy="HALF"), "sharding_strategy"),
+        (lambda: FullyShardedDataParallelPlugin(state_dict_type="LOCAL"), "state_dict_type"),
+        (lambda: FullyShardedDataParallelPlugin(auto_wrap_policy="layer_wrap"), "auto_wrap_policy"),
+        (lambda: FullyShardedDataParallelPlugin(mixed_precision_policy={"dtype": torch.float16}), "mixed_precision_policy"),
+        (lambda: BnbQuantizationConfig(load_in_8bit=True, load_in_4bit=True), "load_in_8bit"),
+        (lambda: BnbQuantizationConfig(load_in_4bit=True, bnb_4bit_quant_type="int4"), "bnb_4bit_quant_type"),
+        (lambda: FP8RecipeKwargs(backend="fp9"), "backend"),
+        (lambda: MegatronLMPlugin(tp_degree=0), "tp_degree"),
+        (lambda: DeepSpeedPlugin(zero_stage=4), "zero_stage"),
+        (lambda: DistributedDataParallelKwargs(comm_wrapper="power_sgd"), "comm_wrapper"),
+    ],
+)
+def test_bad_fields_are_named(build, field):
+    with pytest.raises(ValueError, match=field):
+        build()
+
+
+def test_fsdp_strategy_by_enum_number_and_name():
+    from torch.distributed.fsdp import ShardingStrategy
+
+    assert FullyShardedDataParallelPlugin(sharding_strategy=ShardingStrategy.NO_SHARD).sharding_strategy == "NO_SHARD"
+    assert FullyShardedDataParallelPlugin(sharding_strategy=4).sharding_strategy == "HYBRID_SHARD"
+    plugin = FullyShardedDataParallelPlugin(sharding_strategy="shard_grad_op")
+    assert (plugin.sharding_strategy, plugin.reshard_after_forward) == ("SHARD_GRAD_OP", False)
+
+
+def test_deepspeed_auto_filled_and_contradictions_named(tmp_path):
+    config = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "zero_optimization": {"stage": "auto"}}
+    plugin = DeepSpeedPlugin(hf_ds_config=config, zero_stage=3, gradient_accumulation_steps=2)
+    assert (plugin.get_value("zero_optimization.stage"), plugin.zero3_init_flag) == (3, True)
+    plugin.deepspeed_config_process(train_micro_batch_size_per_gpu=4)
+    assert plugin.deepspeed_config["train_micro_batch_size_per_gpu"] == 4
+    with pytest.raises(ValueError, match="train_micro_batch_size_per_gpu"):
+        plugin.deepspeed_config_process(train_micro_batch_size_per_gpu=8)
+    with pytest.raises(ValueError, match="zero_optimization.stage"):
+        DeepSpeedPlugin(hf_ds_config={**config, "zero_optimization": {"stage": 1}}, zero_stage=2)
+    broken = tmp_path / "ds.json"
+    broken.write_text("{not json")
+    with pytest.raises(ValueError, match="ds.json"):
+        DeepSpeedPlugin(hf_ds_config=str(broken))
+    assert DeepSpeedPlugin().deepspeed_config["train_batch_size"] == "auto"
+
+
+class _Layer(torch.nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.inner = torch.nn.Linear(width, width)
+
+
+class _Model(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList([_Layer(8), _Layer(2)])
+        self.head = torch.nn.Linear(8, 1)
+
+
+def test_wrap_targets_by_class_size_and_callable():
+    model = _Model()
+    assert get_module_class_from_name(model, "_Layer") is _Layer
+    by_class = FullyShardedDataParallelPlugin(auto_wrap_policy="transformer_based_wrap", transformer_cls_names_to_wrap="_Layer")
+    assert wrap_targets(model, by_class) == ["layers.0", "layers.1"]
+    by_size = FullyShardedDataParallelPlugin(auto_wrap_policy="size_based_wrap", min_num_params=50)
+    assert wrap_targets(model, by_size) == ["layers.0.inner"]
+    assert wrap_targets(model, FullyShardedDataParallelPlugin(auto_wrap_policy=lambda m: m is model.head)) == ["head"]
+    with pytest.raises(ValueError, match="Missing"):
+        wrap_targets(model, FullyShardedDataParallelPlugin(auto_wrap_policy="transformer_based_wrap", transformer_cls_names_to_wrap=["Missing"]))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "names"),
+    [
+        ({"megatron_lm_plugin": MegatronLMPlugin()}, ("megatron_lm_plugin", "megatron")),
+        ({"deepspeed_plugin": DeepSpeedPlugin()}, ("deepspeed_plugin", "deepspeed")),
+        ({"mixed_precision": "fp8"}, ("fp8", "transformer-engine")),
+        ({"mixed_precision": "fp8", "kwargs_handlers": [FP8RecipeKwargs(backend="msamp")]}, ("fp8", "msamp")),
+        ({"fsdp_plugin": FullyShardedDataParallelPlugin(), "megatron_lm_plugin": MegatronLMPlugin()}, ("fsdp_plugin", "megatron_lm_plugin")),
+        ({"fsdp_plugin": "FULL_SHARD"}, ("fsdp_plugin",)),
+        ({"dynamo_backend": "eager", "dynamo_plugin": accelerate_ref.utils.TorchDynamoPlugin()}, ("dynamo_backend", "dynamo_plugin")),
+    ],
+)
+def test_accelerator_refuses_naming_argument_and_package(kwargs, names):
+    with pytest.raises((ImportError, ValueError, TypeError, NotImplementedError)) as caught:
+        accelerate_ref.Accelerator(**kwargs)
+    for name in names:
+        assert name in str(caught.value)
+
+
+def test_comm_hook_enum_and_kwargs_exclusion():
+    handler = DistributedDataParallelKwargs(comm_hook="fp16", bucket_cap_mb=10)
+    assert handler.comm_hook is DDPCommunicationHookType.FP16
+    assert handler.to_kwargs() == {"bucket_cap_mb": 10}
+
+
+def test_merge_refuses_a_directory_without_metadata(tmp_path):
+    with pytest.raises(ValueError, match="metadata"):
+        merge_fsdp_weights(tmp_path, tmp_path / "out")
