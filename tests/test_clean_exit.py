@@ -11,6 +11,7 @@ and 20 times at 4 ranks, as the issue asks.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -37,9 +38,19 @@ def script(tmp_path: Path) -> Path:
 
 
 def _torchrun(script: Path, nproc: int) -> subprocess.CompletedProcess:
+    """One torchrun launch. However it ends (a timeout here or pytest's), torchrun gets SIGTERM, not
+    SIGKILL: it starts each rank in a session of its own, and only a torchrun that lives to shut down
+    ends them."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), str(script)]
-    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180)
+    torchrun = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = torchrun.communicate(timeout=180)
+    finally:
+        if torchrun.poll() is None:
+            torchrun.send_signal(signal.SIGTERM)
+            torchrun.communicate(timeout=60)
+    return subprocess.CompletedProcess(argv, torchrun.returncode, stdout, stderr)
 
 
 def _assert_clean_runs(script: Path, nproc: int, runs: int) -> None:
@@ -49,7 +60,8 @@ def _assert_clean_runs(script: Path, nproc: int, runs: int) -> None:
         printed = done.stdout.count(f"gathered {list(range(nproc))}")
         print(f"torchrun launch {attempt + 1}/{runs} at {nproc} ranks: exit {done.returncode}", flush=True)
         if done.returncode != 0 or printed != nproc:
-            failures.append(f"run {attempt}: exit {done.returncode}, {printed}/{nproc} ranks printed\n{done.stderr[-1500:]}")
+            failures.append(f"run {attempt}: exit {done.returncode}, {printed}/{nproc} ranks printed\n"
+                            f"stdout: {done.stdout[-500:]!r}\nstderr: {done.stderr[-1500:]}")
     assert not failures, f"{len(failures)} of {runs} torchrun launches at {nproc} ranks failed:\n" + "\n".join(failures)
 
 
