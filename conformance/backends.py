@@ -270,7 +270,7 @@ _SIMULATED = {backend.name: backend for backend in (SimBackend, SimXlaBackend, S
 
 
 def make_backend(
-    name: str, impl: str, case_timeout: float, env: dict[str, str] | None = None,
+    name: str, impl: str, case_timeout: float, *, env: dict[str, str] | None = None,
     machine: dict[str, str] | None = None,
 ) -> SimBackend | NativeBackend:
     """The backend called ``name``; ``env`` is added to the ranks' environment where the backend starts

@@ -71,14 +71,14 @@ def test_conformance_run_refuses_machine_options_without_mock_accelerators(capsy
 def test_the_device_backends_hand_the_machine_to_their_ranks():
     assert [mock_device(name) for name in ("sim", "sim-npu", "sim-xla", "native")] == [None, "npu", "xla", None]
     wanted = {"SIMULATORS_NPU_DEVICE_COUNT": "4"}
-    backend = make_backend("sim-npu", "accelerate_ref", 5.0, wanted)
+    backend = make_backend("sim-npu", "accelerate_ref", 5.0, machine=wanted)
     try:
         assert backend.machine == wanted
     finally:
         backend.close()
     for name in ("sim", "native"):
         with pytest.raises(ValueError, match="--device-count and --device-memory need sim-npu or sim-xla"):
-            make_backend(name, "accelerate_ref", 5.0, wanted)
+            make_backend(name, "accelerate_ref", 5.0, machine=wanted)
 
 
 def test_launch_gives_every_rank_its_own_budgeted_npus(tmp_path, capfd):
