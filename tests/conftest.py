@@ -25,3 +25,15 @@ def assert_gone():
         assert not alive, f"processes still running: {alive}"
 
     return check
+
+
+@pytest.fixture
+def fresh_accelerate_state():
+    """The reference's process-wide state forgotten before and after the test (as HF's own tests reset theirs)."""
+    from accelerate_ref.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    yield
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()

@@ -84,7 +84,7 @@ def test_accumulation_steps_and_plugin_together_are_refused():
 
 
 def test_engines_not_provided_are_named():
-    with pytest.raises(NotImplementedError, match="deepspeed_plugin"):
+    with pytest.raises(TypeError, match="deepspeed_plugin must be a DeepSpeedPlugin"):
         Accelerator(deepspeed_plugin=object())
     with pytest.raises(TypeError, match="no_such_argument"):
         Accelerator(no_such_argument=1)

@@ -22,6 +22,9 @@ from accelerate_ref.utils import (
 )
 from accelerate_ref.utils.fsdp_utils import wrap_targets
 
+#: Each test builds Accelerators with its own arguments: none may inherit another test's state.
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
+
 
 @pytest.mark.parametrize(
     ("build", "field"),
