@@ -26,7 +26,7 @@ SCRIPT = textwrap.dedent("""
     import torch
     from accelerate_ref import Accelerator
     accelerator = Accelerator()
-    print("gathered", accelerator.gather(torch.tensor([accelerator.process_index])).tolist())
+    print(f"gathered {accelerator.gather(torch.tensor([accelerator.process_index])).tolist()}")
 """)
 
 
@@ -54,6 +54,8 @@ def _torchrun(script: Path, nproc: int) -> subprocess.CompletedProcess:
 
 
 def _assert_clean_runs(script: Path, nproc: int, runs: int) -> None:
+    """Every launch exits 0 with every rank's line on stdout. torchrun runs ranks unbuffered (``-u``), so
+    lines of different ranks may interleave between ``print``'s writes, never inside the one f-string."""
     failures = []
     for attempt in range(runs):
         done = _torchrun(script, nproc)
