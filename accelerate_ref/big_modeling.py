@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
+from collections.abc import Mapping
 from typing import Iterator, Optional, Union
 
 import torch
@@ -98,15 +99,9 @@ def cpu_offload(
 
     Outputs come back on the device of the inputs. Catalog: bigmodel.cpu_offload.
     """
-    execution_device = _first_device(model) if execution_device is None else execution_device
     if state_dict is None:
         state_dict = {name: tensor.to("cpu") for name, tensor in model.state_dict().items()}
-    add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
-    attach_align_device_hook(
-        model, execution_device, offload=True, weights_map=state_dict, offload_buffers=offload_buffers,
-        preload_module_classes=preload_module_classes,
-    )
-    return model
+    return _offload_submodules(model, execution_device, state_dict, offload_buffers, preload_module_classes)
 
 
 def disk_offload(
@@ -121,8 +116,20 @@ def disk_offload(
     """
     if not os.path.isfile(os.path.join(os.fspath(offload_dir), INDEX_NAME)):
         offload_state_dict(offload_dir, model.state_dict())
-    execution_device = _first_device(model) if execution_device is None else execution_device
     weights_map = OffloadedWeightsLoader(save_folder=offload_dir)
+    return _offload_submodules(model, execution_device, weights_map, offload_buffers, preload_module_classes)
+
+
+def _offload_submodules(
+    model: nn.Module,
+    execution_device: Optional[Device],
+    weights_map: Mapping,
+    offload_buffers: bool,
+    preload_module_classes: Optional[list[str]],
+) -> nn.Module:
+    """Hooks that read each submodule's weights from ``weights_map`` to ``execution_device`` for its forward,
+    with outputs returned where the inputs were (`cpu_offload`, `disk_offload`)."""
+    execution_device = _first_device(model) if execution_device is None else execution_device
     add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
     attach_align_device_hook(
         model, execution_device, offload=True, weights_map=weights_map, offload_buffers=offload_buffers,

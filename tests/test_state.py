@@ -16,19 +16,13 @@ import pytest
 import torch
 
 import simulators
-from accelerate_ref import Accelerator, AcceleratorState, GradientState, PartialState
+from accelerate_ref import Accelerator, AcceleratorState, PartialState
 from accelerate_ref.utils import DistributedType, GradientAccumulationPlugin, InitProcessGroupKwargs
 
 WORLDS = [(1, 1), (2, 1), (3, 1), (4, 1), (4, 2)]
 
 
-@pytest.fixture(autouse=True)
-def fresh_state():
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 
 def test_single_process_without_launcher(monkeypatch):

@@ -10,19 +10,13 @@ import pickle
 import pytest
 import torch
 
-from accelerate_ref import Accelerator, AcceleratorState, GradientState, ProjectConfiguration
+from accelerate_ref import Accelerator, ProjectConfiguration
 from accelerate_ref.optimizer import AcceleratedOptimizer
 from accelerate_ref.scheduler import AcceleratedScheduler
 from accelerate_ref.utils import reduce
 
 
-@pytest.fixture(autouse=True)
-def fresh_state():
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 
 def test_project_dir_fills_the_project_config(tmp_path) -> None:
