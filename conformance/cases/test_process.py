@@ -19,8 +19,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from simulators.spawn import describe_exit
+
 from ..case import case
 from ..checks import expect_equal, expect_ranks, expect_true
+from ..launching import LAUNCH_VARIABLES
 
 ATTRIBUTES = (
     "device",
@@ -277,9 +280,6 @@ def _trigger_seen_everywhere_once(values, world):
         expect_equal(seen, [False, True, False], f"rank {rank}: check_trigger() before set, after set, after reset")
 
 
-#: The launch variables of the rank the case runs on: the script's ranks get their own from torchrun.
-_LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
-                     "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 _CLEAN_EXIT_SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "clean_exit.py"
 _CLEAN_EXIT_LAUNCH_TIMEOUT = 100.0
 
@@ -308,7 +308,7 @@ def state_clean_exit(impl, world):
         }
     exit_codes = _torchrun_exit_codes(launch.stdout + launch.stderr)
     failed = {rank: code for rank, code in exit_codes.items() if code != 0}
-    at_exit = [f"rank {rank} ({_describe(code)}, after its script returned)"
+    at_exit = [f"rank {rank} ({describe_exit(code)}, after its script returned)"
                for rank, code in sorted(failed.items()) if facts.get(rank, {}).get("returned")]
     expect_equal(at_exit, [], "ranks that finished their script and then failed at interpreter exit")
     expect_true(launch.returncode == 0,
@@ -324,9 +324,12 @@ def state_clean_exit(impl, world):
 
 
 def _launch_clean_exit(impl_name: str, size: int, reports: str) -> subprocess.CompletedProcess:
-    """Run the clean-exit script on ``size`` ranks under torchrun; SIGTERM torchrun (which ends its ranks) past the timeout."""
+    """Run the clean-exit script on ``size`` ranks under torchrun; SIGTERM torchrun (which ends its ranks) past the timeout.
+
+    The ranks keep this rank's environment (``ACCELERATE_USE_CPU`` included, unlike the launcher cases'
+    `clean_env`) except its launch variables: torchrun gives them their own."""
     env = {key: value for key, value in os.environ.items()
-           if key not in _LAUNCH_VARIABLES and not key.startswith("TORCHELASTIC_")}
+           if key not in LAUNCH_VARIABLES and not key.startswith("TORCHELASTIC_")}
     env.update(
         CONFORMANCE_EXIT_IMPL=impl_name,
         CONFORMANCE_EXIT_REPORT=reports,
@@ -350,10 +353,3 @@ def _torchrun_exit_codes(output: str) -> dict[int, int]:
     """Global rank -> exit code of each failed rank, from torchrun's failure summary."""
     return {int(rank): int(code)
             for rank, code in re.findall(r"rank\s*:\s*(\d+) \(local_rank.*?\n\s*exitcode\s*:\s*(-?\d+)", output)}
-
-
-def _describe(code: int) -> str:
-    if code < 0:
-        with contextlib.suppress(ValueError):
-            return f"signal {signal.Signals(-code).name}"
-    return f"exit code {code}"
