@@ -251,19 +251,20 @@ def _world_order(label: str) -> tuple[int, str]:
     return World.parse(label).size, label
 
 
-def _plan() -> list[Break]:
-    """Shared-pool entries grouped by world, each group led by a reference control over the union
-    of the patterns any entry uses at that world (isolated ones included); then the isolated ones."""
-    plan: list[Break] = []
-    for world in sorted({b.world for b in BREAKS}, key=_world_order):
-        here = [b for b in BREAKS if b.world == world]
+def plan(breaks: list[Break], case_timeout: float = DEFAULT_CASE_TIMEOUT) -> list[Break]:
+    """Shared-pool entries grouped by world, each group led by a reference control (cases get
+    ``case_timeout``) over the union of the patterns any entry uses at that world (isolated ones
+    included); then the isolated ones."""
+    entries: list[Break] = []
+    for world in sorted({b.world for b in breaks}, key=_world_order):
+        here = [b for b in breaks if b.world == world]
         patterns = tuple(dict.fromkeys(p for b in here for p in b.patterns))
-        plan.append(Break(REFERENCE, {}, world, patterns))
-        plan.extend(b for b in here if not b.isolated)
-    return plan + [b for b in BREAKS if b.isolated]
+        entries.append(Break(REFERENCE, {}, world, patterns, case_timeout=case_timeout))
+        entries.extend(b for b in here if not b.isolated)
+    return entries + [b for b in breaks if b.isolated]
 
 
-PLAN = _plan()
+PLAN = plan(BREAKS)
 
 
 class SharedPools:

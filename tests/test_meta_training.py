@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_meta_suite import REFERENCE, Break, F, E, H, brk, shared_pools  # noqa: F401  (shared_pools: a fixture)
+from tests.test_meta_suite import Break, F, E, H, brk, plan, shared_pools  # noqa: F401  (shared_pools: a fixture)
 from tests.test_meta_suite import test_suite_reports as check_reported
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -94,18 +94,8 @@ BREAKS = [
 ]
 
 
-def _plan() -> list[Break]:
-    """Per world, a reference control over the union of the selections, then the shared-pool breaks;
-    the isolated breaks last."""
-    plan: list[Break] = []
-    for world in dict.fromkeys(b.world for b in BREAKS):
-        here = [b for b in BREAKS if b.world == world]
-        patterns = tuple(dict.fromkeys(p for b in here for p in b.patterns))
-        plan.append(Break(REFERENCE, {}, world, patterns, case_timeout=CASE_TIMEOUT))
-        plan.extend(b for b in here if not b.isolated)
-    return plan + [b for b in BREAKS if b.isolated]
 
 
-@pytest.mark.parametrize("entry", _plan(), ids=lambda e: e.label)
+@pytest.mark.parametrize("entry", plan(BREAKS, CASE_TIMEOUT), ids=lambda e: e.label)
 def test_training_break_reported(entry: Break, request) -> None:
     check_reported(entry, request)
