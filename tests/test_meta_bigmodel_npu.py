@@ -1,4 +1,5 @@
-"""Meta-test of the big-model cases on ``sim-npu``: a hook that does not move inputs must be reported.
+"""Meta-tests of the big-model cases on ``sim-npu``: a hook that does not move inputs, and a ``prepare``
+that moves a dispatched model onto the main device, must be reported.
 
 On the CPU alone nothing needs moving, so the break shows only where a
 model spreads over several accelerators: the ``*_npus`` cases put one over
@@ -16,7 +17,7 @@ from __future__ import annotations
 import pytest
 
 from conformance.backends import SimNpuBackend
-from tests.test_meta_suite import E, F, REFERENCE, Break, SharedPools, brk
+from tests.test_meta_suite import E, F, Break, SharedPools, brk, plan
 from tests.test_meta_suite import test_suite_reports as check_entry
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -35,9 +36,16 @@ BREAKS = [
         collateral={"bigmodel.load_checkpoint_and_dispatch", "bigmodel.cpu_offload"},
         case_timeout=TIMEOUT,
     ),
+    brk(
+        "bigmodel_prepare_moves_dispatched",
+        {"prepare_keeps_npu_map": F, "prepare_keeps_cpu_disk_map": F},
+        WORLD,
+        ("prepare.verify_device_map",),
+        case_timeout=TIMEOUT,
+    ),
 ]
 
-PLAN = [Break(REFERENCE, {}, WORLD, BIGMODEL, case_timeout=TIMEOUT)] + BREAKS
+PLAN = plan(BREAKS, case_timeout=TIMEOUT)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 from ..case import case
-from ..checks import expect_equal, expect_tensor, expect_true
+from ..checks import expect_equal, expect_raises, expect_tensor, expect_true
 from .bigmodel_models import FOUR_NPUS, Net, built, npu_devices, owner_of
 
 IDS = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
@@ -145,6 +145,53 @@ def dispatch_across_npus(impl, world):
     for index, block in enumerate(model.blocks[:3]):
         expect_equal(block.a.seen, (devices[index + 1], devices[index + 1]), f"blocks.{index} ran on its accelerator with its input there")
     expect_equal(model.blocks[3].a.seen, (devices[0], devices[0]), "a cpu block runs on accelerator 0 (the main device)")
+
+
+# -- prepare.verify_device_map, with a real dispatch ----------------------------------------
+
+
+def _prepare_dispatched(impl, world, device_map: dict) -> None:
+    """Dispatch with ``device_map``, then ``prepare``: each block still runs where the map put it, outputs unchanged.
+
+    An implementation whose ``distributed_type`` is not ``NO`` here must
+    refuse instead, with an error naming the device map.
+    """
+    big_modeling = impl.part("big_modeling")
+    expected = built(width=8, depth=4)(IDS)
+    model = built(width=8, depth=4)
+    big_modeling.dispatch_model(model, device_map, offload_dir=os.path.join(world.shared_dir, "offload-prepare"))
+    model(IDS)
+    placed = [block.a.seen for block in model.blocks]
+    accelerator = impl.Accelerator()
+    expect_true(accelerator.verify_device_map(model), f"verify_device_map(model dispatched with {device_map})")
+    if str(accelerator.distributed_type).split(".")[-1] != "NO":
+        # One process started the torchrun way counts as distributed for some implementations (HF 1.15:
+        # MULTI_CPU); they refuse as at several processes, which the catalog row allows.
+        error = expect_raises(lambda: accelerator.prepare(model), ValueError, "prepare(dispatched model) in a distributed mode")
+        expect_true("device_map" in str(error) or "device map" in str(error), f"the error should name the device map: {error}")
+        return
+    try:
+        prepared = accelerator.prepare(model)
+    except NotImplementedError as error:  # torch's, from moving meta (offloaded) weights: a bug, not a missing feature
+        raise AssertionError(f"prepare(dispatched model) at one process raised NotImplementedError: {error}") from error
+    expect_true(accelerator.unwrap_model(prepared) is model, "prepare at one process returns the dispatched model itself")
+    expect_true(model.blocks[3].a.weight.is_meta, "a disk block's weights stay on meta after prepare")
+    expect_tensor(prepared(IDS).cpu(), expected, "outputs of the prepared dispatched model")
+    for index, block in enumerate(model.blocks):
+        expect_equal(block.a.seen, placed[index], f"blocks.{index} runs where the device map put it after prepare")
+
+
+@case("prepare.verify_device_map", worlds=[1])
+def prepare_keeps_cpu_disk_map(impl, world):
+    """At one process ``prepare`` keeps a cpu/disk-dispatched model as it is: disk weights stay offloaded."""
+    _prepare_dispatched(impl, world, {"embed": "cpu", "blocks.0": "cpu", "blocks.1": "cpu", "blocks.2": "cpu", "blocks.3": "disk", "head": "cpu"})
+
+
+@case("prepare.verify_device_map", worlds=[1], device="npu", env=FOUR_NPUS)
+def prepare_keeps_npu_map(impl, world):
+    """At one process ``prepare`` moves no block of a model spread over four accelerators to the main device."""
+    npu_devices(4)
+    _prepare_dispatched(impl, world, {"embed": 0, "blocks.0": 1, "blocks.1": 2, "blocks.2": 3, "blocks.3": "disk", "head": 3})
 
 
 # -- bigmodel.load_checkpoint_and_dispatch ----------------------------------------------------
