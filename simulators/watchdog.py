@@ -11,7 +11,8 @@ Collectives: a rank started with ``$SIMULATORS_FR_FILE`` also runs
 :func:`install_flight_recorder_dumper`: a thread that, on SIGUSR2, writes
 torch's Flight Recorder dump (``torch._C._distributed_c10d._dump_fr_trace``,
 the pickle format ``torchfrtrace`` reads; torch 2.13 records gloo
-collectives when ``TORCH_FR_BUFFER_SIZE`` is set) to that file. The thread
+collectives when ``TORCH_FR_BUFFER_SIZE`` is set, and its group table is
+rebuilt from c10d so that ``torchfrtrace`` can analyse gloo dumps) to that file. The thread
 works while the main thread is blocked in a collective (gloo releases the
 GIL there), which a Python signal handler would not. :func:`dump_flight_records`
 signals the ranks and reads the dumps back.
@@ -115,10 +116,27 @@ def _flight_recorder_dump() -> bytes:
         try:
             from torch._C._distributed_c10d import _dump_fr_trace
 
-            return _dump_fr_trace(True, False, False)  # with stack traces it takes ~10 s (it imports sympy)
+            dump = pickle.loads(_dump_fr_trace(True, False, False))  # with stack traces it takes ~10 s (it imports sympy)
         except Exception as exc:  # an older torch, or a build without c10d
             return pickle.dumps({"entries": [], "error": repr(exc)})
+        dump["pg_config"] = _group_config() or dump.get("pg_config", {})
+        return pickle.dumps(dump)
     return pickle.dumps({"entries": []})
+
+
+def _group_config() -> dict[str, dict[str, str]]:
+    """``pg_config`` as ``torchfrtrace`` reads it, from c10d's own registry of this process's groups.
+
+    torch 2.13's gloo dumps key ``pg_config`` by ``""`` while their entries
+    name the group ``"0"``, and ``torchfrtrace`` stops on that (KeyError); the
+    registry gives each group's name, description and global ranks.
+    """
+    from torch.distributed import distributed_c10d as c10d
+
+    return {
+        name: {"name": name, "desc": group.group_desc, "ranks": str(sorted(c10d._world.pg_group_ranks[group]))}
+        for group, name in c10d._world.pg_names.items()
+    }
 
 
 def dump_flight_records(ranks: Sequence[RankProcess], timeout: float = 2.0) -> dict[int, dict]:

@@ -167,3 +167,23 @@ def skip_wait_for_everyone_on_rank_1():
     if acc.process_index != 1:
         acc.wait_for_everyone()
     return acc.process_index
+
+
+def flight_recorder_dump_after_unjoined_broadcast():
+    """Rank 0 enters a broadcast that rank 1 never joins; each rank returns its Flight Recorder dump (bytes).
+
+    The group is left as it is (rank 0's broadcast pending): use a pool of its own.
+    """
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from simulators.watchdog import _flight_recorder_dump
+
+    init_gloo()
+    dist.all_reduce(torch.ones(3))
+    if dist.get_rank() == 0:
+        dist.broadcast(torch.ones(3), src=0, async_op=True)
+    time.sleep(0.5)
+    return _flight_recorder_dump()

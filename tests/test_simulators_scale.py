@@ -45,6 +45,26 @@ def test_hang_names_each_ranks_collective_and_the_rank_that_never_joined():
     assert sorted(result.stacks) == [0, 2, 3]
 
 
+@pytest.mark.slow
+def test_flight_recorder_dumps_are_read_by_torchfrtrace(tmp_path):
+    """torch's own analyser reads the simulator's gloo dumps and names the rank missing from the broadcast."""
+    import subprocess
+    import sys
+
+    with RankPool(World.of(2), env={"TORCH_FR_BUFFER_SIZE": "64"}) as pool:
+        result = pool.run(target("flight_recorder_dump_after_unjoined_broadcast"), timeout=60.0)
+    assert result.status == "ok", result
+    for rank in range(2):
+        (tmp_path / f"rank_{rank}").write_bytes(result.outcomes[rank].value)
+    analysis = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+    )
+    report = analysis.stdout + analysis.stderr  # its findings go to a logger (stderr)
+    assert analysis.returncode == 0, report[-2000:]
+    assert "collective: gloo:broadcast" in report and "missing ranks: {1}" in report, report
+
+
 def _entry(seq, op, sizes, created=10, group=("0", "default_pg")):
     return {"record_id": seq, "collective_seq_id": seq, "profiling_name": op, "input_sizes": sizes,
             "input_dtypes": ["Float"] * len(sizes), "time_created_ns": created, "process_group": group}
