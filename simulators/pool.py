@@ -31,15 +31,18 @@ from one thread.
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
 from pathlib import Path
 from typing import Literal
@@ -56,6 +59,9 @@ _WORKER = (sys.executable, "-m", "simulators._worker")
 ADDRESS_ENV = "SIMULATORS_POOL_ADDRESS"  # host:port of the control channel
 AUTHKEY_ENV = "SIMULATORS_POOL_AUTHKEY"  # its authkey, hex
 SETUP_ENV = "SIMULATORS_POOL_SETUP"  # "module:function" each worker calls once at start
+#: Seconds a peer of the control channel has to pass the authentication handshake.
+HANDSHAKE_TIMEOUT_S = 5.0
+_LOG = logging.getLogger(__name__)
 
 
 @dataclass
@@ -233,8 +239,11 @@ class RankPool:
                     if obj is server:
                         try:
                             greeting.append(_accept(server, authkey))
-                        except (EOFError, OSError):  # the worker died while authenticating; its exit is reported next
-                            pass
+                        except (EOFError, OSError, AuthenticationError) as error:
+                            # A worker that died while authenticating (its exit is reported next), or a
+                            # stranger on the control channel's port: either way not a rank.
+                            _LOG.warning("simulators: refused a connection to the control channel that failed "
+                                         "authentication (%s)", _reason(error))
                         continue
                     greeting.remove(obj)
                     try:
@@ -286,13 +295,34 @@ def _accept(server: socket.socket, authkey: bytes) -> Connection:
 
     A plain socket (rather than a Listener) can be waited on together with
     the worker processes, so a worker that dies during start is seen at once.
+    The peer has `HANDSHAKE_TIMEOUT_S` to answer: one that stays silent (any
+    program that connects to the port) raises OSError instead of stalling
+    the start; one that answers wrongly raises AuthenticationError.
     """
     sock, _ = server.accept()
-    sock.setblocking(True)
-    conn = Connection(sock.detach())
-    deliver_challenge(conn, authkey)
-    answer_challenge(conn, authkey)
+    with sock:
+        sock.setblocking(True)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(HANDSHAKE_TIMEOUT_S))
+        conn = Connection(os.dup(sock.fileno()))  # the same socket: the receive timeout applies to it
+        try:
+            deliver_challenge(conn, authkey)
+            answer_challenge(conn, authkey)
+        except BaseException:
+            conn.close()
+            raise
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(0))  # authenticated: block as long as it takes
     return conn
+
+
+def _timeval(seconds: float) -> bytes:
+    """A ``struct timeval`` for SO_RCVTIMEO (0: no timeout)."""
+    return struct.pack("ll", int(seconds), int(seconds % 1 * 1_000_000))
+
+
+def _reason(error: BaseException) -> str:
+    if isinstance(error, BlockingIOError):
+        return f"no answer within {HANDSHAKE_TIMEOUT_S:g} s"
+    return str(error) or type(error).__name__
 
 
 def _exit_codes(ranks: list[RankProcess]) -> dict[int, int]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import re
 import socket
 import subprocess
@@ -26,6 +27,7 @@ from unittest import mock
 import psutil
 
 from conformance.backends import SimBackend
+from simulators import pool
 from simulators.collectives import DEBUG_ENV
 from simulators.topology import LOOPBACK, World
 from tests.fixture_cases import faults as cases
@@ -45,6 +47,27 @@ def _rendezvous_port_taken() -> Iterator[None]:
     with socket.create_server((LOOPBACK, 0)) as holder:
         with mock.patch("simulators.pool.free_port", return_value=holder.getsockname()[1]):
             yield
+
+
+@contextlib.contextmanager
+def _control_channel_intruders() -> Iterator[None]:
+    """Before the ranks start, two strangers connect to the pool's control channel: one silent, one speaking HTTP."""
+    intruders: list[socket.socket] = []
+    spawn_world = pool.spawn_world
+
+    def spawn_after_intruders(*args, env, **kwargs):
+        host, port = env[pool.ADDRESS_ENV].rsplit(":", 1)
+        intruders.append(socket.create_connection((host, int(port))))
+        intruders.append(socket.create_connection((host, int(port))))
+        intruders[-1].sendall(b"GET / HTTP/1.0\r\n\r\n")
+        return spawn_world(*args, env=env, **kwargs)
+
+    try:
+        with mock.patch("simulators.pool.spawn_world", spawn_after_intruders):
+            yield
+    finally:
+        for intruder in intruders:
+            intruder.close()
 
 
 @dataclass(frozen=True)
@@ -77,6 +100,8 @@ FAULTS = (
     Fault("out of memory", cases.rank_out_of_memory, ("ERROR",), r"DefaultCPUAllocator: can't allocate memory"),
     Fault("rendezvous port taken", cases.rendezvous, ("ERROR", "HANG"), r"EADDRINUSE|timed out",
           arrange=_rendezvous_port_taken),
+    Fault("strangers on the control channel", cases.control_channel_intruders, ("PASS",),
+          r"refused a connection to the control channel", fast=True, arrange=_control_channel_intruders),
 )
 
 
@@ -90,6 +115,17 @@ class Verdict:
     ok: bool
 
 
+class _Warnings(logging.Handler):
+    """The simulator's log lines during one fault (part of its diagnosis)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
 def _leftovers() -> list[psutil.Process]:
     """Processes this driver started that still run (zombies not yet reaped count: they are not gone)."""
     return [child for child in psutil.Process().children(recursive=True) if child.is_running()]
@@ -98,13 +134,16 @@ def _leftovers() -> list[psutil.Process]:
 def run_fault(fault: Fault) -> Verdict:
     """Run one fault in a fresh backend, close it, and count what is left."""
     backend = SimBackend("accelerate_ref", case_timeout=CASE_TIMEOUT, env=DEBUG_ENV if fault.debug else None)
+    warnings = _Warnings()
+    logging.getLogger("simulators").addHandler(warnings)
     try:
         with fault.arrange():
             backend._pool(WORLD).start()  # the time to the verdict counts from the case's start, not the ranks'
             result = backend.run_case(fault.case, WORLD)
     finally:
         backend.close()
-    text = "\n".join([result.message, *result.stacks.values()])
+        logging.getLogger("simulators").removeHandler(warnings)
+    text = "\n".join([*warnings.lines, result.message, *result.stacks.values()])
     found = re.search(fault.diagnosis, text)
     line = next((line.strip() for line in text.splitlines() if found and found.group(0) in line), "")
     left = len(_leftovers())

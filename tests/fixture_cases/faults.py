@@ -103,3 +103,9 @@ def rank_out_of_memory(impl, world):
 def rendezvous(impl, world):
     """Run with MASTER_PORT held by another socket (tests.faults arranges it)."""
     impl.Accelerator().wait_for_everyone()
+
+
+@case("fixture.fault.control_channel_intruders", worlds=WORLDS)
+def control_channel_intruders(impl, world):
+    """Run after strangers connected to the pool's control channel (tests.faults arranges it): it must start anyway."""
+    impl.Accelerator().wait_for_everyone()
