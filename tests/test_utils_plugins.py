@@ -20,7 +20,7 @@ from accelerate_ref.utils import (
     get_module_class_from_name,
     merge_fsdp_weights,
 )
-from accelerate_ref.utils.fsdp_utils import wrap_targets
+from accelerate_ref.utils.fsdp_utils import require_fsdp_device, wrap_targets
 
 #: Each test builds Accelerators with its own arguments: none may inherit another test's state.
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
@@ -125,3 +125,11 @@ def test_comm_hook_enum_and_kwargs_exclusion():
 def test_merge_refuses_a_directory_without_metadata(tmp_path):
     with pytest.raises(ValueError, match="metadata"):
         merge_fsdp_weights(tmp_path, tmp_path / "out")
+
+
+def test_fsdp_refuses_devices_torch_cannot_shard_on_by_name():
+    require_fsdp_device("cpu")  # torch's fully_shard runs on the CPU over gloo
+    with pytest.raises(NotImplementedError, match="XLA devices"):
+        require_fsdp_device("xla")
+    with pytest.raises(NotImplementedError, match=r"torch\.nosuchdevice\.Stream"):
+        require_fsdp_device("nosuchdevice")

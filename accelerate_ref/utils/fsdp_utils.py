@@ -62,11 +62,32 @@ def wrap_targets(model: torch.nn.Module, plugin: FullyShardedDataParallelPlugin)
     return sorted(chosen, key=[n for n, _ in named].index)
 
 
+def require_fsdp_device(device_type: str) -> None:
+    """Refuse, naming the limit, a device type torch's ``fully_shard`` cannot run on here (NotImplementedError).
+
+    XLA: DeviceMesh builds no process groups for ``"xla"`` (TPUs shard with
+    torch_xla's own FSDP). Other accelerators need device streams
+    (``torch.<device>.Stream``), which FSDP2 overlaps communication on.
+    Catalog: plugin.fsdp.
+    """
+    if device_type == "xla":
+        raise NotImplementedError(
+            "FSDP through torch's fully_shard does not run on XLA devices (DeviceMesh builds no process groups "
+            "for 'xla'); TPUs shard with torch_xla's FSDP, which accelerate_ref does not drive"
+        )
+    if device_type != "cpu" and not hasattr(getattr(torch, device_type, None), "Stream"):
+        raise NotImplementedError(
+            f"FSDP through torch's fully_shard needs device streams (torch.{device_type}.Stream), "
+            f"which this {device_type} runtime does not provide"
+        )
+
+
 def device_mesh_for(plugin: FullyShardedDataParallelPlugin, state: Any) -> Any:
     """The device mesh of the plugin's strategy over this world (see the module docstring)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     size, device_type = state.num_processes, state.device.type
+    require_fsdp_device(device_type)
     if plugin.sharding_strategy == "NO_SHARD":
         return init_device_mesh(device_type, (size, 1), mesh_dim_names=("replicate", "shard"))
     if plugin.sharding_strategy.startswith("HYBRID_SHARD"):

@@ -16,3 +16,8 @@ __version__ = _mock.VERSION
 
 def _autoload() -> None:
     """torch's ``torch.backends`` entry point: importing this package was the whole job."""
+
+
+def npu_fusion_attention(*args, **kwargs):
+    """Ascend's fused attention kernel: importable (Transformers imports it when torch_npu is present), not runnable."""
+    raise NotImplementedError("npu_fusion_attention is an Ascend kernel; the simulator's mock NPU does not run it")
