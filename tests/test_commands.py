@@ -68,6 +68,13 @@ def test_machine_rank_out_of_range(capsys, hf_home, script):
     assert "machine_rank" in one_line_error(capsys, argv)
 
 
+def test_several_machines_need_an_address_unless_simulated(capsys, hf_home, script):
+    assert "--main_process_ip" in one_line_error(capsys, ["launch", "-n", "2", "--num_machines", "2", script])
+    # --simulate puts every machine on this host: the dry run starts (2 ranks as 2 machines) without one.
+    assert main(["launch", "--simulate", "cpu", "-n", "2", "--num_machines", "2", script]) == 0
+    assert "2 ranks as 2 machine(s), ok" in capsys.readouterr().out
+
+
 def test_port_in_use(capsys, hf_home, script):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

@@ -125,7 +125,8 @@ def validate(args: argparse.Namespace) -> None:
         raise LaunchError(f"--num_processes {args.num_processes} is not a multiple of --num_machines {args.num_machines}")
     if not 0 <= args.machine_rank < args.num_machines:
         raise LaunchError(f"--machine_rank {args.machine_rank} is out of range for --num_machines {args.num_machines}")
-    if args.num_machines > 1 and (args.main_process_ip is None or args.main_process_port is None):
+    # A dry run puts every simulated machine on this host: no address to give.
+    if args.num_machines > 1 and not args.simulate and (args.main_process_ip is None or args.main_process_port is None):
         raise LaunchError("with --num_machines > 1, --main_process_ip and --main_process_port are required")
     if args.module:
         if importlib.util.find_spec(args.training_script.split(".")[0]) is None:
