@@ -319,3 +319,16 @@ def test_only_the_main_process_tracks(tmp_path):
     assert reports[1] == {"trackers": [], "found": "GeneralTracker", "calls": None}
     lines = (tmp_path / "run" / "log.jsonl").read_text().splitlines()
     assert [json.loads(line)["values"] for line in lines] == [{"rank": 0}], "one line, from the main process"
+
+
+@pytest.mark.parametrize("case_name, package", [("tracking_mlflow", "mlflow"), ("tracking_wandb", "wandb")])
+def test_a_real_tracker_case_is_not_supported_without_its_package(monkeypatch, case_name, package):
+    import importlib.util
+
+    from conformance.case import NotSupported, WorldInfo
+    from conformance.cases import test_tracking as cases
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == package else real_find_spec(name, *a))
+    with pytest.raises(NotSupported, match=f"the {package} package is not installed"):
+        getattr(cases, case_name).function(None, WorldInfo.parse("2"))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from typing import Any, Callable
 
 from ..case import NotSupported, case
@@ -122,13 +123,17 @@ QUIET = {
 }
 
 
-def _track_with(impl, world, name: str, package: str, read_store: Callable[[], Any]) -> Any:
+def _require(package: str) -> None:
+    """NOT_SUPPORTED unless ``package`` is installed."""
+    if importlib.util.find_spec(package) is None:
+        raise NotSupported(f"the {package} package is not installed (pip install .[trackers])")
+
+
+def _track_with(impl, world, name: str, read_store: Callable[[], Any]) -> Any:
     """``log_with=name`` on every rank: init with CONFIG, log LOGGED, end; after every rank ended, the main
     process returns ``read_store()`` (the others None)."""
     import torch.distributed as dist
 
-    if importlib.util.find_spec(package) is None:
-        raise NotSupported(f"the {package} package is not installed (pip install .[trackers])")
     acc = impl.Accelerator(log_with=name)
     acc.init_trackers("conformance", config=CONFIG)
     for values, step in LOGGED:
@@ -145,23 +150,21 @@ def _track_with(impl, world, name: str, package: str, read_store: Callable[[], A
 def tracking_mlflow(impl, world):
     """``log_with="mlflow"`` with a local file store (``MLFLOW_TRACKING_URI``): the experiment named after the
     project holds one finished run, with the configuration as parameters and each metric at its step."""
+    _require("mlflow")
     from ..tracker_stores import mlflow_runs
 
     uri = "file:" + os.path.join(world.shared_dir, "mlruns")
     os.environ.update(MLFLOW_TRACKING_URI=uri, MLFLOW_ALLOW_FILE_STORE="true")  # the worker restores os.environ
     try:
-        return _track_with(impl, world, "mlflow", "mlflow", lambda: mlflow_runs(uri, "conformance"))
+        return _track_with(impl, world, "mlflow", lambda: mlflow_runs(uri, "conformance"))
     finally:
         _end_mlflow_runs()
 
 
 def _end_mlflow_runs() -> None:
     """End any MLflow run left active in this rank (a broken tracker's), so later cases start clean."""
-    if importlib.util.find_spec("mlflow") is None:
-        return
-    import mlflow
-
-    while mlflow.active_run() is not None:
+    mlflow = sys.modules.get("mlflow")  # not imported here: no run to end
+    while mlflow is not None and mlflow.active_run() is not None:
         mlflow.end_run()
 
 
@@ -180,9 +183,10 @@ def _one_mlflow_run(values, world):
 def tracking_wandb(impl, world):
     """``log_with="wandb"`` in offline mode (``WANDB_DIR``): one offline run of the project, with the
     configuration, one history row per ``log`` at its step, and its exit record."""
+    _require("wandb")
     os.environ["WANDB_DIR"] = world.shared_dir  # the worker restores os.environ
     try:
-        return _track_with(impl, world, "wandb", "wandb", lambda: _wandb_runs_after_teardown(world.shared_dir))
+        return _track_with(impl, world, "wandb", lambda: _wandb_runs_after_teardown(world.shared_dir))
     finally:
         _teardown_wandb()
 
@@ -196,9 +200,8 @@ def _wandb_runs_after_teardown(directory: str) -> list:
 
 def _teardown_wandb() -> None:
     """Stop this rank's wandb service (it outlives runs), so no process is left behind."""
-    if importlib.util.find_spec("wandb") is not None:
-        import wandb
-
+    wandb = sys.modules.get("wandb")  # not imported here: no service started
+    if wandb is not None:
         wandb.teardown()
 
 
