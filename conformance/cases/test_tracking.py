@@ -120,6 +120,7 @@ QUIET = {
     "WANDB_SILENT": "true",
     "WANDB_DISABLE_GIT": "true",
     "WANDB_DISABLE_CODE": "true",
+    "WANDB_CONSOLE": "off",  # leave the rank's stdout and stderr alone
 }
 
 
