@@ -470,7 +470,9 @@ def filter_trackers(
 ) -> list[Union[str, GeneralTracker]]:
     """The trackers ``log_with`` asks for: `GeneralTracker` instances and tracker names, without repeats.
 
-    Rules: ``log_with`` is one item or a list; ``"all"`` adds every
+    Rules: ``log_with`` is one item or a list of `LoggerType` members, their
+    names (``"mlflow"``, ``"wandb"``, ...), names given to
+    `register_tracker_class`, and `GeneralTracker` instances; ``"all"`` adds every
     available built-in tracker; a name of a tracker whose package is not
     installed is dropped with a warning (as a script that lists several
     trackers expects); a built-in tracker that writes files needs a
