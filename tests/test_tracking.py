@@ -258,7 +258,7 @@ def wandb_offline(tmp_path, monkeypatch):
     """W&B in offline mode writing under ``tmp_path``; its service stopped afterwards."""
     wandb = pytest.importorskip("wandb")
     for key, value in {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true",
-                       "WANDB_DISABLE_GIT": "true", "WANDB_DISABLE_CODE": "true"}.items():
+                       "WANDB_DISABLE_GIT": "true", "WANDB_DISABLE_CODE": "true", "WANDB_CONSOLE": "off"}.items():
         monkeypatch.setenv(key, value)
     yield str(tmp_path)
     wandb.teardown()
