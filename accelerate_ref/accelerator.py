@@ -23,7 +23,7 @@ from .precision import MixedPrecision
 from .saving import CheckpointingMixin
 from .scheduler import AcceleratedScheduler
 from .state import AcceleratorState, GradientState, PartialState
-from .tracking import TrackingMixin
+from .tracking import LOGGER_TYPE_TO_CLASS, TrackingMixin  # noqa: F401  (HF's accelerator module exposes LOGGER_TYPE_TO_CLASS)
 from .utils import operations
 from .utils.constants import PROFILE_PATTERN_NAME
 from .utils.dataclasses import (

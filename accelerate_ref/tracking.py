@@ -7,10 +7,12 @@ one, `end_training` finishes them; the other processes create nothing and
 write nothing, so a metric logged by every process is recorded once.
 
 Built in: `JSONLinesTracker` (``"jsonl"``, no extra package: one JSON
-object per `log` call in ``<logging_dir>/<project>/log.jsonl``) and
+object per `log` call in ``<logging_dir>/<project>/log.jsonl``),
 `TensorBoardTracker` (``"tensorboard"``, when tensorboard or tensorboardX
-is installed). Any other tracker is a `GeneralTracker` subclass passed in
-``log_with``.
+is installed), `MLflowTracker` (``"mlflow"``, the ``mlflow`` or
+``mlflow-skinny`` package) and `WandBTracker` (``"wandb"``). Any other
+tracker is a `GeneralTracker` subclass passed in ``log_with``, or one
+registered by name with `register_tracker_class`.
 
 Catalog: tracking.init_log_end.
 """
@@ -24,24 +26,34 @@ import time
 import warnings
 from typing import Any, Callable, Optional, TypeVar, Union
 
+from .logging import get_logger
 from .state import PartialState
+from .utils import imports
 from .utils.dataclasses import LoggerType
-from .utils.imports import _is_package_available, is_tensorboard_available
+from .utils.environment import str_to_bool
 from .utils.serialization import write_atomically
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: The package each `LoggerType` needs, for trackers this reference does not provide.
+logger = get_logger(__name__)
+
+#: The package each `LoggerType` needs and the check that finds it (``imports.is_<name>_available``).
 _PACKAGES = {
-    LoggerType.AIM: "aim",
-    LoggerType.WANDB: "wandb",
-    LoggerType.TRACKIO: "trackio",
-    LoggerType.COMETML: "comet_ml",
-    LoggerType.MLFLOW: "mlflow",
-    LoggerType.CLEARML: "clearml",
-    LoggerType.DVCLIVE: "dvclive",
-    LoggerType.SWANLAB: "swanlab",
+    LoggerType.AIM: ("aim", "is_aim_available"),
+    LoggerType.TENSORBOARD: ("tensorboard", "is_tensorboard_available"),
+    LoggerType.WANDB: ("wandb", "is_wandb_available"),
+    LoggerType.TRACKIO: ("trackio", "is_trackio_available"),
+    LoggerType.COMETML: ("comet_ml", "is_comet_ml_available"),
+    LoggerType.MLFLOW: ("mlflow", "is_mlflow_available"),
+    LoggerType.CLEARML: ("clearml", "is_clearml_available"),
+    LoggerType.DVCLIVE: ("dvclive", "is_dvclive_available"),
+    LoggerType.SWANLAB: ("swanlab", "is_swanlab_available"),
 }
+
+
+def _package_available(name: str) -> bool:
+    """Whether the package of the built-in tracker ``name`` is installed (checked when asked, not at import)."""
+    return getattr(imports, _PACKAGES[LoggerType(name)][1])()
 
 
 def on_main_process(function: F) -> F:
@@ -200,23 +212,251 @@ class TensorBoardTracker(GeneralTracker):
         self.writer.flush()
 
     @on_main_process
+    def log_images(self, values: dict[str, Any], step: Optional[int] = None, **kwargs: Any) -> None:
+        """Log each batch of images of ``values`` (``N x C x H x W`` arrays or tensors) with ``add_images``."""
+        for key, images in values.items():
+            self.writer.add_images(key, images, global_step=step, **kwargs)
+
+    @on_main_process
     def finish(self) -> None:
         self.writer.close()
 
 
-#: Tracker classes by name (the names ``log_with`` accepts besides "all").
+class MLflowTracker(GeneralTracker):
+    """MLflow, through the ``mlflow`` (or ``mlflow-skinny``) package, in the store of ``MLFLOW_TRACKING_URI``.
+
+    Rules: the environment variables ``MLFLOW_EXPERIMENT_NAME``,
+    ``MLFLOW_RUN_ID``, ``MLFLOW_TAGS`` (a JSON object) and
+    ``MLFLOW_NESTED_RUN`` take precedence over the arguments of the same
+    meaning. `start` uses the experiment of that name (the first when there
+    are several), creating it with ``logging_dir`` as its artifact location
+    when there is none, and starts (or, with ``run_id``, resumes) a run
+    there. `store_init_configuration` logs the configuration as parameters,
+    100 at a time, dropping a value longer than MLflow accepts with a
+    warning; `log` logs the numbers of ``values`` as metrics at ``step``
+    (other values are dropped with a warning); `finish` ends the run.
+    ``Accelerator.init_trackers`` passes the project name as
+    ``experiment_name``. Main process only. Catalog: tracking.init_log_end.
+    """
+
+    name = "mlflow"
+    requires_logging_directory = False
+
+    def __init__(
+        self,
+        experiment_name: Optional[str] = None,
+        logging_dir: Optional[Union[str, os.PathLike]] = None,
+        run_id: Optional[str] = None,
+        tags: Optional[Union[dict[str, Any], str]] = None,
+        nested_run: Optional[bool] = False,
+        run_name: Optional[str] = None,
+        description: Optional[str] = None,
+    ) -> None:
+        super().__init__()
+        tags = os.environ.get("MLFLOW_TAGS", tags)
+        nested_run = os.environ.get("MLFLOW_NESTED_RUN", nested_run)
+        self.experiment_name = os.environ.get("MLFLOW_EXPERIMENT_NAME", experiment_name)
+        self.logging_dir = logging_dir
+        self.run_id = os.environ.get("MLFLOW_RUN_ID", run_id)
+        self.tags = json.loads(tags) if isinstance(tags, str) else tags
+        self.nested_run = str_to_bool(nested_run) == 1 if isinstance(nested_run, str) else nested_run
+        self.run_name = run_name
+        self.description = description
+        self.active_run: Any = None
+
+    @property
+    def tracker(self) -> Any:
+        """The active ``mlflow.ActiveRun`` (None before `start`)."""
+        return self.active_run
+
+    @on_main_process
+    def start(self) -> None:
+        import mlflow
+
+        found = mlflow.search_experiments(filter_string=f"name = '{self.experiment_name}'")
+        if len(found) > 1:
+            logger.warning(f"several MLflow experiments are called {self.experiment_name!r}; using the first")
+        if found:
+            experiment_id = found[0].experiment_id
+        else:
+            location = None if self.logging_dir is None else os.fspath(self.logging_dir)
+            experiment_id = mlflow.create_experiment(self.experiment_name, artifact_location=location, tags=self.tags)
+        self.active_run = mlflow.start_run(
+            run_id=self.run_id,
+            experiment_id=experiment_id,
+            run_name=self.run_name,
+            nested=self.nested_run,
+            tags=self.tags,
+            description=self.description,
+        )
+
+    @on_main_process
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        import mlflow
+        from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH, MAX_PARAMS_TAGS_PER_BATCH
+
+        kept = []
+        for key, value in values.items():
+            if len(str(value)) > MAX_PARAM_VAL_LENGTH:
+                logger.warning_once(
+                    f"MLflow takes parameter values of at most {MAX_PARAM_VAL_LENGTH} characters: {key!r} dropped"
+                )
+            else:
+                kept.append((key, value))
+        for first in range(0, len(kept), MAX_PARAMS_TAGS_PER_BATCH):
+            mlflow.log_params(dict(kept[first : first + MAX_PARAMS_TAGS_PER_BATCH]))
+
+    @on_main_process
+    def log(self, values: dict[str, Any], step: Optional[int] = None, **kwargs: Any) -> None:
+        """Log the numbers of ``values`` at ``step``; ``kwargs`` go to ``mlflow.log_metrics``."""
+        import mlflow
+
+        metrics = {}
+        for key, value in values.items():
+            if isinstance(value, (int, float)):
+                metrics[key] = value
+            else:
+                logger.warning_once(
+                    f"MLflow metrics are numbers: {key!r} ({type(value).__name__}) dropped from MLflowTracker.log"
+                )
+        mlflow.log_metrics(metrics, step=step, **kwargs)
+
+    @on_main_process
+    def log_figure(self, figure: Any, artifact_file: str, **save_kwargs: Any) -> None:
+        """Save ``figure`` (matplotlib or plotly) as the run's artifact ``artifact_file``."""
+        import mlflow
+
+        mlflow.log_figure(figure=figure, artifact_file=artifact_file, **save_kwargs)
+
+    @on_main_process
+    def log_artifacts(self, local_dir: str, artifact_path: Optional[str] = None) -> None:
+        """Copy every file of ``local_dir`` into the run's artifacts (under ``artifact_path``)."""
+        import mlflow
+
+        mlflow.log_artifacts(local_dir=local_dir, artifact_path=artifact_path)
+
+    @on_main_process
+    def log_artifact(self, local_path: str, artifact_path: Optional[str] = None) -> None:
+        """Copy the file ``local_path`` into the run's artifacts (under ``artifact_path``)."""
+        import mlflow
+
+        mlflow.log_artifact(local_path=local_path, artifact_path=artifact_path)
+
+    @on_main_process
+    def finish(self) -> None:
+        import mlflow
+
+        mlflow.end_run()
+
+
+class WandBTracker(GeneralTracker):
+    """Weights & Biases, through the ``wandb`` package (``WANDB_MODE=offline`` writes the run to local files only).
+
+    Rules: `start` calls ``wandb.init(project=run_name, **kwargs)``;
+    `store_init_configuration` updates the run's config (changed values
+    allowed); `log` is ``run.log(values, step=step, **kwargs)``;
+    `log_images` logs each list of images as ``wandb.Image``s and
+    `log_table` a ``wandb.Table``; `finish` finishes the run. As in 🤗
+    Accelerate its ``main_process_only`` is False: the methods run on any
+    process that calls them, and ``Accelerator.init_trackers`` creates the
+    tracker on the main process only. Catalog: tracking.init_log_end.
+    """
+
+    name = "wandb"
+    requires_logging_directory = False
+    main_process_only = False
+
+    def __init__(self, run_name: str, **kwargs: Any) -> None:
+        super().__init__()
+        self.run_name = run_name
+        self.init_kwargs = kwargs
+        self.run: Any = None
+
+    @property
+    def tracker(self) -> Any:
+        """The ``wandb`` run (None before `start`)."""
+        return self.run
+
+    @on_main_process
+    def start(self) -> None:
+        import wandb
+
+        self.run = wandb.init(project=self.run_name, **self.init_kwargs)
+
+    @on_main_process
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        self.run.config.update(values, allow_val_change=True)
+
+    @on_main_process
+    def log(self, values: dict[str, Any], step: Optional[int] = None, **kwargs: Any) -> None:
+        """``run.log(values, step=step, **kwargs)``."""
+        self.run.log(values, step=step, **kwargs)
+
+    @on_main_process
+    def log_images(self, values: dict[str, Any], step: Optional[int] = None, **kwargs: Any) -> None:
+        """Log each list of images of ``values`` (arrays or PIL images) as ``wandb.Image``s."""
+        import wandb
+
+        for key, images in values.items():
+            self.log({key: [wandb.Image(image) for image in images]}, step=step, **kwargs)
+
+    @on_main_process
+    def log_table(
+        self,
+        table_name: str,
+        columns: Optional[list[str]] = None,
+        data: Optional[list[list[Any]]] = None,
+        dataframe: Any = None,
+        step: Optional[int] = None,
+        **kwargs: Any,
+    ) -> None:
+        """Log a ``wandb.Table`` called ``table_name``, from ``columns`` and ``data`` or from ``dataframe``."""
+        import wandb
+
+        self.log({table_name: wandb.Table(columns=columns, data=data, dataframe=dataframe)}, step=step, **kwargs)
+
+    @on_main_process
+    def finish(self) -> None:
+        self.run.finish()
+
+
+#: Tracker classes by name (the names ``log_with`` accepts besides "all"); `register_tracker_class` adds to it.
 LOGGER_TYPE_TO_CLASS: dict[str, type[GeneralTracker]] = {
     JSONLinesTracker.name: JSONLinesTracker,
     TensorBoardTracker.name: TensorBoardTracker,
+    MLflowTracker.name: MLflowTracker,
+    WandBTracker.name: WandBTracker,
 }
+#: The names of LOGGER_TYPE_TO_CLASS that come with this reference (the others were registered).
+_BUILT_IN = tuple(LOGGER_TYPE_TO_CLASS)
 
 
 def get_available_trackers() -> list[str]:
-    """Names of the built-in trackers usable here: "jsonl", and "tensorboard" when installed.
+    """Names of the built-in trackers usable here: "jsonl", then each one whose package is installed.
 
     Catalog: tracking.init_log_end.
     """
-    return [JSONLinesTracker.name] + ([TensorBoardTracker.name] if is_tensorboard_available() else [])
+    return [name for name in _BUILT_IN if name not in LoggerType.list() or _package_available(name)]
+
+
+def register_tracker_class(tracker_class: type[GeneralTracker]) -> None:
+    """Make ``tracker_class`` usable by its ``name`` in ``log_with``, as the built-in trackers are.
+
+    Rules: it must be a `GeneralTracker` subclass with a non-empty ``name``
+    and a ``requires_logging_directory`` (ValueError otherwise); a name
+    already registered is replaced, with a warning. `init_trackers` creates
+    it as ``tracker_class(project_name[, logging_dir], **init_kwargs[name])``.
+    Register before creating the Accelerator. Catalog: tracking.init_log_end.
+    """
+    if not (isinstance(tracker_class, type) and issubclass(tracker_class, GeneralTracker)):
+        raise ValueError(f"`tracker_class` must be a subclass of `GeneralTracker`, but got {tracker_class}.")
+    if not getattr(tracker_class, "name", None):
+        raise ValueError("The tracker class to register must define a non-empty `name` attribute.")
+    if not hasattr(tracker_class, "requires_logging_directory"):
+        raise ValueError("The tracker class to register must define a `requires_logging_directory` class attribute.")
+    if tracker_class.name in LOGGER_TYPE_TO_CLASS:
+        warnings.warn(f"a tracker called {tracker_class.name!r} is already registered; {tracker_class} replaces it")
+    LOGGER_TYPE_TO_CLASS[tracker_class.name] = tracker_class
 
 
 def _tracker_name(item: Any) -> Optional[str]:
@@ -230,7 +470,9 @@ def filter_trackers(
 ) -> list[Union[str, GeneralTracker]]:
     """The trackers ``log_with`` asks for: `GeneralTracker` instances and tracker names, without repeats.
 
-    Rules: ``log_with`` is one item or a list; ``"all"`` adds every
+    Rules: ``log_with`` is one item or a list of `LoggerType` members, their
+    names (``"mlflow"``, ``"wandb"``, ...), names given to
+    `register_tracker_class`, and `GeneralTracker` instances; ``"all"`` adds every
     available built-in tracker; a name of a tracker whose package is not
     installed is dropped with a warning (as a script that lists several
     trackers expects); a built-in tracker that writes files needs a
@@ -259,15 +501,11 @@ def filter_trackers(
 def _usable(name: str, logging_dir: Optional[Union[str, os.PathLike]]) -> bool:
     """Whether tracker ``name`` can run here (see `filter_trackers` for the errors)."""
     tracker_class = LOGGER_TYPE_TO_CLASS.get(name)
+    if name in LoggerType.list() and not _package_available(name):
+        warnings.warn(f"log_with asks for {name}, but {_PACKAGES[LoggerType(name)][0]} is not installed: not tracking with it")
+        return False
     if tracker_class is None:
-        package = _PACKAGES[LoggerType(name)]
-        if _is_package_available(package):
-            raise NotImplementedError(f"accelerate_ref does not provide the {name} tracker; pass a GeneralTracker for it")
-        warnings.warn(f"log_with asks for {name}, but {package} is not installed: not tracking with it")
-        return False
-    if name not in get_available_trackers():
-        warnings.warn(f"log_with asks for {name}, but it is not installed: not tracking with it")
-        return False
+        raise NotImplementedError(f"accelerate_ref does not provide the {name} tracker; pass a GeneralTracker for it")
     if tracker_class.requires_logging_directory and logging_dir is None:
         raise ValueError(f"tracking with {name} needs a logging_dir (ProjectConfiguration(logging_dir=...) or project_dir)")
     return True

@@ -15,7 +15,7 @@ import simulators
 from accelerate_ref import Accelerator, AcceleratorState, GradientState, ProjectConfiguration
 from accelerate_ref import tracking
 from accelerate_ref.tracking import GeneralTracker, JSONLinesTracker, filter_trackers, get_available_trackers
-from accelerate_ref.utils import LoggerType, is_tensorboard_available, is_wandb_available
+from accelerate_ref.utils import LoggerType, imports, is_mlflow_available, is_tensorboard_available, is_wandb_available
 
 
 def fresh(**kwargs) -> Accelerator:
@@ -92,21 +92,55 @@ def test_log_with_is_checked_when_the_accelerator_is_created(tmp_path):
     with pytest.raises(ValueError, match="logging_dir"):
         fresh(log_with="jsonl")
     assert filter_trackers(LoggerType.ALL, tmp_path) == get_available_trackers()
-    assert "jsonl" in get_available_trackers()
-    assert ("tensorboard" in get_available_trackers()) == is_tensorboard_available()
+    installed = {"tensorboard": is_tensorboard_available(), "mlflow": is_mlflow_available(), "wandb": is_wandb_available()}
+    assert get_available_trackers() == ["jsonl"] + [name for name, present in installed.items() if present]
     assert filter_trackers(None) == []
 
 
-@pytest.mark.skipif(is_wandb_available(), reason="wandb is installed here")
-def test_a_tracker_whose_package_is_missing_is_dropped_with_a_warning(tmp_path):
+def test_log_with_takes_names_and_logger_types(monkeypatch, tmp_path):
+    for check in ("is_mlflow_available", "is_wandb_available"):
+        monkeypatch.setattr(imports, check, lambda: True)
+    assert filter_trackers([LoggerType.MLFLOW, "wandb", "mlflow", LoggerType.WANDB], tmp_path) == ["mlflow", "wandb"]
+    assert tracking.LOGGER_TYPE_TO_CLASS["mlflow"] is tracking.MLflowTracker
+    from accelerate_ref import accelerator
+
+    assert accelerator.LOGGER_TYPE_TO_CLASS is tracking.LOGGER_TYPE_TO_CLASS
+
+
+def test_a_tracker_whose_package_is_missing_is_dropped_with_a_warning(monkeypatch, tmp_path):
+    monkeypatch.setattr(imports, "is_wandb_available", lambda: False)
+    assert "wandb" not in get_available_trackers()
     with pytest.warns(UserWarning, match="wandb is not installed"):
         assert filter_trackers(["wandb", "jsonl"], tmp_path) == ["jsonl"]
 
 
 def test_an_installed_tracker_this_reference_lacks_is_refused(monkeypatch, tmp_path):
-    monkeypatch.setattr(tracking, "_is_package_available", lambda name: True)
-    with pytest.raises(NotImplementedError, match="mlflow"):
-        filter_trackers("mlflow", tmp_path)
+    monkeypatch.setattr(imports, "is_comet_ml_available", lambda: True)
+    with pytest.raises(NotImplementedError, match="comet_ml"):
+        filter_trackers("comet_ml", tmp_path)
+
+
+def test_register_tracker_class_makes_a_name_usable(monkeypatch):
+    monkeypatch.setattr(tracking, "LOGGER_TYPE_TO_CLASS", dict(tracking.LOGGER_TYPE_TO_CLASS))
+    made = []
+
+    class Named(Recorder):
+        name = "named"
+
+        def __init__(self, project_name, **kwargs):
+            super().__init__()
+            made.append((project_name, kwargs))
+
+    tracking.register_tracker_class(Named)
+    acc = fresh(log_with="named")
+    acc.init_trackers("proj", init_kwargs={"named": {"colour": "blue"}})
+    assert made == [("proj", {"colour": "blue"})] and acc.get_tracker("named").calls == ["start"]
+    with pytest.warns(UserWarning, match="already registered"):
+        tracking.register_tracker_class(Named)
+    with pytest.raises(ValueError, match="subclass of `GeneralTracker`"):
+        tracking.register_tracker_class(dict)
+    with pytest.raises(ValueError, match="non-empty `name`"):
+        tracking.register_tracker_class(type("Blank", (GeneralTracker,), {"requires_logging_directory": False}))
 
 
 def test_incomplete_custom_tracker_is_named():
@@ -151,6 +185,120 @@ def test_tensorboard_tracker(tmp_path):
     assert any("text" in tag for tag in events.Tags()["tensors"]), events.Tags()
 
 
+def test_tensorboard_tracker_log_images(tmp_path):
+    pytest.importorskip("tensorboard")
+    acc = fresh(log_with="tensorboard", project_dir=str(tmp_path))
+    acc.init_trackers("tb")
+    acc.get_tracker("tensorboard").log_images({"pictures": torch.zeros(2, 3, 4, 4)}, step=5)
+    acc.end_training()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"images": 0}).Reload()
+    # add_images lays the batch out as one grid: two 4x4 images side by side.
+    assert [(e.step, e.width, e.height) for tag in events.Tags()["images"] for e in events.Images(tag)] == [(5, 8, 4)]
+
+
+# -- real packages: MLflow (a local file store) and W&B (offline), read back from their own stores ----------
+
+
+@pytest.fixture
+def mlflow_store(tmp_path, monkeypatch):
+    """A fresh MLflow file store at ``tmp_path/mlruns`` (its tracking URI), no telemetry."""
+    pytest.importorskip("mlflow")
+    uri = "file:" + str(tmp_path / "mlruns")
+    for key, value in {"MLFLOW_TRACKING_URI": uri, "MLFLOW_ALLOW_FILE_STORE": "true", "MLFLOW_DISABLE_TELEMETRY": "true"}.items():
+        monkeypatch.setenv(key, value)
+    yield uri
+    import mlflow
+
+    while mlflow.active_run() is not None:
+        mlflow.end_run()
+
+
+def test_mlflow_tracker_records_params_and_metrics_at_their_steps(mlflow_store, tmp_path):
+    from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
+
+    from conformance.tracker_stores import mlflow_runs
+
+    acc = fresh(log_with=LoggerType.MLFLOW)
+    acc.init_trackers("proj", config={"lr": 0.1, "huge": "x" * (MAX_PARAM_VAL_LENGTH + 1)}, init_kwargs={"mlflow": {"run_name": "first"}})
+    run = acc.get_tracker("mlflow", unwrap=True)
+    assert run.info.run_name == "first"
+    acc.log({"loss": 0.5, "note": "not a number"}, step=1)
+    acc.log({"loss": 0.25}, step=2)
+    artifact = tmp_path / "notes.txt"
+    artifact.write_text("hello")
+    acc.get_tracker("mlflow").log_artifact(str(artifact))
+    acc.end_training()
+    assert mlflow_runs(mlflow_store, "proj") == [
+        {"status": "FINISHED", "params": {"lr": "0.1"}, "metrics": {"loss": [[1, 0.5], [2, 0.25]]}}
+    ], "the long parameter and the string metric are dropped"
+    from mlflow import MlflowClient
+
+    assert [f.path for f in MlflowClient(mlflow_store).list_artifacts(run.info.run_id)] == ["notes.txt"]
+
+
+def test_mlflow_tracker_environment_takes_precedence(mlflow_store, monkeypatch):
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "from-env")
+    monkeypatch.setenv("MLFLOW_TAGS", '{"team": "ref"}')
+    monkeypatch.setenv("MLFLOW_NESTED_RUN", "false")
+    tracker = tracking.MLflowTracker("from-argument", tags={"team": "argument"}, nested_run=True)
+    assert (tracker.experiment_name, tracker.tags, tracker.nested_run) == ("from-env", {"team": "ref"}, False)
+    tracker.start()
+    tracker.finish()
+    from mlflow import MlflowClient
+
+    run = MlflowClient(mlflow_store).get_run(tracker.tracker.info.run_id)
+    assert run.data.tags["team"] == "ref"
+    assert MlflowClient(mlflow_store).get_experiment(run.info.experiment_id).name == "from-env"
+
+
+@pytest.fixture
+def wandb_offline(tmp_path, monkeypatch):
+    """W&B in offline mode writing under ``tmp_path``; its service stopped afterwards."""
+    wandb = pytest.importorskip("wandb")
+    for key, value in {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true",
+                       "WANDB_DISABLE_GIT": "true", "WANDB_DISABLE_CODE": "true", "WANDB_CONSOLE": "off"}.items():
+        monkeypatch.setenv(key, value)
+    yield str(tmp_path)
+    wandb.teardown()
+
+
+def test_wandb_tracker_offline_run_read_back(wandb_offline):
+    from conformance.tracker_stores import wandb_offline_runs
+
+    acc = fresh(log_with="wandb")
+    acc.init_trackers("proj", config={"lr": 0.1})
+    acc.log({"loss": 0.5}, step=1)
+    acc.get_tracker("wandb").log_table("table", columns=["a"], data=[[1]], step=2)
+    # Enough rows to cross wandb's 32 KiB blocks, so records split in FIRST/MIDDLE/LAST chunks are read too.
+    for step in range(3, 33):
+        acc.log({"loss": float(step), "text": "x" * 3000}, step=step)
+    acc.end_training()
+    import wandb
+
+    wandb.teardown()
+    (run,) = wandb_offline_runs(wandb_offline)
+    assert (run["project"], run["config"], run["exited"]) == ("proj", {"lr": 0.1}, True)
+    assert [step for step, _ in run["history"]] == list(range(1, 33))
+    table = run["history"][1][1]  # nested keys are joined with "/"
+    assert run["history"][0][1] == {"loss": 0.5} and (table["table/_type"], table["table/nrows"]) == ("table-file", 1)
+    assert run["history"][-1][1] == {"loss": 32.0, "text": "x" * 3000}
+
+
+def test_wandb_tracker_methods_are_not_restricted_to_the_main_process():
+    assert tracking.WandBTracker.main_process_only is False and tracking.MLflowTracker.main_process_only is True
+
+
+def test_a_file_that_is_not_a_wandb_run_is_refused(tmp_path):
+    from conformance.tracker_stores import _wandb_records
+
+    path = tmp_path / "run-x.wandb"
+    path.write_bytes(b"not a run")
+    with pytest.raises(ValueError, match="not a W&B run file"):
+        list(_wandb_records(str(path)))
+
+
 # -- across ranks --------------------------------------------------------------------------
 
 
@@ -171,3 +319,16 @@ def test_only_the_main_process_tracks(tmp_path):
     assert reports[1] == {"trackers": [], "found": "GeneralTracker", "calls": None}
     lines = (tmp_path / "run" / "log.jsonl").read_text().splitlines()
     assert [json.loads(line)["values"] for line in lines] == [{"rank": 0}], "one line, from the main process"
+
+
+@pytest.mark.parametrize("case_name, package", [("tracking_mlflow", "mlflow"), ("tracking_wandb", "wandb")])
+def test_a_real_tracker_case_is_not_supported_without_its_package(monkeypatch, case_name, package):
+    import importlib.util
+
+    from conformance.case import NotSupported, WorldInfo
+    from conformance.cases import test_tracking as cases
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == package else real_find_spec(name, *a))
+    with pytest.raises(NotSupported, match=f"the {package} package is not installed"):
+        getattr(cases, case_name).function(None, WorldInfo.parse("2"))

@@ -4,11 +4,23 @@ A custom `GeneralTracker` (built on the implementation's own base class)
 records every call it receives in its process; each rank returns what its
 tracker saw, and the driver checks that only the main process's tracker
 was started, configured, logged to and finished.
+
+The same rule with the real trackers whose packages are installed (extra
+``trackers``): ``log_with="mlflow"`` and ``log_with="wandb"`` (offline),
+on every rank; once every rank has ended, the main process reads back the
+tracker's own store (`conformance.tracker_stores`) and the driver checks
+that it holds one run, with the configuration and each value at its step.
+Without the package the case is NOT_SUPPORTED.
 """
 
 from __future__ import annotations
 
-from ..case import case
+import importlib.util
+import os
+import sys
+from typing import Any, Callable
+
+from ..case import NotSupported, case
 from ..checks import expect_equal, expect_ranks, expect_true
 from .test_training import _agreed_free_port
 
@@ -94,3 +106,107 @@ def _only_main_tracks(values, world):
     expect_equal(values[0]["calls"], expected, "calls the main process's tracker received")
     others = {rank: v["calls"] for rank, v in enumerate(values) if rank and v["calls"]}
     expect_equal(others, {}, "calls received by the trackers of other processes")
+
+
+#: Worlds of the real-tracker cases: the rule (only the main process writes) shows at 2.
+TRACKER_WORLDS = ("2",)
+#: Seconds a real-tracker case may take: importing mlflow or starting wandb's service takes seconds on a busy machine.
+TRACKER_CASE_TIMEOUT = 60.0
+#: No telemetry, no git or code capture, no console output: offline only.
+QUIET = {
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DO_NOT_TRACK": "true",
+    "WANDB_MODE": "offline",
+    "WANDB_SILENT": "true",
+    "WANDB_DISABLE_GIT": "true",
+    "WANDB_DISABLE_CODE": "true",
+    "WANDB_CONSOLE": "off",  # leave the rank's stdout and stderr alone
+}
+
+
+def _require(package: str) -> None:
+    """NOT_SUPPORTED unless ``package`` is installed."""
+    if importlib.util.find_spec(package) is None:
+        raise NotSupported(f"the {package} package is not installed (pip install .[trackers])")
+
+
+def _track_with(impl, world, name: str, read_store: Callable[[], Any]) -> Any:
+    """``log_with=name`` on every rank: init with CONFIG, log LOGGED, end; after every rank ended, the main
+    process returns ``read_store()`` (the others None)."""
+    import torch.distributed as dist
+
+    acc = impl.Accelerator(log_with=name)
+    acc.init_trackers("conformance", config=CONFIG)
+    for values, step in LOGGED:
+        acc.log(values, step=step)
+    had_group = dist.is_initialized()
+    acc.end_training()
+    _reopen_process_group(impl, world, had_group)
+    if dist.is_initialized():
+        dist.barrier()  # every rank has ended its trackers before the store is read
+    return read_store() if world.rank == 0 else None
+
+
+@case("tracking.init_log_end", worlds=TRACKER_WORLDS, env=QUIET, timeout=TRACKER_CASE_TIMEOUT)
+def tracking_mlflow(impl, world):
+    """``log_with="mlflow"`` with a local file store (``MLFLOW_TRACKING_URI``): the experiment named after the
+    project holds one finished run, with the configuration as parameters and each metric at its step."""
+    _require("mlflow")
+    from ..tracker_stores import mlflow_runs
+
+    uri = "file:" + os.path.join(world.shared_dir, "mlruns")
+    os.environ.update(MLFLOW_TRACKING_URI=uri, MLFLOW_ALLOW_FILE_STORE="true")  # the worker restores os.environ
+    try:
+        return _track_with(impl, world, "mlflow", lambda: mlflow_runs(uri, "conformance"))
+    finally:
+        _end_mlflow_runs()
+
+
+def _end_mlflow_runs() -> None:
+    """End any MLflow run left active in this rank (a broken tracker's), so later cases start clean."""
+    mlflow = sys.modules.get("mlflow")  # not imported here: no run to end
+    while mlflow is not None and mlflow.active_run() is not None:
+        mlflow.end_run()
+
+
+@tracking_mlflow.check
+def _one_mlflow_run(values, world):
+    params = {key: str(value) for key, value in CONFIG.items()}
+    metrics: dict = {}
+    for logged, step in LOGGED:
+        for key, value in logged.items():
+            metrics.setdefault(key, []).append([step, value])
+    expected = [{"status": "FINISHED", "params": params, "metrics": metrics}]
+    expect_equal(values[0], expected, "runs of experiment 'conformance' in the MLflow store (one, from the main process)")
+
+
+@case("tracking.init_log_end", worlds=TRACKER_WORLDS, env=QUIET, timeout=TRACKER_CASE_TIMEOUT)
+def tracking_wandb(impl, world):
+    """``log_with="wandb"`` in offline mode (``WANDB_DIR``): one offline run of the project, with the
+    configuration, one history row per ``log`` at its step, and its exit record."""
+    _require("wandb")
+    os.environ["WANDB_DIR"] = world.shared_dir  # the worker restores os.environ
+    try:
+        return _track_with(impl, world, "wandb", lambda: _wandb_runs_after_teardown(world.shared_dir))
+    finally:
+        _teardown_wandb()
+
+
+def _wandb_runs_after_teardown(directory: str) -> list:
+    _teardown_wandb()  # its service has written and closed the run files
+    from ..tracker_stores import wandb_offline_runs
+
+    return wandb_offline_runs(directory)
+
+
+def _teardown_wandb() -> None:
+    """Stop this rank's wandb service (it outlives runs), so no process is left behind."""
+    wandb = sys.modules.get("wandb")  # not imported here: no service started
+    if wandb is not None:
+        wandb.teardown()
+
+
+@tracking_wandb.check
+def _one_wandb_run(values, world):
+    expected = [{"project": "conformance", "config": CONFIG, "history": [[s, v] for v, s in LOGGED], "exited": True}]
+    expect_equal(values[0], expected, "offline W&B runs under WANDB_DIR (one, from the main process)")

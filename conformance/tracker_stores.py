@@ -1,0 +1,124 @@
+"""What a real tracker recorded, read back from the tracker's own store (catalog tracking.init_log_end).
+
+The tracking cases do not trust the implementation's account of what it
+logged: they read the store the tracker's package wrote, with that
+package's own reader where it has one.
+
+* MLflow: the runs of an experiment in the store at a tracking URI (a local
+  file store here), through ``mlflow.MlflowClient``.
+* W&B offline runs: ``wandb`` (0.19 and later) no longer ships a Python
+  reader of its run files, so `wandb_offline_runs` reads the framing itself
+  and parses each record with wandb's own protobuf ``Record``. A run file
+  (``<dir>/wandb/offline-run-*/run-<id>.wandb``) is a 7-byte header
+  (``:W&B``, magic 0xBEE1, version 0) and then LevelDB's log format: 32 KiB
+  blocks of chunks, each a 7-byte chunk header (masked CRC-32C, length,
+  type 1 FULL / 2 FIRST / 3 MIDDLE / 4 LAST) and its bytes; a block tail of
+  fewer than 7 bytes is zero padding, and a chunk of type 0 ends the data.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import struct
+from typing import Any, Iterator
+
+#: Header of a W&B run file: b":W&B", magic 0xBEE1 (little-endian), version 0.
+WANDB_HEADER = b":W&B\xe1\xbe\x00"
+_BLOCK = 32 * 1024
+_CHUNK_HEADER = struct.Struct("<IHB")
+_FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
+
+
+def mlflow_runs(tracking_uri: str, experiment_name: str) -> list[dict[str, Any]]:
+    """Every run of ``experiment_name`` in the store at ``tracking_uri``, oldest first.
+
+    Each run is ``{"status", "params", "metrics"}``; ``metrics`` maps a key to
+    its ``[step, value]`` history in order of step. An absent experiment
+    gives ``[]``.
+    """
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    experiment = client.get_experiment_by_name(experiment_name)
+    if experiment is None:
+        return []
+    runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
+    return [
+        {
+            "status": run.info.status,
+            "params": dict(run.data.params),
+            "metrics": {
+                key: sorted([m.step, m.value] for m in client.get_metric_history(run.info.run_id, key))
+                for key in run.data.metrics
+            },
+        }
+        for run in runs
+    ]
+
+
+def wandb_offline_runs(wandb_dir: str) -> list[dict[str, Any]]:
+    """Every offline run under ``wandb_dir`` (the ``dir``/``WANDB_DIR`` it was started with), by file name.
+
+    Each run is ``{"project", "config", "history", "exited"}``: the config
+    as last updated (wandb's own ``_wandb`` key left out), each logged row
+    as ``[step, {key: value}]`` without wandb's ``_step``/``_runtime``/
+    ``_timestamp``, and whether the run wrote its exit record (``finish``).
+    """
+    pattern = os.path.join(wandb_dir, "wandb", "offline-run-*", "run-*.wandb")
+    return [_wandb_run(path) for path in sorted(glob.glob(pattern))]
+
+
+def _wandb_run(path: str) -> dict[str, Any]:
+    from wandb.proto import wandb_internal_pb2
+
+    run: dict[str, Any] = {"project": None, "config": {}, "history": [], "exited": False}
+    for data in _wandb_records(path):
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(data)
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            run["project"] = record.run.project
+            run["config"].update(_items(record.run.config.update))
+        elif kind == "config":
+            run["config"].update(_items(record.config.update))
+        elif kind == "history":
+            row = {key: value for key, value in _items(record.history.item).items() if not key.startswith("_")}
+            run["history"].append([record.history.step.num, row])
+        elif kind == "exit":
+            run["exited"] = True
+    run["config"].pop("_wandb", None)
+    return run
+
+
+def _items(items: Any) -> dict[str, Any]:
+    """``{key: value}`` of wandb's protobuf items (a nested key joined with "/", values JSON-decoded)."""
+    return {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in items}
+
+
+def _wandb_records(path: str) -> Iterator[bytes]:
+    """The records of a W&B run file (see the module docstring for the format)."""
+    with open(path, "rb") as stream:
+        data = stream.read()
+    if not data.startswith(WANDB_HEADER):
+        raise ValueError(f"{path} is not a W&B run file (header {data[:7]!r})")
+    position, pending = len(WANDB_HEADER), b""
+    while position + _CHUNK_HEADER.size <= len(data):
+        left_in_block = _BLOCK - position % _BLOCK
+        if left_in_block < _CHUNK_HEADER.size:  # zero padding at a block's end
+            position += left_in_block
+            continue
+        _, length, kind = _CHUNK_HEADER.unpack_from(data, position)
+        start = position + _CHUNK_HEADER.size
+        chunk, position = data[start : start + length], start + length
+        if kind == 0:  # zeros past the last record written (a file not yet fully written)
+            return
+        if kind in (_FULL, _FIRST):
+            pending = chunk
+        elif kind in (_MIDDLE, _LAST):
+            pending += chunk
+        else:
+            raise ValueError(f"{path}: unknown chunk type {kind} at byte {start - _CHUNK_HEADER.size}")
+        if kind in (_FULL, _LAST):
+            yield pending

@@ -1,0 +1,42 @@
+"""Meta-tests of the real-tracker cases of ``tracking.init_log_end`` (MLflow, W&B offline).
+
+The machinery is `test_meta_suite`'s. The cases run only where their
+package is installed (extra ``trackers``); elsewhere they are NOT_SUPPORTED
+and these entries are skipped. A break is caught when the tracker's own
+store, read back, differs from what the rule says it holds.
+
+To reproduce one break by hand::
+
+    PYTHONPATH=tests python -m conformance run --impl broken_impls.tracking_mlflow_drops_step --worlds 2 -k 'tracking.*' --no-manifest
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from tests.test_meta_suite import F, Break, brk, plan, shared_pools  # noqa: F401  (shared_pools: a fixture)
+from tests.test_meta_suite import test_suite_reports as check_entry
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+#: The real-tracker cases, by the package each needs.
+CASES = {"tracking_mlflow": "mlflow", "tracking_wandb": "wandb"}
+INSTALLED = tuple(name for name, package in CASES.items() if importlib.util.find_spec(package) is not None)
+
+BREAKS = [
+    brk("tracking_mlflow_drops_step", {"tracking_mlflow": F}, "2", ("tracking_mlflow",)),
+    # Every process logs as if it were the main one: W&B gets a second run. MLflowTracker's own
+    # methods run on the main process only, so its case passes (test_meta_saving has the custom-tracker case).
+    brk("save_tracker_on_every_rank", {"tracking_wandb": F}, "2", INSTALLED),
+]
+
+#: Only the breaks whose cases can run here (with the reference's control first).
+PLAN = plan([b for b in BREAKS if set(b.caught) <= set(INSTALLED)])
+
+
+@pytest.mark.parametrize("entry", PLAN, ids=lambda entry: entry.label)
+def test_suite_reports_tracker_breaks(entry: Break, request) -> None:
+    # The judgement of test_meta_suite, on this module's entries and pool.
+    check_entry(entry, request)
