@@ -182,15 +182,23 @@ from .other import (  # noqa: E402
 
 # -- big-model inference (issue 10): sizes, placement, offload ----------------------
 from .modeling import (  # noqa: E402
+    align_module_device,
     calculate_maximum_sizes,
     check_device_map,
+    check_tied_parameters_in_config,
+    check_tied_parameters_on_same_device,
     compute_module_sizes,
     compute_module_total_buffer_size,
     find_tied_parameters,
     get_balanced_memory,
+    get_grad_scaler,
     get_max_layer_size,
     get_max_memory,
+    get_mixed_precision_context_manager,
+    has_offloaded_params,
+    id_tensor_storage,
     infer_auto_device_map,
+    is_peft_model,
     load_offloaded_weights,
     named_module_tensors,
     retie_parameters,

@@ -29,6 +29,8 @@ from .module_sizes import (
     compute_module_total_buffer_size,
     find_tied_parameters,
     get_max_layer_size,
+    get_module_leaves,
+    get_module_size_with_ties,
     get_max_memory,
     top_level_entries,
 )
@@ -207,8 +209,8 @@ def get_balanced_memory(
         if name and class_name in no_split and class_name not in seen_classes:
             seen_classes.add(class_name)  # the first module of each class stands for it
             no_split_largest = max(no_split_largest, sizes.get(name, 0))
-    modules_only = {n: s for n, s in sizes.items() if n not in set(_leaves(sizes))}
-    leaves = _leaves(modules_only)
+    modules_only = {n: s for n, s in sizes.items() if n not in set(get_module_leaves(sizes))}
+    leaves = get_module_leaves(modules_only)
     mean_leaf = int(sum(modules_only[n] for n in leaves) / max(len(leaves), 1))
     per_device += int(1.25 * max(no_split_largest, mean_leaf))
     for accelerator in accelerators[:-1]:
@@ -217,12 +219,6 @@ def get_balanced_memory(
         rest = sum(budget[a] for a in accelerators[1:])
         budget[0] = min(max(0, sizes[""] - rest), budget[0])
     return budget
-
-
-def _leaves(sizes: dict[str, int]) -> list[str]:
-    """Names in ``sizes`` that are not the prefix of another name."""
-    names = list(sizes)
-    return [n for n in names if n and not any(other.startswith(n + ".") for other in names)]
 
 
 def check_device_map(model: nn.Module, device_map: DeviceMap) -> None:
@@ -239,3 +235,80 @@ def check_device_map(model: nn.Module, device_map: DeviceMap) -> None:
     uncovered = [name for name in model.state_dict() if not any(_is_prefix(key, name) for key in device_map)]
     if uncovered:
         raise ValueError(f"device_map gives no device to these weights: {', '.join(uncovered)}")
+
+
+def device_of(name: str, device_map: DeviceMap) -> Union[int, str, torch.device]:
+    """The device ``device_map`` gives weight or module ``name``: its longest matching module prefix ("" matches all).
+
+    A name no key covers is a ValueError naming it. Catalog: modeling.load_checkpoint_device_map.
+    """
+    prefixes = [key for key in device_map if _is_prefix(key, name)]
+    if not prefixes:
+        raise ValueError(f"device_map gives no device to {name}; add its module (or '') to the map")
+    return device_map[max(prefixes, key=len)]
+
+
+def check_tied_parameters_on_same_device(tied_params: list[list[str]], device_map: DeviceMap) -> None:
+    """Warn when the parameters of one tied group are given different devices by ``device_map``.
+
+    Rule: each name's device is that of its longest module prefix in the
+    map (`device_of`); a group spanning several devices is a UserWarning
+    listing each name's device (one per group). Nothing is moved.
+    Catalog: modeling.tied_parameters.
+    """
+    for group in tied_params:
+        devices = {name: device_of(name, device_map) for name in group}
+        if len(set(devices.values())) > 1:
+            warnings.warn(f"tied parameters are on different devices: {devices}; change the device_map or use device_map='auto'")
+
+
+def fallback_allocate(
+    modules: list[Entry],
+    module_sizes: dict[str, int],
+    size_limit: Union[int, str],
+    no_split_module_classes: Optional[list[str]] = None,
+    tied_parameters: Optional[list[list[str]]] = None,
+) -> tuple[Optional[str], Optional[Union[nn.Module, torch.Tensor]], list[Entry]]:
+    """The first module, breadth first through ``modules``, that fits in ``size_limit``, and the entries left.
+
+    Rules: an entry fits when its size plus that of the modules holding
+    the twins of its tied parameters (`get_module_size_with_ties`) is at
+    most ``size_limit`` (bytes, or a string such as ``"1GB"``; an unreadable
+    limit finds nothing). An entry too big is opened (its own parameters,
+    then its children) unless it is a tensor, has no children or its class
+    is in ``no_split_module_classes``. Returns ``(name, module, rest)``
+    where ``rest`` is ``modules`` with the found entry's ancestors replaced
+    by their parameters and children and the entry removed; nothing found:
+    ``(None, None, modules)``. Catalog: modeling.device_map.
+    """
+    from .modeling import convert_file_size_to_int
+
+    try:
+        limit = convert_file_size_to_int(size_limit)
+    except ValueError:
+        return None, None, modules
+    no_split, groups = no_split_module_classes or [], tied_parameters or []
+    to_search = list(modules)
+    while to_search:
+        name, module = to_search.pop(0)
+        inside = [group for group in groups if any(_is_prefix(name, p) for p in group) and not all(_is_prefix(name, p) for p in group)]
+        twins = [p for group in inside for p in group if not _is_prefix(name, p)]
+        size, _, _ = get_module_size_with_ties(twins, module_sizes[name], module_sizes, to_search)
+        if size <= limit:
+            break
+        children = [] if isinstance(module, torch.Tensor) else list(module.named_children())
+        if children and module.__class__.__name__ not in no_split:
+            opened = list(module.named_parameters(recurse=False)) + children
+            to_search = [(f"{name}.{child}", value) for child, value in opened] + to_search
+    else:
+        return None, None, modules
+    rest = list(modules)
+    for end in [index for index, char in enumerate(name) if char == "."]:
+        names = [n for n, _ in rest]
+        if name[:end] in names:
+            position = names.index(name[:end])
+            parent = rest[position][1]
+            opened = list(parent.named_parameters(recurse=False)) + list(parent.named_children())
+            rest[position : position + 1] = [(f"{name[:end]}.{child}", value) for child, value in opened]
+    found = [n for n, _ in rest].index(name)
+    return name, rest.pop(found)[1], rest

@@ -11,27 +11,41 @@ Catalog: shard_checkpoint.doc_example, save_model.sharded, save_model.reload.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import tempfile
 import warnings
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, ContextManager, Iterator, Optional, Union
 
 import torch
 from safetensors import SafetensorError
 
-from .constants import SAFE_WEIGHTS_NAME, WEIGHTS_NAME
-from .device_map import check_device_map, clean_device_map, get_balanced_memory, infer_auto_device_map
+from .constants import SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
+from .device_map import (
+    check_device_map,
+    check_tied_parameters_on_same_device,
+    clean_device_map,
+    device_of,
+    fallback_allocate,
+    get_balanced_memory,
+    infer_auto_device_map,
+)
 from .module_sizes import (
     as_torch_device,
     calculate_maximum_sizes,
+    check_tied_parameters_in_config,
     compute_module_sizes,
     compute_module_total_buffer_size,
     find_tied_parameters,
     get_max_layer_size,
     get_max_memory,
+    get_module_leaves,
+    get_module_size_with_ties,
+    get_non_persistent_buffers,
+    id_tensor_storage,
     named_module_tensors,
     retie_parameters,
     set_module_tensor_to_device,
@@ -40,15 +54,23 @@ from .offload import load_offloaded_weight, offload_weight, save_offload_index
 from .serialization import load
 
 __all__ = [  # the names of 🤗 Accelerate's utils.modeling that live in the sibling modules
+    "WEIGHTS_INDEX_NAME",
     "calculate_maximum_sizes",
     "check_device_map",
+    "check_tied_parameters_in_config",
+    "check_tied_parameters_on_same_device",
     "clean_device_map",
     "compute_module_sizes",
     "compute_module_total_buffer_size",
+    "fallback_allocate",
     "find_tied_parameters",
     "get_balanced_memory",
     "get_max_layer_size",
     "get_max_memory",
+    "get_module_leaves",
+    "get_module_size_with_ties",
+    "get_non_persistent_buffers",
+    "id_tensor_storage",
     "infer_auto_device_map",
     "named_module_tensors",
     "retie_parameters",
@@ -225,14 +247,6 @@ def _lazy_tensors(path: str) -> tuple[dict[str, tuple[int, ...]], Callable[[str]
     return {name: tuple(tensor.shape) for name, tensor in tensors.items()}, tensors.__getitem__
 
 
-def _device_for(name: str, device_map: DeviceMap) -> Union[int, str, torch.device]:
-    """The device ``device_map`` gives weight ``name``: its longest matching module prefix ("" matches all)."""
-    prefixes = [key for key in device_map if key == "" or name == key or name.startswith(key + ".")]
-    if not prefixes:
-        raise ValueError(f"device_map gives no device to {name}; add its module (or '') to the map")
-    return device_map[max(prefixes, key=len)]
-
-
 def _target_dtype(name: str, current: torch.Tensor, loaded: torch.Tensor, dtype: Optional[torch.dtype], keep_in_fp32: list[str]) -> torch.dtype:
     """Floating weights take ``dtype`` (float32 inside ``keep_in_fp32_modules``), else the model's dtype."""
     if not loaded.is_floating_point():
@@ -300,6 +314,8 @@ def load_checkpoint_in_model(
     keep_in_fp32_modules: Optional[list[str]] = None,
     offload_8bit_bnb: bool = False,
     strict: bool = False,
+    full_state_dict: bool = True,
+    broadcast_from_rank0: bool = False,
 ) -> None:
     """Load a (possibly sharded) checkpoint into ``model``, placing weights where ``device_map`` says.
 
@@ -322,9 +338,18 @@ def load_checkpoint_in_model(
     naming the culprit): a map key that is no module of the model, a
     ``"disk"`` entry without ``offload_folder``, a weight whose shape differs.
     Keys the model lacks, and weights the checkpoint lacks, are warned
-    about, or a ValueError with ``strict=True``.
+    about, or a ValueError with ``strict=True``. ``full_state_dict`` (HF's
+    option for sharded DTensor models) changes nothing for the unsharded
+    models loaded here, as in HF; ``broadcast_from_rank0`` (rank 0 reads,
+    the others receive) is refused with NotImplementedError: each rank reads
+    the files itself.
     Catalog: save_model.reload, save_model.sharded, modeling.load_checkpoint_device_map.
     """
+    if broadcast_from_rank0:
+        raise NotImplementedError(
+            "accelerate_ref does not broadcast a checkpoint from rank 0 (broadcast_from_rank0): every rank reads the files; "
+            "for an FSDP model use load_fsdp_model"
+        )
     if offload_8bit_bnb:
         raise NotImplementedError("accelerate_ref does not quantize weights while offloading them (offload_8bit_bnb)")
     if isinstance(dtype, str):
@@ -351,7 +376,7 @@ def load_checkpoint_in_model(
                     unexpected.append(name)
                     continue
                 value, current = read(name), tensors[name]
-                device = _device_for(name, device_map) if device_map is not None else None
+                device = device_of(name, device_map) if device_map is not None else None
                 target_dtype = _target_dtype(name, current, value, dtype, keep_in_fp32_modules or [])
                 if device == "disk" and (offload_buffers or name not in buffers):
                     offload_weight(value.to(target_dtype), name, offload_folder, index=disk_index)
@@ -376,6 +401,172 @@ def load_checkpoint_in_model(
         if strict:
             raise ValueError(message)
         warnings.warn(message)
+
+
+def check_device_same(first_device: torch.device, second_device: torch.device) -> bool:
+    """Whether two torch devices are the same device, an accelerator without an index meaning index 0.
+
+    Rule: different types differ; ``cuda`` equals ``cuda:0`` (any
+    non-CPU type); ``cpu`` equals ``cpu``. Catalog: modeling.tensor_to_device.
+    """
+    if first_device.type != second_device.type:
+        return False
+
+    def indexed(device: torch.device) -> torch.device:
+        return torch.device(device.type, 0) if device.type != "cpu" and device.index is None else device
+
+    return indexed(first_device) == indexed(second_device)
+
+
+def is_peft_model(model: torch.nn.Module) -> bool:
+    """Whether ``model``, unwrapped from DDP / compile wrappers, is a ``peft.PeftModel``; False without `peft`.
+
+    Catalog: unwrap.keep_fp32_wrapper.
+    """
+    from .imports import is_peft_available
+    from .other import extract_model_from_parallel
+
+    if not is_peft_available():
+        return False
+    from peft import PeftModel
+
+    return isinstance(extract_model_from_parallel(model), PeftModel)
+
+
+def has_offloaded_params(module: torch.nn.Module) -> bool:
+    """Whether ``module`` carries an `AlignDevicesHook` with ``offload=True`` (its weights live off the module).
+
+    Catalog: bigmodel.cpu_offload.
+    """
+    from ..hooks import AlignDevicesHook
+
+    hook = getattr(module, "_hf_hook", None)
+    return isinstance(hook, AlignDevicesHook) and bool(hook.offload)
+
+
+@contextlib.contextmanager
+def align_module_device(module: torch.nn.Module, execution_device: Optional[torch.device] = None) -> Iterator[None]:
+    """Inside the block, ``module``'s own parameters are materialised on a device; after it they are put back.
+
+    Rules: an offloaded module (`has_offloaded_params`) runs its hook's
+    ``pre_forward`` / ``post_forward`` around the block, on
+    ``execution_device`` if given (the hook's own device is restored after),
+    else on the hook's device. Any other module with ``execution_device``
+    has its direct parameters moved there and back; without one nothing
+    moves. Catalog: bigmodel.cpu_offload.
+    """
+    if has_offloaded_params(module):
+        hook = module._hf_hook
+        original = hook.execution_device
+        if execution_device is not None:
+            hook.execution_device = execution_device
+        try:
+            hook.pre_forward(module)
+            yield
+        finally:
+            hook.post_forward(module, None)
+            hook.execution_device = original
+    elif execution_device is not None:
+        devices = {name: parameter.device for name, parameter in module.named_parameters(recurse=False)}
+        try:
+            for name in devices:
+                set_module_tensor_to_device(module, name, execution_device)
+            yield
+        finally:
+            for name, device in devices.items():
+                set_module_tensor_to_device(module, name, device)
+    else:
+        yield
+
+
+def get_state_dict_offloaded_model(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict of a model whose modules may be offloaded, every tensor on the CPU.
+
+    Rules: each submodule is onloaded to the CPU in turn
+    (`align_module_device`) and its state dict copied; a tensor still on
+    ``meta`` afterwards (no weights anywhere) is left out with a warning
+    naming it. The model's own direct weights (outside any submodule) are
+    not included, as in HF. Catalog: bigmodel.cpu_offload, save_model.reload.
+    """
+    state_dict: dict[str, torch.Tensor] = {}
+    on_meta: set[str] = set()
+    for name, module in model.named_modules():
+        if not name:
+            continue
+        with align_module_device(module, "cpu"):
+            module_state = module.state_dict()
+        for key, tensor in module_state.items():
+            if tensor.device == torch.device("meta"):
+                on_meta.add(f"{name}.{key}")
+            else:
+                state_dict[f"{name}.{key}"] = tensor.to("cpu")
+    left_out = on_meta - set(state_dict)
+    if left_out:
+        warnings.warn(f"these tensors are still on the meta device and are not in the state dict: {sorted(left_out)}")
+    return state_dict
+
+
+def get_state_dict_from_offload(
+    module: torch.nn.Module,
+    module_name: str,
+    state_dict: dict[str, Union[str, torch.Tensor]],
+    device_to_put_offload: Union[int, str, torch.device] = "cpu",
+) -> dict[str, Union[str, torch.Tensor]]:
+    """Fill ``state_dict``'s entries for ``module`` with its tensors, onloaded to ``device_to_put_offload`` if offloaded.
+
+    Rules: ``module_name`` is the dotted name of one of its tensors
+    (``"layer.weight"``): its prefix up to the last dot names the module;
+    only keys already in ``state_dict`` are replaced; a module that is not
+    offloaded is read where it is. Returns ``state_dict``. Catalog: bigmodel.cpu_offload.
+    """
+    root = module_name[: module_name.rfind(".")]
+    device = device_to_put_offload if has_offloaded_params(module) else None
+    with align_module_device(module, device):
+        for key, tensor in module.state_dict().items():
+            if f"{root}.{key}" in state_dict:
+                state_dict[f"{root}.{key}"] = tensor
+    return state_dict
+
+
+def get_mixed_precision_context_manager(native_amp: bool = False, autocast_kwargs: Optional[Any] = None) -> ContextManager[Any]:
+    """The autocast context of the current `AcceleratorState`'s precision, or a no-op one without ``native_amp``.
+
+    Rules: ``torch.autocast`` on the state's device type, in float16 for
+    ``"fp16"``, bfloat16 for ``"bf16"`` and ``"fp8"``, torch's default dtype
+    for the device otherwise; ``autocast_kwargs`` (an `AutocastKwargs`) adds
+    its arguments. Catalog: autocast.bf16.
+    """
+    from ..state import AcceleratorState
+
+    state = AcceleratorState()
+    kwargs = autocast_kwargs.to_kwargs() if autocast_kwargs is not None else {}
+    if not native_amp:
+        return contextlib.nullcontext()
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}.get(state.mixed_precision)
+    if dtype is not None:
+        kwargs["dtype"] = dtype
+    return torch.autocast(device_type=state.device.type, **kwargs)
+
+
+def get_grad_scaler(distributed_type: Optional[Any] = None, **kwargs: Any) -> torch.amp.GradScaler:
+    """The gradient scaler for fp16 training here, built with ``kwargs``.
+
+    Rules: FSDP (``DistributedType.FSDP``) gets torch's
+    ``ShardedGradScaler``; otherwise a ``torch.amp.GradScaler`` for the
+    first accelerator type present (NPU, MLU, MUSA, SDAA, HPU, XPU, MPS),
+    else for ``"cuda"`` (on a CPU-only host torch disables it with a
+    warning, as HF's does). Catalog: autocast.fp16_scaler.
+    """
+    from . import imports
+    from .dataclasses import DistributedType
+
+    if distributed_type == DistributedType.FSDP:
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(**kwargs)
+    checks = ("npu", "mlu", "musa", "sdaa", "hpu", "xpu", "mps")
+    device = next((name for name in checks if getattr(imports, f"is_{name}_available")()), "cuda")
+    return torch.amp.GradScaler(device, **kwargs)
 
 
 def _tensor_of(model: torch.nn.Module, name: str) -> torch.Tensor:

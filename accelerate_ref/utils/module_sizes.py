@@ -55,15 +55,41 @@ def named_module_tensors(
     yield from module.named_parameters(recurse=recurse)
     if not include_buffers:
         return
-    skipped = _non_persistent_buffers(module, recurse) if remove_non_persistent else set()
+    skipped = get_non_persistent_buffers(module, recurse, fqns=True) if remove_non_persistent else set()
     for name, buffer in module.named_buffers(recurse=recurse):
         if name not in skipped:
             yield name, buffer
 
 
-def _non_persistent_buffers(module: nn.Module, recurse: bool) -> set[str]:
-    modules = module.named_modules() if recurse else [("", module)]
-    return {f"{prefix}.{name}" if prefix else name for prefix, sub in modules for name in sub._non_persistent_buffers_set}
+def get_non_persistent_buffers(module: nn.Module, recurse: bool = False, fqns: bool = False) -> set[str]:
+    """The names of the buffers of ``module`` registered with ``persistent=False`` (not in its state dict).
+
+    Rules: without ``recurse`` only the module's own buffers; with it the
+    submodules' too, by attribute name (``"b"``) or, with ``fqns``, by
+    dotted name from ``module`` (``"sub.b"``). HF accelerate 1.15 also
+    lists the module's own buffers a second time as ``".b"`` when both flags
+    are set; that artefact is not reproduced. Catalog: modeling.sizes.
+    """
+    names = set(module._non_persistent_buffers_set)
+    if recurse:
+        for prefix, submodule in module.named_modules():
+            qualify = fqns and prefix
+            names |= {f"{prefix}.{name}" if qualify else name for name in submodule._non_persistent_buffers_set}
+    return names
+
+
+def id_tensor_storage(tensor: torch.Tensor) -> tuple[torch.device, int, int]:
+    """``(device, storage address, storage bytes)``: equal for tensors that share one storage (views, tied weights).
+
+    Rule: the untyped storage's ``data_ptr()`` and ``nbytes()``; every
+    ``meta`` tensor has address 0. Two storages whose lifetimes do not
+    overlap may get the same id. Catalog: modeling.tied_parameters.
+    """
+    try:
+        storage = tensor.untyped_storage()
+        return tensor.device, storage.data_ptr(), storage.nbytes()
+    except (NotImplementedError, RuntimeError):  # a tensor subclass without a storage
+        return tensor.device, 0, tensor.nelement() * tensor.element_size()
 
 
 def compute_module_sizes(
@@ -185,6 +211,62 @@ def find_tied_parameters(model: nn.Module, **kwargs) -> list[list[str]]:
     for name, parameter in model.named_parameters(remove_duplicate=False):
         groups[id(parameter)].append(name)
     return [sorted(names) for names in groups.values() if len(names) > 1]
+
+
+def check_tied_parameters_in_config(model: nn.Module) -> bool:
+    """Whether a 🤗 Transformers model's config asks for tied weights; False for any other module.
+
+    Rule (the conditions of ``PreTrainedModel.tie_weights``): true when the
+    decoder config has ``tie_word_embeddings`` and the model has output
+    embeddings, when the config has both ``is_encoder_decoder`` and
+    ``tie_encoder_decoder``, or when a submodule defines ``_tie_weights``.
+    A model is a Transformers model when a class of its MRO is named
+    ``PreTrainedModel``. Catalog: modeling.tied_parameters.
+    """
+    if "PreTrainedModel" not in [cls.__name__ for cls in type(model).__mro__]:
+        return False
+    config = getattr(model, "config", None)
+    text_config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    word_embeddings = bool(getattr(text_config, "tie_word_embeddings", False) and model.get_output_embeddings())
+    encoder_decoder = bool(getattr(config, "is_encoder_decoder", False) and getattr(config, "tie_encoder_decoder", False))
+    return word_embeddings or encoder_decoder or any(hasattr(sub, "_tie_weights") for sub in model.modules())
+
+
+def get_module_size_with_ties(
+    tied_params: list[str],
+    module_size: int,
+    module_sizes: dict[str, int],
+    modules_to_treat: list[tuple[str, nn.Module]],
+) -> tuple[int, list[str], list[nn.Module]]:
+    """The size of a module placed together with the modules holding the twins of its tied parameters.
+
+    Rules: each name in ``tied_params`` (a twin outside the module) belongs
+    to the first entry of ``modules_to_treat`` whose name is its prefix;
+    the result is ``module_size`` plus, per twin, that module's size minus
+    the twin's own (counted once already), with the twins' module names and
+    modules. No twins: ``(module_size, [], [])``. Catalog: modeling.tied_parameters.
+    """
+    total, names, modules = module_size, [], []
+    for twin in tied_params:
+        holder = next(((n, m) for n, m in modules_to_treat if twin.startswith(n + ".")), None)
+        if holder is None:
+            raise ValueError(f"no module among modules_to_treat holds the tied parameter {twin}")
+        name, module = holder
+        names.append(name)
+        modules.append(module)
+        total += module_sizes[name] - module_sizes[twin]
+    return total, names, modules
+
+
+def get_module_leaves(module_sizes: dict[str, int]) -> list[str]:
+    """The names in ``module_sizes`` (as `compute_module_sizes` returns them) with no direct child in it.
+
+    Rule: a name is a parent of ``"a.b"`` only as ``"a"`` (the part before
+    the last dot); ``""`` (the whole model) is never a leaf; order is kept.
+    Catalog: modeling.balanced_memory.
+    """
+    parents = {name.rsplit(".", 1)[0] for name in module_sizes if "." in name}
+    return [name for name in module_sizes if name and name not in parents]
 
 
 def retie_parameters(model: nn.Module, tied_params: list[list[str]]) -> None:
