@@ -278,8 +278,10 @@ def fallback_allocate(
     then its children) unless it is a tensor, has no children or its class
     is in ``no_split_module_classes``. Returns ``(name, module, rest)``
     where ``rest`` is ``modules`` with the found entry's ancestors replaced
-    by their parameters and children and the entry removed; nothing found:
-    ``(None, None, modules)``. Catalog: modeling.device_map.
+    by their parameters and children and the entry removed (``modules``
+    itself is left unchanged; HF's may be changed); nothing found:
+    ``(None, None, modules)``. A twin whose module is no longer among the
+    candidates is a ValueError naming it. Catalog: modeling.device_map.
     """
     from .modeling import convert_file_size_to_int
 
