@@ -202,16 +202,37 @@ def test_is_peft_model(monkeypatch):
     assert not modeling.is_peft_model(built(width=4, depth=1))
 
 
-def test_load_checkpoint_in_model_takes_hfs_fsdp_options(tmp_path):
+def _saved(tmp_path, model, drop=()):
     from safetensors.torch import save_file
 
-    source = built(seed=1, width=4, depth=1)
+    tmp_path.mkdir(exist_ok=True)
     path = tmp_path / "model.safetensors"
-    save_file({k: v.contiguous() for k, v in source.state_dict().items()}, str(path), metadata={"format": "pt"})
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if k not in drop}
+    save_file(state, str(path), metadata={"format": "pt"})
+    return path
+
+
+def test_load_checkpoint_in_model_full_state_dict_changes_nothing_on_an_unsharded_model(tmp_path):
+    source = built(seed=1, width=4, depth=1)
+    path = _saved(tmp_path, source)
     for full_state_dict in (True, False):
         target = built(seed=2, width=4, depth=1)
         modeling.load_checkpoint_in_model(target, path, full_state_dict=full_state_dict)
         assert all(torch.equal(target.state_dict()[k], v) for k, v in source.state_dict().items())
-    with pytest.raises(NotImplementedError, match="broadcast_from_rank0"):
+    with pytest.raises(ValueError, match="process group"):
         modeling.load_checkpoint_in_model(built(width=4, depth=1), path, broadcast_from_rank0=True)
     assert modeling.WEIGHTS_INDEX_NAME == hf_modeling.WEIGHTS_INDEX_NAME
+
+
+def test_broadcast_from_rank0_gives_every_rank_rank_0s_file(tmp_path):
+    from simulators.launcher import run
+
+    from tests import modeling_rank_functions
+
+    source = built(seed=1, width=4, depth=1)
+    expected = {name: tensor.flatten().tolist() for name, tensor in source.state_dict().items()}
+    full, partial = _saved(tmp_path / "full", source), _saved(tmp_path / "partial", source, drop=("head.weight",))
+    results = run(modeling_rank_functions.load_broadcast_from_rank0, world=2, args=(str(full), str(partial)), timeout=60)
+    for loaded, strict_error in results:
+        assert loaded == expected
+        assert "head.weight" in strict_error  # strict: every rank refuses, naming the missing weight

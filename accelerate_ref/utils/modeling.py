@@ -338,18 +338,18 @@ def load_checkpoint_in_model(
     naming the culprit): a map key that is no module of the model, a
     ``"disk"`` entry without ``offload_folder``, a weight whose shape differs.
     Keys the model lacks, and weights the checkpoint lacks, are warned
-    about, or a ValueError with ``strict=True``. ``full_state_dict`` (HF's
-    option for sharded DTensor models) changes nothing for the unsharded
-    models loaded here, as in HF; ``broadcast_from_rank0`` (rank 0 reads,
-    the others receive) is refused with NotImplementedError: each rank reads
-    the files itself.
-    Catalog: save_model.reload, save_model.sharded, modeling.load_checkpoint_device_map.
+    about, or a ValueError with ``strict=True``. Without a ``device_map``,
+    ``broadcast_from_rank0`` has only rank 0 read the files and sends each
+    tensor to the other ranks (torch's ``set_model_state_dict``; an
+    initialised process group is needed, else a ValueError), with
+    ``full_state_dict`` passed to it (whether the model's sharded DTensor
+    weights are loaded from full tensors; for an unsharded model it changes
+    nothing, as in HF); with a ``device_map`` every rank reads the files, as
+    in HF. Catalog: save_model.reload, save_model.sharded, modeling.load_checkpoint_device_map.
     """
-    if broadcast_from_rank0:
-        raise NotImplementedError(
-            "accelerate_ref does not broadcast a checkpoint from rank 0 (broadcast_from_rank0): every rank reads the files; "
-            "for an FSDP model use load_fsdp_model"
-        )
+    if broadcast_from_rank0 and device_map is None:
+        _load_broadcast_from_rank0(model, checkpoint, full_state_dict, strict)
+        return
     if offload_8bit_bnb:
         raise NotImplementedError("accelerate_ref does not quantize weights while offloading them (offload_8bit_bnb)")
     if isinstance(dtype, str):
@@ -396,11 +396,40 @@ def load_checkpoint_in_model(
     retie_parameters(model, tied)
     loaded = {id(_tensor_of(model, name)) for name in loaded_names}  # a tied weight is loaded through its twin
     missing = sorted(name for name in expected if name not in loaded_names and id(_tensor_of(model, name)) not in loaded)
+    _report_mismatched_keys(checkpoint, missing, unexpected, strict)
+
+
+def _report_mismatched_keys(checkpoint: Union[str, os.PathLike], missing: list[str], unexpected: list[str], strict: bool) -> None:
     if missing or unexpected:
         message = f"loading {os.fspath(checkpoint)}: weights missing from the checkpoint {missing}, keys the model lacks {unexpected}"
         if strict:
             raise ValueError(message)
         warnings.warn(message)
+
+
+def _load_broadcast_from_rank0(model: torch.nn.Module, checkpoint: Union[str, os.PathLike], full_state_dict: bool, strict: bool) -> None:
+    """Rank 0 reads the checkpoint one file at a time; torch's ``set_model_state_dict`` sends each tensor to every rank.
+
+    The other ranks need no copy of the files: rank 0 sends them the list
+    of files and the names they hold first, so every rank makes the same
+    calls and reaches the same verdict on missing and unexpected keys.
+    """
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError("broadcast_from_rank0=True needs an initialised torch.distributed process group (rank 0 reads, the others receive)")
+    is_first = dist.get_rank() == 0
+    files = checkpoint_files(checkpoint) if is_first else []
+    listing = [[(path, list(_lazy_tensors(path)[0])) for path in files]]
+    dist.broadcast_object_list(listing, src=0)
+    options = StateDictOptions(full_state_dict=full_state_dict, strict=False, broadcast_from_rank0=True)
+    expected = set(model.state_dict())
+    for path, _ in listing[0]:
+        set_model_state_dict(model, load_state_dict(path) if is_first else {}, options=options)
+    names = {name for _, file_names in listing[0] for name in file_names}
+    present = names | {twin for group in find_tied_parameters(model) if names & set(group) for twin in group}
+    _report_mismatched_keys(checkpoint, sorted(expected - present), sorted(names - expected), strict)
 
 
 def check_device_same(first_device: torch.device, second_device: torch.device) -> bool:

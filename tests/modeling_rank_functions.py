@@ -1,0 +1,33 @@
+"""Functions the ranks of tests/test_modeling_utils.py call. Holds no tests."""
+
+from __future__ import annotations
+
+import os
+
+
+def load_broadcast_from_rank0(path: str, partial_path: str) -> tuple[dict[str, list[float]], str]:
+    """Load ``path``, then ``partial_path`` with ``strict=True``, both with ``broadcast_from_rank0=True``.
+
+    Only rank 0 is given the files; each rank starts from different
+    weights (seeded by its rank). Returns what the model holds after the
+    first load and the error the strict load of the partial file raised.
+    """
+    import torch.distributed as dist
+
+    from accelerate_ref.utils.modeling import load_checkpoint_in_model
+    from conformance.cases.bigmodel_models import built
+
+    dist.init_process_group("gloo")
+    try:
+        rank = dist.get_rank()
+        model = built(seed=10 + rank, width=4, depth=1)
+        absent = os.path.join(os.devnull, "absent")
+        load_checkpoint_in_model(model, path if rank == 0 else absent, broadcast_from_rank0=True)
+        loaded = {name: tensor.flatten().tolist() for name, tensor in model.state_dict().items()}
+        try:
+            load_checkpoint_in_model(model, partial_path if rank == 0 else absent, strict=True, broadcast_from_rank0=True)
+        except ValueError as error:
+            return loaded, str(error)
+        return loaded, ""
+    finally:
+        dist.destroy_process_group()
