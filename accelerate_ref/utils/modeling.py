@@ -18,7 +18,7 @@ import re
 import shutil
 import tempfile
 import warnings
-from typing import Any, Callable, ContextManager, Iterator, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Optional, Union
 
 import torch
 from safetensors import SafetensorError
@@ -52,6 +52,9 @@ from .module_sizes import (
 )
 from .offload import load_offloaded_weight, offload_weight, save_offload_index
 from .serialization import load
+
+if TYPE_CHECKING:
+    from .dataclasses import AutocastKwargs, DistributedType
 
 __all__ = [  # the names of 🤗 Accelerate's utils.modeling that live in the sibling modules
     "WEIGHTS_INDEX_NAME",
@@ -450,7 +453,7 @@ def check_device_same(first_device: torch.device, second_device: torch.device) -
 def is_peft_model(model: torch.nn.Module) -> bool:
     """Whether ``model``, unwrapped from DDP / compile wrappers, is a ``peft.PeftModel``; False without `peft`.
 
-    Catalog: unwrap.keep_fp32_wrapper.
+    No catalog ID: API parity with HF accelerate 1.15.
     """
     from .imports import is_peft_available
     from .other import extract_model_from_parallel
@@ -557,7 +560,9 @@ def get_state_dict_from_offload(
     return state_dict
 
 
-def get_mixed_precision_context_manager(native_amp: bool = False, autocast_kwargs: Optional[Any] = None) -> ContextManager[Any]:
+def get_mixed_precision_context_manager(
+    native_amp: bool = False, autocast_kwargs: Optional["AutocastKwargs"] = None
+) -> ContextManager[Any]:
     """The autocast context of the current `AcceleratorState`'s precision, or a no-op one without ``native_amp``.
 
     Rules: ``torch.autocast`` on the state's device type, in float16 for
@@ -577,7 +582,7 @@ def get_mixed_precision_context_manager(native_amp: bool = False, autocast_kwarg
     return torch.autocast(device_type=state.device.type, **kwargs)
 
 
-def get_grad_scaler(distributed_type: Optional[Any] = None, **kwargs: Any) -> torch.amp.GradScaler:
+def get_grad_scaler(distributed_type: Optional["DistributedType"] = None, **kwargs: Any) -> torch.amp.GradScaler:
     """The gradient scaler for fp16 training here, built with ``kwargs``.
 
     Rules: FSDP (``DistributedType.FSDP``) gets torch's
