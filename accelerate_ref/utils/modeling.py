@@ -6,6 +6,13 @@ The layouts are those `Accelerator.save_model` writes: one file
 ``model.safetensors.index.json`` mapping each weight to its shard
 (``{"metadata": {"total_size": bytes}, "weight_map": {name: file}}``).
 
+Also here, where 🤗 Accelerate keeps them: reading the weights of
+offloaded modules (`align_module_device`, `get_state_dict_offloaded_model`)
+and the small device / precision helpers of its ``utils.modeling``
+(`check_device_same`, `get_grad_scaler`, `get_mixed_precision_context_manager`,
+`is_peft_model`). Sizes and device maps live in `module_sizes` and
+`device_map`, re-exported here.
+
 Catalog: shard_checkpoint.doc_example, save_model.sharded, save_model.reload.
 """
 
