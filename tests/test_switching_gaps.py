@@ -64,3 +64,15 @@ def test_changing_mixed_precision_after_initialisation_gives_hfs_message() -> No
     with pytest.raises(ValueError, match=r"AcceleratorState has already been initialized and cannot be changed, "
                                          r"restart your runtime completely and pass `mixed_precision='bf16'`"):
         Accelerator(cpu=True, mixed_precision="bf16")
+
+
+@pytest.mark.parametrize("env_device, expected", [("cpu:64", torch.device("cpu", 64)), ("meta", torch.device("meta"))])
+def test_accelerate_torch_device_is_the_device(monkeypatch, env_device: str, expected: torch.device) -> None:
+    """``ACCELERATE_TORCH_DEVICE`` is taken as given by the state and the Accelerator (HF 1.15 does)."""
+    from accelerate_ref import PartialState
+
+    monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", env_device)
+    assert PartialState(cpu=True).device == expected
+    accelerator = Accelerator(cpu=True)
+    assert accelerator.device == expected
+    assert next(accelerator.prepare(torch.nn.Linear(2, 1)).parameters()).device.type == expected.type
