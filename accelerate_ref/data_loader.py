@@ -111,6 +111,28 @@ class DataLoaderStateMixin:
     end_of_dataloader: bool = False
     remainder: int = -1
     _drop_last: bool = False
+    #: torchdata's StatefulDataLoader is not supported (`prepare_data_loader` refuses it), as in HF's attribute.
+    use_stateful_dataloader: bool = False
+
+    @property
+    def gradient_state(self) -> GradientState:
+        """The process's `GradientState`, which this loader tells where it is (HF's attribute)."""
+        return GradientState()
+
+    @property
+    def base_dataloader(self) -> DataLoader:
+        """A plain `DataLoader` over this loader's dataset and batching, without placement or synchronisation.
+
+        HF wraps such a loader and keeps it here; this loader is itself a
+        `DataLoader` subclass, so its plain twin is built on request.
+        """
+        loader: DataLoader = self  # type: ignore[assignment]
+        batching = (
+            {"batch_size": loader.batch_size, "drop_last": loader.drop_last}
+            if isinstance(loader.dataset, IterableDataset)
+            else {"batch_sampler": loader.batch_sampler}
+        )
+        return DataLoader(loader.dataset, **batching, **_carried_arguments(loader))
 
     def reset(self) -> None:
         """Forget the previous epoch's end-of-data state."""

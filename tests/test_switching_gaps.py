@@ -76,3 +76,42 @@ def test_accelerate_torch_device_is_the_device(monkeypatch, env_device: str, exp
     accelerator = Accelerator(cpu=True)
     assert accelerator.device == expected
     assert next(accelerator.prepare(torch.nn.Linear(2, 1)).parameters()).device.type == expected.type
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter(range(7))
+
+
+@pytest.mark.parametrize("impl", ["accelerate_ref", "accelerate"])
+def test_prepared_loaders_expose_hfs_attributes(impl: str) -> None:
+    """`base_dataloader` (a plain DataLoader of the same batches), `gradient_state`, `use_stateful_dataloader`."""
+    import importlib
+
+    data_loader = importlib.import_module(f"{impl}.data_loader")
+    importlib.import_module(impl).PartialState()
+    DataLoader = torch.utils.data.DataLoader
+    shard = data_loader.prepare_data_loader(DataLoader(list(range(6)), batch_size=2))
+    loaders = {
+        "shard": (shard, [[0, 1], [2, 3], [4, 5]]),
+        "dispatcher": (data_loader.prepare_data_loader(DataLoader(_Stream(), batch_size=3), dispatch_batches=True,
+                                                                put_on_device=True),
+                       [[0, 1, 2], [3, 4, 5], [6]]),
+        "skipping": (data_loader.skip_first_batches(shard, 1), [[2, 3], [4, 5]]),
+    }
+    for name, (loader, batches) in loaders.items():
+        base = loader.base_dataloader
+        assert type(base) is DataLoader and base.dataset is loader.dataset, name
+        assert [batch.tolist() for batch in base] == batches, name
+        assert type(loader.gradient_state).__name__ == "GradientState" and loader.use_stateful_dataloader is False, name
+
+
+@pytest.mark.parametrize("impl", ["accelerate_ref", "accelerate"])
+def test_split_batches_that_do_not_divide_give_hfs_error(impl: str) -> None:
+    import importlib
+
+    data_loader = importlib.import_module(f"{impl}.data_loader")
+    with pytest.raises(ValueError, match=r"To use a `DataLoader` in `split_batches` mode, the batch size \(3\) "
+                                         r"needs to be a round multiple of the number of processes \(2\)"):
+        data_loader.prepare_data_loader(torch.utils.data.DataLoader(range(12), batch_size=3), num_processes=2,
+                                        process_index=0, split_batches=True, put_on_device=False)
