@@ -115,3 +115,24 @@ def test_split_batches_that_do_not_divide_give_hfs_error(impl: str) -> None:
                                          r"needs to be a round multiple of the number of processes \(2\)"):
         data_loader.prepare_data_loader(torch.utils.data.DataLoader(range(12), batch_size=3), num_processes=2,
                                         process_index=0, split_batches=True, put_on_device=False)
+
+
+@pytest.mark.parametrize("impl", ["accelerate_ref", "accelerate"])
+def test_load_checkpoint_reads_a_bare_weight_map_and_logs_unused_keys(impl: str, tmp_path, caplog) -> None:
+    """An index JSON that is the weight map itself loads; unused checkpoint keys are logged in HF's words."""
+    import importlib
+    import json
+
+    from safetensors.torch import save_file
+
+    modeling = importlib.import_module(f"{impl}.utils.modeling")
+    source = torch.nn.Linear(2, 1)
+    weights = {"weight": source.weight.detach().clone(), "bias": source.bias.detach().clone(), "stray": torch.ones(1)}
+    save_file(weights, str(tmp_path / "shard-1.safetensors"))
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({name: "shard-1.safetensors" for name in weights}))
+    model = torch.nn.Linear(2, 1)
+    with caplog.at_level("WARNING"):
+        modeling.load_checkpoint_in_model(model, str(tmp_path / "model.safetensors.index.json"))
+    assert torch.equal(model.weight, source.weight) and torch.equal(model.bias, source.bias)
+    assert any("were not used when initializing Linear" in record.getMessage() and "stray" in record.getMessage()
+               for record in caplog.records)

@@ -12,6 +12,7 @@ Catalog: shard_checkpoint.doc_example, save_model.sharded, save_model.reload.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -38,6 +39,8 @@ from .module_sizes import (
 )
 from .offload import load_offloaded_weight, offload_weight, save_offload_index
 from .serialization import load
+
+logger = logging.getLogger(__name__)
 
 __all__ = [  # the names of 🤗 Accelerate's utils.modeling that live in the sibling modules
     "calculate_maximum_sizes",
@@ -173,7 +176,8 @@ def checkpoint_files(checkpoint: Union[str, os.PathLike]) -> list[str]:
 
     Rule: a folder is read through its one ``model.safetensors`` (else
     ``pytorch_model.bin``), else its one ``*.index.json``; no candidate, or
-    several indexes, is a ValueError naming the folder.
+    several indexes, is a ValueError naming the folder. An index maps weight
+    names to files under ``"weight_map"``, or is that mapping itself (as HF reads it).
     Catalog: save_model.reload, save_model.sharded.
     """
     path = os.fspath(checkpoint)
@@ -196,7 +200,8 @@ def checkpoint_files(checkpoint: Union[str, os.PathLike]) -> list[str]:
     if not path.endswith(".json"):
         return [path]
     with open(path, encoding="utf-8") as stream:
-        weight_map = json.load(stream)["weight_map"]
+        index = json.load(stream)
+    weight_map = index.get("weight_map", index)  # HF also takes an index that is the weight map itself
     return [os.path.join(os.path.dirname(path), name) for name in dict.fromkeys(weight_map.values())]
 
 
@@ -321,8 +326,9 @@ def load_checkpoint_in_model(
     at the end. Refused before anything is loaded or written (ValueError
     naming the culprit): a map key that is no module of the model, a
     ``"disk"`` entry without ``offload_folder``, a weight whose shape differs.
-    Keys the model lacks, and weights the checkpoint lacks, are warned
-    about, or a ValueError with ``strict=True``.
+    Keys the model lacks are logged in HF's words ("were not used when
+    initializing"), weights the checkpoint lacks are warned about; either
+    is a ValueError with ``strict=True``.
     Catalog: save_model.reload, save_model.sharded, modeling.load_checkpoint_device_map.
     """
     if offload_8bit_bnb:
@@ -371,11 +377,18 @@ def load_checkpoint_in_model(
     retie_parameters(model, tied)
     loaded = {id(_tensor_of(model, name)) for name in loaded_names}  # a tied weight is loaded through its twin
     missing = sorted(name for name in expected if name not in loaded_names and id(_tensor_of(model, name)) not in loaded)
-    if missing or unexpected:
-        message = f"loading {os.fspath(checkpoint)}: weights missing from the checkpoint {missing}, keys the model lacks {unexpected}"
-        if strict:
-            raise ValueError(message)
-        warnings.warn(message)
+    if strict and (missing or unexpected):
+        raise ValueError(
+            f"loading {os.fspath(checkpoint)}: weights missing from the checkpoint {missing}, keys the model lacks {unexpected}"
+        )
+    if unexpected:
+        logger.warning(
+            f"Some weights of the model checkpoint at {os.fspath(checkpoint)} were not used when initializing "
+            f"{type(model).__name__}: {unexpected}. This may or may not be an issue - make sure that the checkpoint "
+            "does not have unnecessary parameters, or that the model definition correctly corresponds to the checkpoint."
+        )
+    if missing:
+        warnings.warn(f"loading {os.fspath(checkpoint)}: weights missing from the checkpoint {missing}")
 
 
 def _tensor_of(model: torch.nn.Module, name: str) -> torch.Tensor:
