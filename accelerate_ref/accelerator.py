@@ -11,7 +11,9 @@ inputs), `optimizer`, `scheduler` and `utils.other` / `utils.memory`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+import warnings
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import torch
@@ -45,6 +47,35 @@ from .utils.structures import recursively_apply
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+#: The v0.27 constructor keywords that `DataLoaderConfiguration` replaced (catalog compat.v027_dataloader_kwargs).
+V027_DATALOADER_KEYWORDS = ("split_batches", "dispatch_batches", "even_batches", "use_seedable_sampler")
+#: The default of `split_batches`: tells "not passed" from any value (HF uses such a sentinel too).
+_NOT_GIVEN: Any = object()
+
+
+def _dataloader_configuration(config: DataLoaderConfiguration | None, legacy: dict[str, Any]) -> DataLoaderConfiguration:
+    """The constructor's `DataLoaderConfiguration`, v0.27's keywords included.
+
+    Rule: the keywords of v0.27 (`V027_DATALOADER_KEYWORDS`) still configure
+    the prepared loaders as documented there, with a FutureWarning naming
+    `DataLoaderConfiguration`; given together with ``dataloader_config`` they
+    are a ValueError. Catalog: compat.v027_dataloader_kwargs.
+    """
+    given = {name: value for name, value in legacy.items() if value is not _NOT_GIVEN}
+    if not given:
+        return config or DataLoaderConfiguration()
+    if config is not None:
+        raise ValueError(f"Pass either `dataloader_config` or the deprecated keywords {sorted(given)}, not both")
+    values = ", ".join(f"{name}={value!r}" for name, value in given.items())
+    warnings.warn(
+        f"Passing {', '.join(given)} to `Accelerator` is deprecated (the v0.27 keywords): pass an "
+        f"`accelerate.DataLoaderConfiguration` instead: dataloader_config = DataLoaderConfiguration({values})",
+        FutureWarning,
+        stacklevel=3,
+    )
+    return DataLoaderConfiguration(**given)
+
+
 class Accelerator(CheckpointingMixin, TrackingMixin):
     """Creates the process state and exposes process control and collectives.
 
@@ -58,7 +89,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
     def __init__(
         self,
         device_placement: bool = True,
-        split_batches: bool = False,
+        split_batches: bool = _NOT_GIVEN,
         mixed_precision: str | None = None,
         gradient_accumulation_steps: int = 1,
         cpu: bool = False,
@@ -74,6 +105,8 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
         dynamo_plugin: Any = None,
         **engines: Any,
     ) -> None:
+        legacy = {name: engines.pop(name, _NOT_GIVEN) for name in V027_DATALOADER_KEYWORDS[1:]}
+        dataloader_config = _dataloader_configuration(dataloader_config, {"split_batches": split_batches, **legacy})
         self._engines = resolve_engines(
             engines, mixed_precision, _index_handlers(kwargs_handlers or []), dynamo_backend, dynamo_plugin
         )
@@ -96,7 +129,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
             gradient_accumulation_plugin = GradientAccumulationPlugin(num_steps=steps)
         self.gradient_state = GradientState(gradient_accumulation_plugin)
         self.device_placement = device_placement
-        self.dataloader_config = dataloader_config or DataLoaderConfiguration(split_batches=split_batches)
+        self.dataloader_config = dataloader_config
         self.project_configuration = project_config or ProjectConfiguration(project_dir=project_dir)
         if project_dir is not None and self.project_configuration.project_dir is None:
             self.project_configuration.set_directories(project_dir)  # as HF: the argument fills the config's
@@ -185,6 +218,16 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
     def even_batches(self) -> bool:
         """``even_batches`` of the `DataLoaderConfiguration`. Catalog: join.uneven_inputs."""
         return self.dataloader_config.even_batches
+
+    @property
+    def dispatch_batches(self) -> bool | None:
+        """``dispatch_batches`` of the `DataLoaderConfiguration`. Catalog: data.dispatch_batches."""
+        return self.dataloader_config.dispatch_batches
+
+    @property
+    def use_seedable_sampler(self) -> bool:
+        """``use_seedable_sampler`` of the `DataLoaderConfiguration`. Catalog: data.seedable_sampler."""
+        return self.dataloader_config.use_seedable_sampler
 
     @property
     def optimizer_step_was_skipped(self) -> bool:
@@ -576,11 +619,27 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
         self.unscale_gradients()
         torch.nn.utils.clip_grad_value_(parameters, clip_value)
 
-    def autocast(self, autocast_handler: AutocastKwargs | None = None) -> contextlib.AbstractContextManager:
+    def autocast(
+        self, autocast_handler: AutocastKwargs | None = None, cache_enabled: bool = False
+    ) -> contextlib.AbstractContextManager:
         """Run the block in the configured mixed precision; ``autocast_handler`` overrides the Accelerator's.
 
-        Catalog: autocast.bf16. See `precision.MixedPrecision.autocast`.
+        v0.27's ``cache_enabled=True`` (its first parameter then, so also
+        positional) is still accepted: torch's autocast cache is on for the
+        block, with a FutureWarning naming `AutocastKwargs(cache_enabled=True)`.
+        Catalog: autocast.bf16, compat.autocast_cache_enabled. See `precision.MixedPrecision.autocast`.
         """
+        if isinstance(autocast_handler, bool):  # v0.27: autocast(cache_enabled, autocast_handler)
+            autocast_handler, cache_enabled = None, autocast_handler
+        if cache_enabled:
+            warnings.warn(
+                "Passing `cache_enabled=True` to `accelerator.autocast` is deprecated (v0.27): pass "
+                "`autocast_handler=AutocastKwargs(cache_enabled=True)` instead",
+                FutureWarning,
+                stacklevel=2,
+            )
+            handler = autocast_handler or self.autocast_handler or AutocastKwargs()
+            autocast_handler = dataclasses.replace(handler, cache_enabled=True)
         return self._precision.autocast(autocast_handler)
 
     # -- memory, profiling ------------------------------------------------------
