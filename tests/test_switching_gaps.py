@@ -136,3 +136,22 @@ def test_load_checkpoint_reads_a_bare_weight_map_and_logs_unused_keys(impl: str,
     assert torch.equal(model.weight, source.weight) and torch.equal(model.bias, source.bias)
     assert any("were not used when initializing Linear" in record.getMessage() and "stray" in record.getMessage()
                for record in caplog.records)
+
+
+def test_v027_keywords_and_a_dataloader_config_together_are_refused() -> None:
+    from accelerate_ref import DataLoaderConfiguration
+
+    with pytest.raises(ValueError, match="dataloader_config"):
+        Accelerator(cpu=True, even_batches=False, dataloader_config=DataLoaderConfiguration())
+
+
+def test_v027_positional_autocast_cache_enabled() -> None:
+    """v0.27's ``autocast(cache_enabled, autocast_handler)``: ``autocast(True)`` still means cache_enabled=True."""
+    accelerator = Accelerator(cpu=True, mixed_precision="bf16")
+    outside = torch.is_autocast_cache_enabled()
+    torch.set_autocast_cache_enabled(False)
+    try:
+        with pytest.warns(FutureWarning, match="AutocastKwargs"), accelerator.autocast(True):
+            assert torch.is_autocast_cache_enabled()
+    finally:
+        torch.set_autocast_cache_enabled(outside)
