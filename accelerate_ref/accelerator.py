@@ -111,9 +111,9 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
             engines, mixed_precision, _index_handlers(kwargs_handlers or []), dynamo_backend, dynamo_plugin
         )
         if gradient_accumulation_plugin is not None and gradient_accumulation_steps != 1:
-            raise ValueError(
-                "Pass either gradient_accumulation_steps or gradient_accumulation_plugin, not both "
-                "(catalog accumulate.plugin)"
+            raise ValueError(  # HF's words; catalog accumulate.plugin
+                "You can only pass one of `gradient_accumulation_steps` and `gradient_accumulation_plugin`. "
+                "Please only pass in the created `GradientAccumulationPlugin` object."
             )
         handlers = _index_handlers(kwargs_handlers or [])
         init_kwargs = handlers.get(InitProcessGroupKwargs)
@@ -273,23 +273,23 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
 
     def on_main_process(self, function: F | None = None) -> F:
         """Catalog: ``process.on_main_process``."""
-        return self._partial.on_main_process(function)
+        return _partial_of(self, "on_main_process").on_main_process(function)
 
     def on_local_main_process(self, function: F | None = None) -> F:
         """Catalog: ``process.on_local_main_process``."""
-        return self._partial.on_local_main_process(function)
+        return _partial_of(self, "on_local_main_process").on_local_main_process(function)
 
     def on_last_process(self, function: F | None = None) -> F:
         """Catalog: ``process.on_last_process``."""
-        return self._partial.on_last_process(function)
+        return _partial_of(self, "on_last_process").on_last_process(function)
 
     def on_process(self, function: F | None = None, process_index: int | None = None) -> F:
         """Catalog: ``process.on_process``."""
-        return self._partial.on_process(function, process_index=process_index)
+        return _partial_of(self, "on_process").on_process(function, process_index=process_index)
 
     def on_local_process(self, function: F | None = None, local_process_index: int | None = None) -> F:
         """Catalog: ``process.on_local_process``."""
-        return self._partial.on_local_process(function, local_process_index=local_process_index)
+        return _partial_of(self, "on_local_process").on_local_process(function, local_process_index=local_process_index)
 
     # -- triggers ----------------------------------------------------------
 
@@ -362,7 +362,9 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
         """
         flags = list(device_placement) if device_placement is not None else [None] * len(args)
         if len(flags) != len(args):
-            raise ValueError(f"device_placement needs one flag per object: {len(args)} objects, {len(flags)} flags")
+            raise ValueError(  # HF's words
+                f"`device_placement` should be a list with {len(args)} elements (the number of objects passed)."
+            )
         first_pass = [self._prepare_one(obj, flag) for obj, flag in zip(args, flags)]
         scheduler_type = torch.optim.lr_scheduler.LRScheduler
         prepared = [self.prepare_scheduler(obj) if isinstance(obj, scheduler_type) else obj for obj in first_pass]
@@ -699,6 +701,19 @@ def _only_tensors(data: Any) -> bool:
     return True
 
 
+def _partial_of(accelerator: Any, decorator: str) -> PartialState:
+    """The `PartialState` behind a decorator used on ``accelerator``.
+
+    Rule: used on the class instead of an instance (``Accelerator.on_main_process(f)``)
+    it is HF 1.15's ValueError, not an AttributeError. Catalog: process.on_main_process.
+    """
+    if not isinstance(accelerator, Accelerator):
+        raise ValueError(
+            f"The `{decorator}` decorator must be called with a function on an instantiated `Accelerator` object."
+        )
+    return accelerator._partial
+
+
 def _index_handlers(handlers: list[KwargsHandler]) -> dict[type, KwargsHandler]:
     """Map each handler's class to the handler; the same class twice is an error."""
     indexed: dict[type, KwargsHandler] = {}
@@ -706,6 +721,6 @@ def _index_handlers(handlers: list[KwargsHandler]) -> dict[type, KwargsHandler]:
         if not isinstance(handler, KwargsHandler):
             raise TypeError(f"kwargs_handlers takes KwargsHandler instances, got {type(handler).__name__}")
         if type(handler) in indexed:
-            raise ValueError(f"kwargs_handlers got more than one {type(handler).__name__}")
+            raise ValueError(f"You can only pass one {type(handler)} in `kwargs_handlers`.")  # HF's words
         indexed[type(handler)] = handler
     return indexed

@@ -628,7 +628,7 @@ def prepare_data_loader(
     if dispatch_batches is None:
         dispatch_batches = put_on_device and iterable
     if dispatch_batches and not put_on_device:
-        raise ValueError("dispatch_batches=True sends batches from process 0 to each device: it needs put_on_device=True")
+        raise ValueError("Using `dispatch_batches=True` requires `put_on_device=True`.")  # HF's words
     batch_size = _batch_size(dataloader)
     if split_batches:
         check_split_batch_size(batch_size, num_processes)

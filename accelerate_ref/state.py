@@ -46,9 +46,12 @@ class _SharedState:
         return bool(self._shared_state)
 
     def __getattr__(self, name: str) -> Any:
-        raise AttributeError(
-            f"'{type(self).__name__}' has no attribute '{name}'"
-            + ("" if self._shared_state else f" (the state was reset; create a new {type(self).__name__} first)")
+        state = type(self).__name__
+        if self._shared_state:
+            raise AttributeError(f"'{state}' object has no attribute '{name}'")
+        raise AttributeError(  # HF's words
+            f"`{state}` object has no attribute `{name}`. This happens if `{state}._reset_state()` was called and "
+            f"an `Accelerator` or `{state}` was not reinitialized."
         )
 
 
@@ -393,7 +396,7 @@ def _precision(value: str | None) -> str:
     value = str(value).lower()
     valid = [member.value for member in PrecisionType]
     if value not in valid:
-        raise ValueError(f"Unknown mixed_precision {value!r}; choose one of {valid}")
+        raise ValueError(f"Unknown mixed_precision mode: {value}. Choose between {valid}")  # HF's words
     return value
 
 

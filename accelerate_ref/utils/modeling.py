@@ -195,7 +195,8 @@ def checkpoint_files(checkpoint: Union[str, os.PathLike]) -> list[str]:
         path = os.path.join(path, indexes[0])
     elif not os.path.isfile(path):
         raise ValueError(
-            f"checkpoint {path} is neither a weights file, nor the .index.json of a sharded checkpoint, nor a folder with either"
+            "`checkpoint` should be the path to a file containing a whole state dict, or the index of a sharded "
+            f"checkpoint, or a folder containing a sharded checkpoint or the whole state dict, but got {path}."
         )
     if not path.endswith(".json"):
         return [path]
