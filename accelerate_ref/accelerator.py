@@ -11,7 +11,9 @@ inputs), `optimizer`, `scheduler` and `utils.other` / `utils.memory`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+import warnings
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import torch
@@ -45,6 +47,35 @@ from .utils.structures import recursively_apply
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+#: The v0.27 constructor keywords that `DataLoaderConfiguration` replaced (catalog compat.v027_dataloader_kwargs).
+V027_DATALOADER_KEYWORDS = ("split_batches", "dispatch_batches", "even_batches", "use_seedable_sampler")
+#: The default of `split_batches`: tells "not passed" from any value (HF uses such a sentinel too).
+_NOT_GIVEN: Any = object()
+
+
+def _dataloader_configuration(config: DataLoaderConfiguration | None, legacy: dict[str, Any]) -> DataLoaderConfiguration:
+    """The constructor's `DataLoaderConfiguration`, v0.27's keywords included.
+
+    Rule: the keywords of v0.27 (`V027_DATALOADER_KEYWORDS`) still configure
+    the prepared loaders as documented there, with a FutureWarning naming
+    `DataLoaderConfiguration`; given together with ``dataloader_config`` they
+    are a ValueError. Catalog: compat.v027_dataloader_kwargs.
+    """
+    given = {name: value for name, value in legacy.items() if value is not _NOT_GIVEN}
+    if not given:
+        return config or DataLoaderConfiguration()
+    if config is not None:
+        raise ValueError(f"Pass either `dataloader_config` or the deprecated keywords {sorted(given)}, not both")
+    values = ", ".join(f"{name}={value!r}" for name, value in given.items())
+    warnings.warn(
+        f"Passing {', '.join(given)} to `Accelerator` is deprecated (the v0.27 keywords): pass an "
+        f"`accelerate.DataLoaderConfiguration` instead: dataloader_config = DataLoaderConfiguration({values})",
+        FutureWarning,
+        stacklevel=3,
+    )
+    return DataLoaderConfiguration(**given)
+
+
 class Accelerator(CheckpointingMixin, TrackingMixin):
     """Creates the process state and exposes process control and collectives.
 
@@ -58,7 +89,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
     def __init__(
         self,
         device_placement: bool = True,
-        split_batches: bool = False,
+        split_batches: bool = _NOT_GIVEN,
         mixed_precision: str | None = None,
         gradient_accumulation_steps: int = 1,
         cpu: bool = False,
@@ -74,13 +105,15 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
         dynamo_plugin: Any = None,
         **engines: Any,
     ) -> None:
+        legacy = {name: engines.pop(name, _NOT_GIVEN) for name in V027_DATALOADER_KEYWORDS[1:]}
+        dataloader_config = _dataloader_configuration(dataloader_config, {"split_batches": split_batches, **legacy})
         self._engines = resolve_engines(
             engines, mixed_precision, _index_handlers(kwargs_handlers or []), dynamo_backend, dynamo_plugin
         )
         if gradient_accumulation_plugin is not None and gradient_accumulation_steps != 1:
-            raise ValueError(
-                "Pass either gradient_accumulation_steps or gradient_accumulation_plugin, not both "
-                "(catalog accumulate.plugin)"
+            raise ValueError(  # HF's words; catalog accumulate.plugin
+                "You can only pass one of `gradient_accumulation_steps` and `gradient_accumulation_plugin`. "
+                "Please only pass in the created `GradientAccumulationPlugin` object."
             )
         handlers = _index_handlers(kwargs_handlers or [])
         init_kwargs = handlers.get(InitProcessGroupKwargs)
@@ -96,7 +129,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
             gradient_accumulation_plugin = GradientAccumulationPlugin(num_steps=steps)
         self.gradient_state = GradientState(gradient_accumulation_plugin)
         self.device_placement = device_placement
-        self.dataloader_config = dataloader_config or DataLoaderConfiguration(split_batches=split_batches)
+        self.dataloader_config = dataloader_config
         self.project_configuration = project_config or ProjectConfiguration(project_dir=project_dir)
         if project_dir is not None and self.project_configuration.project_dir is None:
             self.project_configuration.set_directories(project_dir)  # as HF: the argument fills the config's
@@ -187,6 +220,16 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
         return self.dataloader_config.even_batches
 
     @property
+    def dispatch_batches(self) -> bool | None:
+        """``dispatch_batches`` of the `DataLoaderConfiguration`. Catalog: data.dispatch_batches."""
+        return self.dataloader_config.dispatch_batches
+
+    @property
+    def use_seedable_sampler(self) -> bool:
+        """``use_seedable_sampler`` of the `DataLoaderConfiguration`. Catalog: data.seedable_sampler."""
+        return self.dataloader_config.use_seedable_sampler
+
+    @property
     def optimizer_step_was_skipped(self) -> bool:
         """Whether the last optimizer update was skipped because fp16 gradients overflowed.
 
@@ -230,23 +273,23 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
 
     def on_main_process(self, function: F | None = None) -> F:
         """Catalog: ``process.on_main_process``."""
-        return self._partial.on_main_process(function)
+        return _partial_of(self, "on_main_process").on_main_process(function)
 
     def on_local_main_process(self, function: F | None = None) -> F:
         """Catalog: ``process.on_local_main_process``."""
-        return self._partial.on_local_main_process(function)
+        return _partial_of(self, "on_local_main_process").on_local_main_process(function)
 
     def on_last_process(self, function: F | None = None) -> F:
         """Catalog: ``process.on_last_process``."""
-        return self._partial.on_last_process(function)
+        return _partial_of(self, "on_last_process").on_last_process(function)
 
     def on_process(self, function: F | None = None, process_index: int | None = None) -> F:
         """Catalog: ``process.on_process``."""
-        return self._partial.on_process(function, process_index=process_index)
+        return _partial_of(self, "on_process").on_process(function, process_index=process_index)
 
     def on_local_process(self, function: F | None = None, local_process_index: int | None = None) -> F:
         """Catalog: ``process.on_local_process``."""
-        return self._partial.on_local_process(function, local_process_index=local_process_index)
+        return _partial_of(self, "on_local_process").on_local_process(function, local_process_index=local_process_index)
 
     # -- triggers ----------------------------------------------------------
 
@@ -319,7 +362,9 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
         """
         flags = list(device_placement) if device_placement is not None else [None] * len(args)
         if len(flags) != len(args):
-            raise ValueError(f"device_placement needs one flag per object: {len(args)} objects, {len(flags)} flags")
+            raise ValueError(  # HF's words
+                f"`device_placement` should be a list with {len(args)} elements (the number of objects passed)."
+            )
         first_pass = [self._prepare_one(obj, flag) for obj, flag in zip(args, flags)]
         scheduler_type = torch.optim.lr_scheduler.LRScheduler
         prepared = [self.prepare_scheduler(obj) if isinstance(obj, scheduler_type) else obj for obj in first_pass]
@@ -576,11 +621,27 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
         self.unscale_gradients()
         torch.nn.utils.clip_grad_value_(parameters, clip_value)
 
-    def autocast(self, autocast_handler: AutocastKwargs | None = None) -> contextlib.AbstractContextManager:
+    def autocast(
+        self, autocast_handler: AutocastKwargs | None = None, cache_enabled: bool = False
+    ) -> contextlib.AbstractContextManager:
         """Run the block in the configured mixed precision; ``autocast_handler`` overrides the Accelerator's.
 
-        Catalog: autocast.bf16. See `precision.MixedPrecision.autocast`.
+        v0.27's ``cache_enabled=True`` (its first parameter then, so also
+        positional) is still accepted: torch's autocast cache is on for the
+        block, with a FutureWarning naming `AutocastKwargs(cache_enabled=True)`.
+        Catalog: autocast.bf16, compat.autocast_cache_enabled. See `precision.MixedPrecision.autocast`.
         """
+        if isinstance(autocast_handler, bool):  # v0.27: autocast(cache_enabled, autocast_handler)
+            autocast_handler, cache_enabled = None, autocast_handler
+        if cache_enabled:
+            warnings.warn(
+                "Passing `cache_enabled=True` to `accelerator.autocast` is deprecated (v0.27): pass "
+                "`autocast_handler=AutocastKwargs(cache_enabled=True)` instead",
+                FutureWarning,
+                stacklevel=2,
+            )
+            handler = autocast_handler or self.autocast_handler or AutocastKwargs()
+            autocast_handler = dataclasses.replace(handler, cache_enabled=True)
         return self._precision.autocast(autocast_handler)
 
     # -- memory, profiling ------------------------------------------------------
@@ -640,6 +701,19 @@ def _only_tensors(data: Any) -> bool:
     return True
 
 
+def _partial_of(accelerator: Any, decorator: str) -> PartialState:
+    """The `PartialState` behind a decorator used on ``accelerator``.
+
+    Rule: used on the class instead of an instance (``Accelerator.on_main_process(f)``)
+    it is HF 1.15's ValueError, not an AttributeError. Catalog: process.on_main_process.
+    """
+    if not isinstance(accelerator, Accelerator):
+        raise ValueError(
+            f"The `{decorator}` decorator must be called with a function on an instantiated `Accelerator` object."
+        )
+    return accelerator._partial
+
+
 def _index_handlers(handlers: list[KwargsHandler]) -> dict[type, KwargsHandler]:
     """Map each handler's class to the handler; the same class twice is an error."""
     indexed: dict[type, KwargsHandler] = {}
@@ -647,6 +721,6 @@ def _index_handlers(handlers: list[KwargsHandler]) -> dict[type, KwargsHandler]:
         if not isinstance(handler, KwargsHandler):
             raise TypeError(f"kwargs_handlers takes KwargsHandler instances, got {type(handler).__name__}")
         if type(handler) in indexed:
-            raise ValueError(f"kwargs_handlers got more than one {type(handler).__name__}")
+            raise ValueError(f"You can only pass one {type(handler)} in `kwargs_handlers`.")  # HF's words
         indexed[type(handler)] = handler
     return indexed

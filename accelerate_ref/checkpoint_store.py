@@ -189,7 +189,7 @@ def resolve(path: str) -> str:
         complete = [candidate for candidate in aside if is_published(candidate)]
         if complete:
             return max(complete, key=os.path.getmtime)
-    raise CheckpointError(f"no checkpoint at {path}: the folder does not exist")
+    raise CheckpointError(f"Tried to find {path} but folder does not exist")  # HF's words
 
 
 def verify(path: str, num_processes: int) -> None:

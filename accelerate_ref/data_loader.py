@@ -45,14 +45,13 @@ from .utils.dataclasses import RNGType
 from .utils.operations import (
     broadcast,
     broadcast_object_list,
-    concatenate,
-    find_batch_size,
     get_data_structure,
     initialize_tensors,
+    recursively_apply,
     send_to_device,
-    slice_tensors,
 )
 from .utils.random import synchronize_rng_states
+from .utils.samples import concatenate_samples, count_samples, slice_samples
 
 #: DataLoader arguments that prepared loaders set themselves; every other one is carried over.
 _REBUILT_ARGUMENTS = frozenset({"self", "dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "drop_last"})
@@ -112,6 +111,28 @@ class DataLoaderStateMixin:
     end_of_dataloader: bool = False
     remainder: int = -1
     _drop_last: bool = False
+    #: torchdata's StatefulDataLoader is not supported (`prepare_data_loader` refuses it), as in HF's attribute.
+    use_stateful_dataloader: bool = False
+
+    @property
+    def gradient_state(self) -> GradientState:
+        """The process's `GradientState`, which this loader tells where it is (HF's attribute)."""
+        return GradientState()
+
+    @property
+    def base_dataloader(self) -> DataLoader:
+        """A plain `DataLoader` over this loader's dataset and batching, without placement or synchronisation.
+
+        HF wraps such a loader and keeps it here; this loader is itself a
+        `DataLoader` subclass, so its plain twin is built on request.
+        """
+        loader: DataLoader = self  # type: ignore[assignment]
+        batching = (
+            {"batch_size": loader.batch_size, "drop_last": loader.drop_last}
+            if isinstance(loader.dataset, IterableDataset)
+            else {"batch_sampler": loader.batch_sampler}
+        )
+        return DataLoader(loader.dataset, **batching, **_carried_arguments(loader))
 
     def reset(self) -> None:
         """Forget the previous epoch's end-of-data state."""
@@ -351,9 +372,11 @@ class DataLoaderDispatcher(DataLoaderPositionMixin, DataLoaderStateMixin, DataLo
     (``split_batches=True``) or ``num_processes`` of them concatenated; a
     short last step is dropped with ``_drop_last``, else padded with samples
     from the start of the first step until it splits evenly; the batch's
-    layout, then its tensors, are broadcast from process 0, and process ``i``
-    keeps the ``i``-th of ``num_processes`` equal slices (``slice_fn``,
-    default `slice_tensors`). Batches land on the process's device. The
+    layout (with its non-tensor leaves), then its tensors, are broadcast from
+    process 0, and process ``i`` keeps the ``i``-th of ``num_processes`` equal
+    slices (``slice_fn``, default `utils.samples.slice_samples`: tensors and
+    lists of plain samples such as strings, which collate into lists, are
+    sliced alike; HF 1.15 raises a TypeError for them). Batches land on the process's device. The
     other processes never iterate the underlying loader. The first
     ``skip_batches`` steps are dropped on process 0 (after serving as
     padding). ``remainder`` is the real size of the last step. ``len()`` is
@@ -377,7 +400,7 @@ class DataLoaderDispatcher(DataLoaderPositionMixin, DataLoaderStateMixin, DataLo
         self.skip_batches = skip_batches
         self._drop_last = _drop_last
         self._non_blocking = _non_blocking
-        self.slice_fn = slice_fn if slice_fn is not None else slice_tensors
+        self.slice_fn = slice_fn if slice_fn is not None else slice_samples
         self.iteration = iteration
         self.state = PartialState()
         self.device = self.state.device
@@ -411,10 +434,10 @@ class DataLoaderDispatcher(DataLoaderPositionMixin, DataLoaderStateMixin, DataLo
         for step, is_last in _mark_last(kept):
             batch = _concatenate_step(step)
             first = batch if first is None else first
-            real = find_batch_size(batch)
+            real = count_samples(batch)
             padding = math.ceil(real / self.state.num_processes) * self.state.num_processes - real
             if padding:
-                batch = concatenate([batch, _repeat_from_start(first, padding)])
+                batch = concatenate_samples([batch, _repeat_from_start(first, padding)])
             yield batch, real, is_last
 
     def _received_steps(self, source: Optional[Iterator[tuple[Any, int, bool]]]) -> Iterator[tuple[Any, bool]]:
@@ -426,7 +449,7 @@ class DataLoaderDispatcher(DataLoaderPositionMixin, DataLoaderStateMixin, DataLo
             if step is None:
                 return
             batch, real, is_last = step
-            share = find_batch_size(batch) // num_processes
+            share = count_samples(batch) // num_processes
             mine = self.slice_fn(batch, slice(index * share, (index + 1) * share), process_index=index, num_processes=num_processes)
             if is_last:
                 self.remainder = real
@@ -440,7 +463,9 @@ class DataLoaderDispatcher(DataLoaderPositionMixin, DataLoaderStateMixin, DataLo
             return None
         layout, real, is_last = header[0]
         batch = announced[0] if announced is not None else initialize_tensors(layout)
-        return broadcast(send_to_device(batch, self.device, non_blocking=self._non_blocking), from_process=0), real, is_last
+        placed = send_to_device(batch, self.device, non_blocking=self._non_blocking)
+        # plain objects (strings, ...) came with the layout; only the tensors are left to broadcast
+        return recursively_apply(broadcast, placed, from_process=0), real, is_last
 
     def __len__(self) -> int:
         steps = super().__len__() / self._batches_per_step
@@ -460,7 +485,7 @@ class DataLoaderDispatcher(DataLoaderPositionMixin, DataLoaderStateMixin, DataLo
 
 def _concatenate_step(batches: list[Any]) -> Any:
     try:
-        return concatenate(batches)
+        return concatenate_samples(batches)
     except RuntimeError as error:
         raise RuntimeError(
             "dispatch_batches=True concatenates num_processes batches per step, which needs tensors of the same "
@@ -471,8 +496,8 @@ def _concatenate_step(batches: list[Any]) -> Any:
 
 def _repeat_from_start(batch: Any, count: int) -> Any:
     """The first ``count`` samples of ``batch``, repeated as often as needed."""
-    repeats = math.ceil(count / find_batch_size(batch))
-    return slice_tensors(concatenate([batch] * repeats), slice(0, count))
+    repeats = math.ceil(count / count_samples(batch))
+    return slice_samples(concatenate_samples([batch] * repeats), slice(0, count))
 
 
 class SkipDataLoader(DataLoaderStateMixin, DataLoader):
@@ -603,7 +628,7 @@ def prepare_data_loader(
     if dispatch_batches is None:
         dispatch_batches = put_on_device and iterable
     if dispatch_batches and not put_on_device:
-        raise ValueError("dispatch_batches=True sends batches from process 0 to each device: it needs put_on_device=True")
+        raise ValueError("Using `dispatch_batches=True` requires `put_on_device=True`.")  # HF's words
     batch_size = _batch_size(dataloader)
     if split_batches:
         check_split_batch_size(batch_size, num_processes)

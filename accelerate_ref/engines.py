@@ -103,7 +103,7 @@ def resolve_engines(
     if str(mixed_precision).lower() == "fp8" and handlers.get(FP8RecipeKwargs) is not None:
         _refuse_fp8(handlers[FP8RecipeKwargs])  # without a recipe, `precision.MixedPrecision` refuses naming every engine
     if dynamo_backend is not None and dynamo_plugin is not None:
-        raise ValueError("Pass either dynamo_backend or dynamo_plugin, not both")
+        raise ValueError("You cannot pass in both `dynamo_plugin` and `dynamo_backend`, please only pass in one.")
     if dynamo_plugin is None:
         dynamo_plugin = TorchDynamoPlugin(backend=dynamo_backend)
     fsdp_plugin = given.get("fsdp_plugin")

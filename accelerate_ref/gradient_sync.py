@@ -89,7 +89,9 @@ def _even_batches_overridden(dataloaders: list[Any], even_batches: bool) -> Iter
     samplers = [getattr(loader, "batch_sampler", None) for loader in dataloaders]
     overridable = [sampler for sampler in samplers if hasattr(sampler, "even_batches")]
     if len(overridable) < len(dataloaders):
-        warnings.warn("even_batches can only be overridden for map-style datasets; iterable ones keep their setting")
+        warnings.warn(  # HF 1.15's words
+            "Overriding even_batches is only supported for map-style datasets, yet some dataloaders given were iterable"
+        )
     saved = [sampler.even_batches for sampler in overridable]
     for sampler in overridable:
         sampler.even_batches = even_batches

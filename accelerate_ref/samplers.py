@@ -24,20 +24,24 @@ import torch
 from torch.utils.data import BatchSampler, IterableDataset, RandomSampler
 
 
-def check_split_batch_size(batch_size: Optional[int], num_processes: int) -> None:
+def check_split_batch_size(batch_size: Optional[int], num_processes: int, splitter: str = "a `DataLoader`") -> None:
     """Refuse a batch that cannot be split evenly over ``num_processes``.
 
     Rule: with ``split_batches=True`` each process gets ``batch_size /
     num_processes`` samples of every batch, so the batch size must be known
-    and a multiple of the number of processes; otherwise a ValueError names
-    both numbers. Catalog: data.split_batches.
+    and a multiple of the number of processes; otherwise a ValueError in HF
+    1.15's words, naming ``splitter`` (the class that splits) and both
+    numbers. Catalog: data.split_batches.
     """
     if batch_size is None:
-        raise ValueError("split_batches=True needs a data loader (or batch sampler) with a batch_size")
+        raise ValueError(
+            "In order to use `split_batches==True` you must have a `batch_size` attribute either in the passed "
+            "`dataloader` or `dataloader.batch_sampler` objects, and it has to return a natural number."
+        )
     if batch_size % num_processes != 0:
         raise ValueError(
-            f"split_batches=True splits each batch across processes: the batch size ({batch_size}) must be "
-            f"a multiple of the number of processes ({num_processes})"
+            f"To use {splitter} in `split_batches` mode, the batch size ({batch_size}) "
+            f"needs to be a round multiple of the number of processes ({num_processes})."
         )
 
 
@@ -113,7 +117,7 @@ class BatchSamplerShard(BatchSampler):
         self.batch_size: Optional[int] = getattr(batch_sampler, "batch_size", None)
         self.drop_last: bool = getattr(batch_sampler, "drop_last", False)
         if split_batches:
-            check_split_batch_size(self.batch_size, num_processes)
+            check_split_batch_size(self.batch_size, num_processes, splitter="`BatchSamplerShard`")
 
     @property
     def sampler(self) -> Any:
@@ -228,7 +232,7 @@ class IterableDatasetShard(IterableDataset):
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"sharding an IterableDataset needs the DataLoader's batch_size, got {batch_size!r}")
         if split_batches:
-            check_split_batch_size(batch_size, num_processes)
+            check_split_batch_size(batch_size, num_processes, splitter="`IterableDatasetShard`")
         self.dataset = dataset
         self.batch_size = batch_size
         self.drop_last = drop_last

@@ -231,9 +231,10 @@ class CheckpointingMixin:
                 raise ValueError("automatic_checkpoint_naming needs a project_dir in the ProjectConfiguration")
             target = os.path.join(config.project_dir, store.CHECKPOINTS_FOLDER, f"checkpoint_{self.save_iteration}")
             if os.path.exists(target):
-                raise store.CheckpointError(
-                    f"checkpoint directory {target} already exists; set project_configuration.iteration "
-                    "to the number to continue from (load_state() does so)"
+                raise store.CheckpointError(  # HF's words, then how to continue
+                    f"Checkpoint directory {target} ({self.save_iteration}) already exists. Please manually override "
+                    "`self.save_iteration` with what iteration to start with (project_configuration.iteration; "
+                    "load_state() sets it)."
                 )
             return target
         if output_dir is None:

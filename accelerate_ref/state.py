@@ -46,9 +46,12 @@ class _SharedState:
         return bool(self._shared_state)
 
     def __getattr__(self, name: str) -> Any:
-        raise AttributeError(
-            f"'{type(self).__name__}' has no attribute '{name}'"
-            + ("" if self._shared_state else f" (the state was reset; create a new {type(self).__name__} first)")
+        state = type(self).__name__
+        if self._shared_state:
+            raise AttributeError(f"'{state}' object has no attribute '{name}'")
+        raise AttributeError(  # HF's words
+            f"`{state}` object has no attribute `{name}`. This happens if `{state}._reset_state()` was called and "
+            f"an `Accelerator` or `{state}` was not reinitialized."
         )
 
 
@@ -61,6 +64,9 @@ class PartialState(_SharedState):
       ``DistributedType.NO``;
     * ``WORLD_SIZE>1`` on CPU: ``MULTI_CPU`` over gloo, with no extra flag;
     * ``WORLD_SIZE>1`` with CUDA: ``MULTI_GPU`` over nccl (``cpu=True`` forces CPU).
+
+    ``ACCELERATE_TORCH_DEVICE`` (``cpu``, ``cpu:64``, ``meta``, ...), when set,
+    is the device as given, in place of the family's, as in HF accelerate.
 
     ``kwargs`` go to ``torch.distributed.init_process_group`` (see
     ``InitProcessGroupKwargs``); ``backend`` overrides the family's default.
@@ -76,15 +82,16 @@ class PartialState(_SharedState):
         self._cpu = cpu
         self.family: DeviceFamily = family
         self.debug = parse_flag_from_env("ACCELERATE_DEBUG_MODE")
+        env_device = os.environ.get("ACCELERATE_TORCH_DEVICE")
         if launch.is_distributed:
-            self.device = family.device(launch.local_rank, distributed=True)
+            self.device = torch.device(env_device) if env_device else family.device(launch.local_rank, distributed=True)
             family.init_process_group(launch, backend, **kwargs)
             _tear_down_at_exit()
             self.backend = backend or family.backend
             self.distributed_type = family.distributed_type
             self.num_processes, self.process_index, self.local_process_index = family.world(launch)
         else:
-            self.device = family.device(0, distributed=False)
+            self.device = torch.device(env_device) if env_device else family.device(0, distributed=False)
             self.backend = None
             self.distributed_type = DistributedType.NO
             self.num_processes, self.process_index, self.local_process_index = 1, 0, 0
@@ -389,7 +396,7 @@ def _precision(value: str | None) -> str:
     value = str(value).lower()
     valid = [member.value for member in PrecisionType]
     if value not in valid:
-        raise ValueError(f"Unknown mixed_precision {value!r}; choose one of {valid}")
+        raise ValueError(f"Unknown mixed_precision mode: {value}. Choose between {valid}")  # HF's words
     return value
 
 

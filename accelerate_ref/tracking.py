@@ -491,7 +491,8 @@ def filter_trackers(
             continue
         name = _tracker_name(item)
         if name is None:
-            raise ValueError(f"unsupported tracker {item!r} in log_with; choose from {LoggerType.list() + list(LOGGER_TYPE_TO_CLASS)}")
+            known = LoggerType.list() + [name for name in LOGGER_TYPE_TO_CLASS if name not in LoggerType.list()]
+            raise ValueError(f"Unsupported logging capability: {item}. Choose between {known}")  # HF's words
         for candidate in get_available_trackers() if name == LoggerType.ALL.value else [name]:
             if candidate not in chosen and _usable(candidate, logging_dir):
                 chosen.append(candidate)

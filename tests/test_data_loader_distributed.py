@@ -21,6 +21,14 @@ WORLDS = [(2, 1), (3, 1), (4, 1), (4, 2)]
 STREAM, BATCH = 23, 3
 
 
+class WordStream(IterableDataset):
+    """Dict samples with a string field: default_collate makes each batch's "text" a list of strings."""
+
+    def __iter__(self):
+        for sample in range(STREAM):
+            yield {"id": sample, "text": f"w{sample}"}
+
+
 class CountingStream(IterableDataset):
     """0..length-1; counts the samples produced on this rank."""
 
@@ -77,6 +85,9 @@ def rank_report() -> dict:
     report["dispatched_split"] = _epoch(
         prepare_data_loader(DataLoader(range(STREAM), batch_size=2 * state.num_processes), split_batches=True, dispatch_batches=True, **placed)
     )
+    report["dispatched_words"] = [
+        (batch["id"].tolist(), batch["text"]) for batch in prepare_data_loader(DataLoader(WordStream(), batch_size=BATCH), **placed)
+    ]
     report["dispatched_drop_last"] = _epoch(
         prepare_data_loader(DataLoader(CountingStream(STREAM), batch_size=BATCH, drop_last=True), **placed)
     )
@@ -154,6 +165,22 @@ def test_dispatching(reports):
     assert all(len(step) == 2 * size for step in split)
     kept = STREAM // (BATCH * size) * BATCH * size
     assert sorted(_flat(_flat(v["dispatched_drop_last"]) for v in values)) == list(range(kept))
+
+
+@pytest.mark.slow
+def test_dispatching_strings(reports):
+    """Non-tensor samples (a list of strings per batch) are dispatched and sliced as the tensors beside them are.
+
+    HF 1.15 raises a TypeError here (its `find_batch_size`/`broadcast` take tensors only); issue 13 asks for them.
+    """
+    size, values = reports
+    steps = math.ceil(STREAM / (BATCH * size))
+    for rank, value in enumerate(values):
+        assert len(value["dispatched_words"]) == steps, f"rank {rank}"
+        for ids, texts in value["dispatched_words"]:
+            assert texts == [f"w{sample}" for sample in ids], f"rank {rank}: each id keeps its own string"
+    joined = _flat(_flat(v["dispatched_words"][step][0] for v in values) for step in range(steps))
+    assert joined[:STREAM] == list(range(STREAM))
 
 
 @pytest.mark.slow

@@ -77,6 +77,7 @@ OPS = ("ops.*",)
 INFERENCE = ("split.*",)
 METRICS = ("gather_for_metrics.*",)
 UTILITIES = ("constants.*", "enums.*", "env.*", "mixed_precision.*", "cpu.*")
+COMPAT = ("compat.*",)
 
 
 @dataclass(frozen=True)
@@ -231,6 +232,9 @@ BREAKS = [
     brk("mixed_precision_env_overrides_argument", {"mixed_precision_argument_wins": F}, "1", UTILITIES),
     brk("grad_accum_env_ignored", {"mixed_precision_env_default": F}, "1", UTILITIES),
     brk("cpu_flag_ignored", {"cpu.flag": F}, "1", UTILITIES, needs_cuda=True),
+    # -- compatibility across documented versions (issue 13) ----------------------
+    brk("compat_v027_keywords_ignored", {"compat.v027_dataloader_kwargs": F}, "1", COMPAT),
+    brk("compat_autocast_cache_enabled_ignored", {"compat.autocast_cache_enabled": F}, "1", COMPAT),
     # -- inference helpers ----------------------------------------------------------
     brk("split_no_padding", {"split.padding": F}, "2", INFERENCE, collateral={"split.fewer_inputs_than_ranks"}),
     brk(

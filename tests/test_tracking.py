@@ -87,7 +87,7 @@ def test_without_trackers_get_tracker_is_a_blank_tracker():
 
 
 def test_log_with_is_checked_when_the_accelerator_is_created(tmp_path):
-    with pytest.raises(ValueError, match="unsupported tracker 'nonsense'"):
+    with pytest.raises(ValueError, match="Unsupported logging capability: nonsense"):
         fresh(log_with="nonsense")
     with pytest.raises(ValueError, match="logging_dir"):
         fresh(log_with="jsonl")

@@ -12,6 +12,7 @@ gather_for_metrics.doc_example.
 from __future__ import annotations
 
 import gc
+import warnings
 import weakref
 
 import pytest
@@ -27,6 +28,15 @@ from accelerate_ref import (
     GradientState,
     GradScalerKwargs,
 )
+
+
+#: HF 1.15's warning when `join_uneven_inputs(even_batches=...)` meets an iterable dataset's loader.
+MAP_STYLE_ONLY = "Overriding even_batches is only supported for map-style datasets, yet some dataloaders given were iterable"
+
+
+class Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter(range(4))
 
 
 def fresh(**kwargs) -> Accelerator:
@@ -117,15 +127,19 @@ def join_phase(rank: int, size: int) -> dict:
     model = linear()
     loader = torch.utils.data.DataLoader(list(range(2 * size + 1)), batch_size=1)
     model, optimizer, loader = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), loader)
+    acc.prepare(torch.utils.data.DataLoader(Stream(), batch_size=1))  # its even_batches cannot be overridden
     batches = 0
-    with acc.join_uneven_inputs([model], even_batches=False):
+    with warnings.catch_warnings(record=True) as caught, acc.join_uneven_inputs([model], even_batches=False):
+        warnings.simplefilter("always")
         for batch in loader:
             acc.backward(loss_of(model, rank, int(batch)))
             optimizer.step()
             optimizer.zero_grad()
             batches += 1
     gathered = [acc.gather_for_metrics(batch).tolist() for batch in loader]
-    return {"batches": batches, "after": len(loader), "weights": weights(model.module), "gathered": gathered}
+    iterable_warned = any(MAP_STYLE_ONLY in str(warning.message) for warning in caught)
+    return {"batches": batches, "after": len(loader), "weights": weights(model.module), "gathered": gathered,
+            "iterable_warned": iterable_warned}
 
 
 def fp16_phase(rank: int) -> dict:
@@ -204,6 +218,7 @@ def test_training_across_ranks(size, machines):
         join = r["join"]
         assert join["batches"] == (3 if rank == 0 else 2), "uneven batches in join_uneven_inputs(even_batches=False)"
         assert join["after"] == 3, "even_batches restored after the block"
+        assert join["iterable_warned"], "overriding even_batches with an iterable loader prepared warns in HF's words"
         assert close(join["weights"], reports[0]["join"]["weights"]), f"rank {rank}: weights agree after joining"
 
         assert r["fp16"] == {"skipped": True, "unchanged": True}, f"rank {rank}: overflow on one rank skips everywhere"

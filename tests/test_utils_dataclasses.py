@@ -184,5 +184,5 @@ def test_profile_kwargs_build(tmp_path):
     with profiler:
         torch.ones(2) + 1
     assert profiler.key_averages() is not None
-    with pytest.raises(ValueError, match="'gpu'"):
+    with pytest.raises(ValueError, match="Invalid profiler activity: gpu"):
         ProfileKwargs(activities=["gpu"]).build()

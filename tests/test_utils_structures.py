@@ -62,7 +62,7 @@ def test_recursively_apply_error_on_other_type_names_type_and_path():
     with pytest.raises(TypeError) as error:
         recursively_apply(double, {"x": [torch.ones(1), {"y": 3.5}]}, error_on_other_type=True)
     message = str(error.value)
-    assert "`float`" in message and "input['x'][1]['y']" in message and "`double`" in message
+    assert "<class 'float'>" in message and "input['x'][1]['y']" in message and "`double`" in message
 
 
 def test_honor_type_and_namedtuple():

@@ -397,7 +397,7 @@ class ProfileKwargs(KwargsHandler):
         activities = None
         if self.activities is not None:
             unknown = [name for name in self.activities if name not in known]
-            _check(not unknown, f"Unknown profiler activities {unknown}; valid ones are {sorted(known)}")
+            _check(not unknown, f"Invalid profiler activity: {', '.join(unknown)}. Must be one of {sorted(known)}.")
             activities = [known[name] for name in self.activities]
         schedule = None if self.schedule_option is None else torch.profiler.schedule(**self.schedule_option)
         return torch.profiler.profile(

@@ -103,9 +103,9 @@ def find_executable_batch_size(
         parameters = list(inspect.signature(function).parameters)
         if len(args) >= len(parameters):
             passed = ", ".join(f"{name}={value!r}" for name, value in zip(parameters[1:], args[1:]))
-            raise TypeError(
-                f"`{function.__name__}` got its batch size from the caller; the decorator passes it. "
-                f"Call `{function.__name__}({passed})` instead."
+            raise TypeError(  # HF's words
+                f"Batch size was passed into `{function.__name__}` as the first argument when called. "
+                f"Remove this as the decorator already does so: `{function.__name__}({passed})`"
             )
         clear_device_cache(garbage_collection=True)
         while True:

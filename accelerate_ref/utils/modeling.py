@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -62,6 +63,8 @@ from .serialization import load
 
 if TYPE_CHECKING:
     from .dataclasses import AutocastKwargs, DistributedType
+
+logger = logging.getLogger(__name__)
 
 __all__ = [  # the names of 🤗 Accelerate's utils.modeling that live in the sibling modules
     "WEIGHTS_INDEX_NAME",
@@ -205,7 +208,8 @@ def checkpoint_files(checkpoint: Union[str, os.PathLike]) -> list[str]:
 
     Rule: a folder is read through its one ``model.safetensors`` (else
     ``pytorch_model.bin``), else its one ``*.index.json``; no candidate, or
-    several indexes, is a ValueError naming the folder.
+    several indexes, is a ValueError naming the folder. An index maps weight
+    names to files under ``"weight_map"``, or is that mapping itself (as HF reads it).
     Catalog: save_model.reload, save_model.sharded.
     """
     path = os.fspath(checkpoint)
@@ -223,12 +227,14 @@ def checkpoint_files(checkpoint: Union[str, os.PathLike]) -> list[str]:
         path = os.path.join(path, indexes[0])
     elif not os.path.isfile(path):
         raise ValueError(
-            f"checkpoint {path} is neither a weights file, nor the .index.json of a sharded checkpoint, nor a folder with either"
+            "`checkpoint` should be the path to a file containing a whole state dict, or the index of a sharded "
+            f"checkpoint, or a folder containing a sharded checkpoint or the whole state dict, but got {path}."
         )
     if not path.endswith(".json"):
         return [path]
     with open(path, encoding="utf-8") as stream:
-        weight_map = json.load(stream)["weight_map"]
+        index = json.load(stream)
+    weight_map = index.get("weight_map", index)  # HF also takes an index that is the weight map itself
     return [os.path.join(os.path.dirname(path), name) for name in dict.fromkeys(weight_map.values())]
 
 
@@ -347,8 +353,9 @@ def load_checkpoint_in_model(
     at the end. Refused before anything is loaded or written (ValueError
     naming the culprit): a map key that is no module of the model, a
     ``"disk"`` entry without ``offload_folder``, a weight whose shape differs.
-    Keys the model lacks, and weights the checkpoint lacks, are warned
-    about, or a ValueError with ``strict=True``. Without a ``device_map``,
+    Keys the model lacks are logged in HF's words ("were not used when
+    initializing"), weights the checkpoint lacks are warned about; either
+    is a ValueError with ``strict=True``. Without a ``device_map``,
     ``broadcast_from_rank0`` has only rank 0 read the files and sends each
     tensor to the other ranks (torch's ``set_model_state_dict``; an
     initialised process group is needed, else a ValueError), with
@@ -406,15 +413,25 @@ def load_checkpoint_in_model(
     retie_parameters(model, tied)
     loaded = {id(_tensor_of(model, name)) for name in loaded_names}  # a tied weight is loaded through its twin
     missing = sorted(name for name in expected if name not in loaded_names and id(_tensor_of(model, name)) not in loaded)
-    _report_mismatched_keys(checkpoint, missing, unexpected, strict)
+    _report_mismatched_keys(model, checkpoint, missing, unexpected, strict)
 
 
-def _report_mismatched_keys(checkpoint: Union[str, os.PathLike], missing: list[str], unexpected: list[str], strict: bool) -> None:
-    if missing or unexpected:
-        message = f"loading {os.fspath(checkpoint)}: weights missing from the checkpoint {missing}, keys the model lacks {unexpected}"
-        if strict:
-            raise ValueError(message)
-        warnings.warn(message)
+def _report_mismatched_keys(
+    model: torch.nn.Module, checkpoint: Union[str, os.PathLike], missing: list[str], unexpected: list[str], strict: bool
+) -> None:
+    """A ValueError with ``strict``; else unused checkpoint keys logged in HF's words, missing weights warned about."""
+    if strict and (missing or unexpected):
+        raise ValueError(
+            f"loading {os.fspath(checkpoint)}: weights missing from the checkpoint {missing}, keys the model lacks {unexpected}"
+        )
+    if unexpected:
+        logger.warning(
+            f"Some weights of the model checkpoint at {os.fspath(checkpoint)} were not used when initializing "
+            f"{type(model).__name__}: {unexpected}. This may or may not be an issue - make sure that the checkpoint "
+            "does not have unnecessary parameters, or that the model definition correctly corresponds to the checkpoint."
+        )
+    if missing:
+        warnings.warn(f"loading {os.fspath(checkpoint)}: weights missing from the checkpoint {missing}")
 
 
 def _load_broadcast_from_rank0(model: torch.nn.Module, checkpoint: Union[str, os.PathLike], full_state_dict: bool, strict: bool) -> None:
@@ -439,7 +456,7 @@ def _load_broadcast_from_rank0(model: torch.nn.Module, checkpoint: Union[str, os
         set_model_state_dict(model, load_state_dict(path) if is_first else {}, options=options)
     names = {name for _, file_names in listing[0] for name in file_names}
     present = names | {twin for group in find_tied_parameters(model) if names & set(group) for twin in group}
-    _report_mismatched_keys(checkpoint, sorted(expected - present), sorted(names - expected), strict)
+    _report_mismatched_keys(model, checkpoint, sorted(expected - present), sorted(names - expected), strict)
 
 
 def check_device_same(first_device: torch.device, second_device: torch.device) -> bool:

@@ -95,8 +95,8 @@ def apply_to_leaves(
         return func(data, *args, **kwargs)
     if reject_others_in is not None:
         raise TypeError(
-            f"Unsupported type `{type(data).__name__}` at {format_path(path)} passed to `{reject_others_in}`: "
-            f"only nested lists, tuples and dicts whose leaves satisfy `{test_type.__name__}` are supported."
+            f"Unsupported types ({type(data)}) passed to `{reject_others_in}` at {format_path(path)}. Only nested "
+            f"list/tuple/dicts of objects that are valid for `{test_type.__name__}` should be passed."  # HF's words
         )
     return data
 
