@@ -103,11 +103,15 @@ class CheckpointingMixin:
         `unwrap_model(model)`, in the precision the model trains in; with
         ``unwrap=False`` that of ``model`` as prepared (a
         ``DistributedDataParallel``'s keys start with ``module.``).
-        An FSDP-sharded model gives its full, unsharded state on every rank.
-        Catalog: get_state_dict.unwrap, save_model.default, plugin.fsdp.
+        An FSDP-sharded model gives its full, unsharded state on every rank,
+        a DeepSpeed engine its module's (ZeRO-3 partitions gathered).
+        Catalog: get_state_dict.unwrap, save_model.default, plugin.fsdp, plugin.deepspeed_zero.
         """
+        from .utils.deepspeed import engine_state_dict, is_deepspeed_engine
         from .utils.fsdp_utils import full_state_dict, is_fsdp_model
 
+        if unwrap and is_deepspeed_engine(model):
+            return engine_state_dict(model)
         if unwrap and is_fsdp_model(self.unwrap_model(model)):
             return full_state_dict(self.unwrap_model(model))
         return (self.unwrap_model(model) if unwrap else model).state_dict()

@@ -12,6 +12,8 @@ To reproduce one break by hand::
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from tests.test_meta_suite import Break, F, E, brk, plan, shared_pools  # noqa: F401  (shared_pools: a fixture)
@@ -56,6 +58,8 @@ BREAKS = [
     pbrk("plugin_dynamo_not_compiled", {"plugin.dynamo": F}, "1", SINGLE),
     pbrk("plugin_deepspeed_auto_unfilled", {"plugin_deepspeed_config": F}, "1", SINGLE),
 ]
+if importlib.util.find_spec("deepspeed") is not None:  # without it the ZeRO cases are NOT_SUPPORTED
+    BREAKS.append(pbrk("plugin_deepspeed_steps_every_batch", {"plugin_deepspeed_accumulation": F}, "2", ("plugin.deepspeed_zero",)))
 
 
 
