@@ -154,6 +154,8 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
         self._optimizers: list[AcceleratedOptimizer] = []
         self._schedulers: list[AcceleratedScheduler] = []
         self._dataloaders: list[Any] = []
+        #: The DeepSpeed engine's wrapper once `prepare` handed a model to DeepSpeed (as HF names it).
+        self.deepspeed_engine_wrapped: Any = None
 
     # -- topology (catalog state.attributes) -----------------------------
 
@@ -358,8 +360,16 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
         ``device_placement`` gives one flag per object (``[True, True,
         False, False]`` places only the first two) and must be as long as
         ``args``. One object comes back alone, several as a tuple.
-        Catalog: prepare.order, prepare.device_placement_list, prepare.verify_device_map.
+        With a `DeepSpeedPlugin` the model and its optimizer go to
+        ``deepspeed.initialize`` together (`utils.deepspeed.prepare_deepspeed`).
+        Catalog: prepare.order, prepare.device_placement_list, prepare.verify_device_map,
+        plugin.deepspeed_zero.
         """
+        if self._engines.deepspeed_plugin is not None:
+            from .utils.deepspeed import prepare_deepspeed
+
+            prepared = prepare_deepspeed(self, list(args))
+            return prepared[0] if len(prepared) == 1 else tuple(prepared)
         flags = list(device_placement) if device_placement is not None else [None] * len(args)
         if len(flags) != len(args):
             raise ValueError(  # HF's words
@@ -519,9 +529,14 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
 
         Rule: gradients become those of ``loss / gradient_accumulation_steps``
         (times the scaler's scale under fp16, undone before the update);
-        ``kwargs`` go to ``backward`` (``retain_graph=True``, ...).
-        Catalog: backward.loss, accumulate.doc_example, autocast.fp16_scaler.
+        ``kwargs`` go to ``backward`` (``retain_graph=True``, ...). Under
+        DeepSpeed the engine's backward, and its step at accumulation
+        boundaries (`utils.deepspeed.DeepSpeedEngineWrapper`).
+        Catalog: plugin.deepspeed_zero, backward.loss, accumulate.doc_example, autocast.fp16_scaler.
         """
+        if self.deepspeed_engine_wrapped is not None:  # DeepSpeed divides by the accumulation steps itself
+            self.deepspeed_engine_wrapped.backward(loss, sync_gradients=self.sync_gradients, **kwargs)
+            return
         loss = loss / self.gradient_accumulation_steps
         self._precision.scale_loss(loss).backward(**kwargs)
 
@@ -564,6 +579,8 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
         Catalog: no_sync.doc_example (erratum: the example calls
         ``no_sync()`` without its model and reuses the first loss).
         """
+        if self.deepspeed_engine_wrapped is not None:  # the engine keeps its own accumulation boundary
+            return contextlib.nullcontext()
         return model.no_sync() if self.use_distributed and hasattr(model, "no_sync") else contextlib.nullcontext()
 
     @staticmethod

@@ -1,12 +1,14 @@
 """Which engine the Accelerator drives: FSDP, torch.compile, or a refusal naming what is missing.
 
 `Accelerator.__init__` calls `resolve_engines` once; `prepare_model` calls
-`prepare_with_engines`. DeepSpeed, Megatron-LM and FP8 engines are refused at
-construction, naming the argument and the package: where the package is not
-installed (ImportError), and where it is, because this reference does not
-drive it yet (NotImplementedError). Never a silent fallback to plain DDP.
+`prepare_with_engines`; a `DeepSpeedPlugin` makes `prepare` go through
+`utils.deepspeed`. DeepSpeed (without its package), Megatron-LM and FP8
+engines are refused at construction, naming the argument and the package:
+where the package is not installed (ImportError), and where it is, because
+this reference does not drive it yet (NotImplementedError). Never a silent
+fallback to plain DDP.
 
-Catalog: plugin.fsdp, plugin.dynamo, plugin.unavailable_engines.
+Catalog: plugin.fsdp, plugin.dynamo, plugin.unavailable_engines, plugin.deepspeed_zero.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ class Engines:
 
     fsdp_plugin: Optional[FullyShardedDataParallelPlugin]
     dynamo_plugin: TorchDynamoPlugin
+    #: Set when DeepSpeed drives training (`utils.deepspeed`).
+    deepspeed_plugin: Optional[DeepSpeedPlugin] = None
     #: The parameters sharding replaced, by the replaced parameter's id.
     replaced_parameters: dict[int, torch.nn.Parameter] = field(default_factory=dict)
 
@@ -97,7 +101,8 @@ def resolve_engines(
             module, pip_name, available = _ENGINE_PACKAGES[name]
             if not available():
                 raise ImportError(f"{name} needs the `{module}` package, which is not installed (pip install {pip_name})")
-            raise NotImplementedError(f"{name}: accelerate_ref does not drive {module} yet (it is installed)")
+            if name != "deepspeed_plugin":  # `utils.deepspeed` drives one DeepSpeed plugin
+                raise NotImplementedError(f"{name}: accelerate_ref does not drive {module} yet (it is installed)")
     if "torch_tp_plugin" in given:
         raise NotImplementedError("torch_tp_plugin: accelerate_ref does not provide tensor parallelism yet")
     if str(mixed_precision).lower() == "fp8" and handlers.get(FP8RecipeKwargs) is not None:
@@ -109,7 +114,7 @@ def resolve_engines(
     fsdp_plugin = given.get("fsdp_plugin")
     if fsdp_plugin is not None and mixed_precision in ("fp16", "bf16"):
         fsdp_plugin.set_mixed_precision(mixed_precision)
-    return Engines(fsdp_plugin=fsdp_plugin, dynamo_plugin=dynamo_plugin)
+    return Engines(fsdp_plugin=fsdp_plugin, dynamo_plugin=dynamo_plugin, deepspeed_plugin=given.get("deepspeed_plugin"))
 
 
 def _refuse_fp8(recipe: FP8RecipeKwargs) -> None:

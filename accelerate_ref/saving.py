@@ -17,7 +17,7 @@ Catalog: save.once_per_machine, save.array_example, save_model.default,
 save_model.sharded, save_model.reload, get_state_dict.unwrap,
 save_state.roundtrip, save_state.resume_data_order, save_state.file_names,
 save_state.auto_naming, save_state.total_limit, register_for_checkpointing,
-save_state.pre_hooks.
+save_state.pre_hooks, plugin.fsdp_state_dict.
 """
 
 from __future__ import annotations
@@ -39,6 +39,14 @@ from .checkpointing import (
     load_custom_state,
     save_accelerator_state,
     save_custom_state,
+)
+from .utils.fsdp_utils import (
+    is_fsdp_model,
+    load_fsdp_model,
+    load_fsdp_optimizer,
+    optimizer_owner,
+    save_fsdp_model,
+    save_fsdp_optimizer,
 )
 from .utils.constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 from .utils.modeling import shard_checkpoint
@@ -95,11 +103,15 @@ class CheckpointingMixin:
         `unwrap_model(model)`, in the precision the model trains in; with
         ``unwrap=False`` that of ``model`` as prepared (a
         ``DistributedDataParallel``'s keys start with ``module.``).
-        An FSDP-sharded model gives its full, unsharded state on every rank.
-        Catalog: get_state_dict.unwrap, save_model.default, plugin.fsdp.
+        An FSDP-sharded model gives its full, unsharded state on every rank,
+        a DeepSpeed engine its module's (ZeRO-3 partitions gathered).
+        Catalog: get_state_dict.unwrap, save_model.default, plugin.fsdp, plugin.deepspeed_zero.
         """
+        from .utils.deepspeed import engine_state_dict, is_deepspeed_engine
         from .utils.fsdp_utils import full_state_dict, is_fsdp_model
 
+        if unwrap and is_deepspeed_engine(model):
+            return engine_state_dict(model)
         if unwrap and is_fsdp_model(self.unwrap_model(model)):
             return full_state_dict(self.unwrap_model(model))
         return (self.unwrap_model(model) if unwrap else model).state_dict()
@@ -249,7 +261,12 @@ class CheckpointingMixin:
         Rules: into ``output_dir``, or with automatic checkpoint naming into
         ``project_dir/checkpoints/checkpoint_<iteration>`` (an existing one
         is an error); ``project_configuration.iteration`` then advances.
-        Files: see `checkpointing`. The checkpoint becomes visible only when
+        Files: see `checkpointing`; a model sharded by an `fsdp_plugin` and
+        its optimizers are written by `save_fsdp_model` / `save_fsdp_optimizer`
+        (``pytorch_model_fsdp.bin`` and ``optimizer.bin`` for FULL_STATE_DICT,
+        the torch.distributed.checkpoint folders ``pytorch_model_fsdp_<i>/``
+        and ``optimizer_<i>/`` for SHARDED_STATE_DICT) and read back into
+        each rank's shards by `load_state`. The checkpoint becomes visible only when
         complete: it is written under a temporary name next to its final
         one, every process writes its part (its own RNG file included), and
         once all have succeeded the main process (each machine's, where the
@@ -290,14 +307,20 @@ class CheckpointingMixin:
 
     def _write_state(self, staging: str, safe_serialization: bool) -> None:
         """This process's part of a checkpoint, written into ``staging``."""
-        weights = [self.get_state_dict(model) for model in self._models]
+        sharded, owners = self._fsdp_parts()
+        weights = [self.get_state_dict(model) for i, model in enumerate(self._models) if i not in sharded]
         for hook in list(self._save_model_state_pre_hook.values()):
             hook(self._models, weights, staging)
+        plugin = self._engines.fsdp_plugin
+        for index, model in sharded.items():
+            save_fsdp_model(plugin, self, model, staging, index)
+        for index, model in owners.items():
+            save_fsdp_optimizer(plugin, self, self._optimizers[index], model, staging, index)
         on_each_node = self.project_configuration.save_on_each_node
         save_accelerator_state(
             staging,
             weights,
-            self._optimizers,
+            [optimizer for i, optimizer in enumerate(self._optimizers) if i not in owners],
             self._schedulers,
             self._dataloaders,
             self.process_index,
@@ -308,6 +331,23 @@ class CheckpointingMixin:
         )
         for index, obj in enumerate(self._custom_objects):
             save_custom_state(obj, staging, index, save_on_each_node=on_each_node)
+
+    def _fsdp_parts(self) -> tuple[dict[int, torch.nn.Module], dict[int, torch.nn.Module]]:
+        """The FSDP-sharded models by their index, and the sharded model each optimizer steps, by the optimizer's index.
+
+        Rule: these are saved and loaded by `save_fsdp_model` /
+        `save_fsdp_optimizer` and their loaders, as the plugin's
+        ``state_dict_type`` says (every process takes part); the rest as
+        without FSDP. Catalog: plugin.fsdp_state_dict.
+        """
+        unwrapped = {i: self.unwrap_model(model, keep_torch_compile=False) for i, model in enumerate(self._models)}
+        sharded = {i: model for i, model in unwrapped.items() if is_fsdp_model(model)}
+        owners = {}
+        for index, optimizer in enumerate(self._optimizers):
+            owner = optimizer_owner(optimizer, list(sharded.values()))
+            if owner is not None:
+                owners[index] = owner
+        return sharded, owners
 
     def _publish(self, staging: str, target: str, token: str) -> bool:
         """Manifest, rename into place, clean up, enforce ``total_limit`` (the staging directory's creator)."""
@@ -370,14 +410,20 @@ class CheckpointingMixin:
         check_custom_files(directory, len(self._custom_objects))
 
     def _read_state(self, directory: str, load_kwargs: Optional[dict[str, Any]], load_model_func_kwargs: dict[str, Any]) -> None:
-        models = list(self._models)
+        sharded, owners = self._fsdp_parts()
+        models = [model for i, model in enumerate(self._models) if i not in sharded]
         for hook in list(self._load_model_state_pre_hook.values()):
             hook(models, directory)
+        plugin = self._engines.fsdp_plugin
+        for index, model in sharded.items():
+            load_fsdp_model(plugin, self, model, directory, index)
+        for index, model in owners.items():
+            load_fsdp_optimizer(plugin, self, self._optimizers[index], model, directory, index)
         options = dict(load_model_func_kwargs)
         restored = load_accelerator_state(
             directory,
             [self.unwrap_model(model) for model in models],
-            self._optimizers,
+            [optimizer for i, optimizer in enumerate(self._optimizers) if i not in owners],
             self._schedulers,
             self._dataloaders,
             self.process_index,

@@ -1,7 +1,7 @@
 """Meta-tests of the "Plugins and engines" cases: each ``broken_impls.plugin_*`` module must be reported.
 
 The machinery is `test_meta_suite`'s; this module lists the plugin breaks
-(the five of issue 12) and how each must show. Each world first runs the
+(the five of issue 12, and an FSDP load_state that skips the optimizer) and how each must show. Each world first runs the
 reference over the union of the selections, which must pass. FSDP cases
 build a device mesh and dynamo compiles: entries run with `CASE_TIMEOUT`.
 
@@ -11,6 +11,8 @@ To reproduce one break by hand::
 """
 
 from __future__ import annotations
+
+import importlib.util
 
 import pytest
 
@@ -39,12 +41,25 @@ BREAKS = [
         # The state dict cases also check that the model they save is sharded.
         collateral={"plugin.fsdp_state_dict"},
     ),
-    pbrk("plugin_sharded_save_rank_zero_only", {"plugin_fsdp_state_dict_sharded": (F, E)}, "2", FSDP),
+    pbrk(
+        "plugin_sharded_save_rank_zero_only",
+        {"plugin_fsdp_state_dict_sharded": (F, E), "plugin_fsdp_save_state_sharded": (F, E)},
+        "2",
+        FSDP,
+    ),
+    pbrk(
+        "plugin_load_state_skips_optimizer",
+        {"plugin_fsdp_save_state_full": F, "plugin_fsdp_save_state_sharded": F},
+        "2",
+        ("plugin_fsdp_save_state*",),
+    ),
     # By case name: the bf16 case of the ID is NOT_SUPPORTED on gloo (a torch limit).
     pbrk("plugin_comm_hook_not_registered", {"plugin_ddp_comm_hook": F}, "2", ("plugin_ddp_comm_hook",)),
     pbrk("plugin_dynamo_not_compiled", {"plugin.dynamo": F}, "1", SINGLE),
     pbrk("plugin_deepspeed_auto_unfilled", {"plugin_deepspeed_config": F}, "1", SINGLE),
 ]
+if importlib.util.find_spec("deepspeed") is not None:  # without it the ZeRO cases are NOT_SUPPORTED
+    BREAKS.append(pbrk("plugin_deepspeed_steps_every_batch", {"plugin_deepspeed_accumulation": F}, "2", ("plugin.deepspeed_zero",)))
 
 
 

@@ -224,5 +224,6 @@ from .dataclasses import (  # noqa: E402
     MegatronLMPlugin,
     get_module_class_from_name,
 )
-from .fsdp_utils import load_fsdp_model, merge_fsdp_weights, save_fsdp_model  # noqa: E402
+from .fsdp_utils import load_fsdp_model, load_fsdp_optimizer, merge_fsdp_weights, save_fsdp_model, save_fsdp_optimizer  # noqa: E402
 from .bnb import load_and_quantize_model  # noqa: E402
+from .deepspeed import DeepSpeedEngineWrapper, DeepSpeedOptimizerWrapper  # noqa: E402

@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import torch
 
-from .constants import FSDP_MODEL_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_NAME
+from .constants import FSDP_MODEL_NAME, OPTIMIZER_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_NAME
 from .engine_plugins import FullyShardedDataParallelPlugin, get_module_class_from_name
 
 
@@ -202,6 +202,92 @@ def load_fsdp_model(
         holder = {"model": get_model_state_dict(model)}
         dcp.load(holder, checkpoint_id=_sharded_dir(input_dir, model_index))
         set_model_state_dict(model, holder["model"])
+    accelerator.wait_for_everyone()
+
+
+def _state_dict_options(fsdp_plugin: FullyShardedDataParallelPlugin) -> Any:
+    """torch's state dict options for the plugin's ``state_dict_type`` (full: unsharded tensors on every rank)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=fsdp_plugin.state_dict_type == "FULL_STATE_DICT")
+
+
+def _torch_optimizer(optimizer: Any) -> torch.optim.Optimizer:
+    """The user's optimizer inside a prepared one (torch's state dict helpers step it to create empty state)."""
+    return getattr(optimizer, "optimizer", optimizer)
+
+
+def _optimizer_file(output_dir: str | os.PathLike, optimizer_index: int) -> Path:
+    suffix = "" if optimizer_index == 0 else f"_{optimizer_index}"
+    return Path(output_dir) / f"{OPTIMIZER_NAME}{suffix}.bin"
+
+
+def _optimizer_dir(output_dir: str | os.PathLike, optimizer_index: int) -> Path:
+    return Path(output_dir) / f"{OPTIMIZER_NAME}_{optimizer_index}"
+
+
+def optimizer_owner(optimizer: Any, models: list[torch.nn.Module]) -> Optional[torch.nn.Module]:
+    """The model among ``models`` whose parameters ``optimizer`` steps (the first that holds one of them), or None."""
+    stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    return next((m for m in models if any(id(p) in stepped for p in m.parameters())), None)
+
+
+def save_fsdp_optimizer(
+    fsdp_plugin: FullyShardedDataParallelPlugin,
+    accelerator: Any,
+    optimizer: Any,
+    model: torch.nn.Module,
+    output_dir: str | os.PathLike,
+    optimizer_index: int = 0,
+) -> None:
+    """Save the state of an optimizer stepping the FSDP ``model``, by the plugin's ``state_dict_type``.
+
+    Rules: FULL_STATE_DICT: the state is gathered unsharded (keyed by
+    parameter name) and the main process writes ``optimizer.bin``
+    (``optimizer_<i>.bin`` for i > 0); SHARDED_STATE_DICT: every rank writes
+    its shard into ``optimizer_<i>/`` with torch.distributed.checkpoint.
+    Collective: every process calls it. Catalog: plugin.fsdp_state_dict.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    os.makedirs(output_dir, exist_ok=True)
+    state = get_optimizer_state_dict(model, _torch_optimizer(optimizer), options=_state_dict_options(fsdp_plugin))
+    if fsdp_plugin.state_dict_type == "FULL_STATE_DICT":
+        if accelerator.is_main_process:
+            torch.save(state, _optimizer_file(output_dir, optimizer_index))
+    else:
+        dcp.save({"optimizer": state}, checkpoint_id=_optimizer_dir(output_dir, optimizer_index))
+    accelerator.wait_for_everyone()
+
+
+def load_fsdp_optimizer(
+    fsdp_plugin: FullyShardedDataParallelPlugin,
+    accelerator: Any,
+    optimizer: Any,
+    model: torch.nn.Module,
+    input_dir: str | os.PathLike,
+    optimizer_index: int = 0,
+) -> None:
+    """Load what `save_fsdp_optimizer` wrote into ``optimizer`` (every rank takes its shard of the state).
+
+    Rules: a full state (read by every rank, without running code) is
+    sharded like the model's parameters; a sharded one is read from
+    ``optimizer_<i>/`` into this rank's shards. Collective.
+    Catalog: plugin.fsdp_state_dict.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    options = _state_dict_options(fsdp_plugin)
+    inner = _torch_optimizer(optimizer)
+    if fsdp_plugin.state_dict_type == "FULL_STATE_DICT":
+        state = torch.load(_optimizer_file(input_dir, optimizer_index), map_location="cpu", weights_only=True)
+    else:
+        holder = {"optimizer": get_optimizer_state_dict(model, inner, options=options)}
+        dcp.load(holder, checkpoint_id=_optimizer_dir(input_dir, optimizer_index))
+        state = holder["optimizer"]
+    set_optimizer_state_dict(model, inner, state, options=options)
     accelerator.wait_for_everyone()
 
 

@@ -38,6 +38,9 @@ def _distributed_containers() -> tuple[type, ...]:
         from torch.distributed.fsdp import FullyShardedDataParallel
 
         containers += (FullyShardedDataParallel,)
+    engine_module = sys.modules.get("deepspeed.runtime.engine")  # loaded only where DeepSpeed prepared a model
+    if engine_module is not None:
+        containers += (engine_module.DeepSpeedEngine,)
     return containers
 
 

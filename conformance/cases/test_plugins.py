@@ -22,6 +22,8 @@ from ..checks import expect_equal, expect_raises, expect_true
 
 #: Building a process group, a device mesh and dynamo's first compile take seconds on a busy machine.
 PLUGIN_CASE_TIMEOUT = 60.0
+#: DeepSpeed's first use on a machine JIT-compiles its CPU communication op (minutes; cached after).
+DEEPSPEED_CASE_TIMEOUT = 300.0
 LR = 0.1
 BATCH = 2
 STEPS = 2
@@ -233,6 +235,96 @@ def _full_roundtrip_check(values, world):
     _check_roundtrip(values, world, sharded=False)
 
 
+def _rank_batch(world: Any, step: int) -> torch.Tensor:
+    """This rank's two table rows of ``step`` (the ranks of a step never share a row)."""
+    return torch.tensor([4 * step + 2 * world.rank, 4 * step + 2 * world.rank + 1])
+
+
+#: Files of an Accelerator checkpoint written for FSDP model 0 and optimizer 0, by state_dict_type.
+_FSDP_CHECKPOINT_FILES = {
+    "FULL_STATE_DICT": ("pytorch_model_fsdp.bin", "optimizer.bin"),
+    "SHARDED_STATE_DICT": ("pytorch_model_fsdp_0", "optimizer_0"),
+}
+
+
+def _fsdp_save_state_resume(impl: Any, world: Any, state_dict_type: str) -> dict:
+    """Adam under FSDP: 2 steps, save_state, 2 steps (the uninterrupted run), a perturbing step,
+    load_state, the same 2 steps again (the resumed run)."""
+    acc = impl.Accelerator(fsdp_plugin=impl.utils.FullyShardedDataParallelPlugin(state_dict_type=state_dict_type))
+    model = acc.prepare(_net())
+    optimizer = acc.prepare(torch.optim.Adam(model.parameters(), lr=0.01))
+    steps = [_rank_batch(world, step) for step in range(5)]
+    _train(acc, model, optimizer, steps[:2])
+    directory = os.path.join(world.shared_dir, f"save_state_{state_dict_type.lower()}")
+    acc.save_state(directory)
+    saved = _plain(acc.get_state_dict(model))
+    _train(acc, model, optimizer, steps[2:4])
+    uninterrupted = _plain(acc.get_state_dict(model))
+    _train(acc, model, optimizer, steps[4:])  # moves the weights and Adam's moments and step count away
+    acc.load_state(directory)
+    restored = _plain(acc.get_state_dict(model))
+    _train(acc, model, optimizer, steps[2:4])
+    resumed = _plain(acc.get_state_dict(model))
+    merged = None
+    if state_dict_type == "SHARDED_STATE_DICT" and acc.is_main_process:
+        from safetensors.torch import load_file
+
+        target = os.path.join(world.shared_dir, "merged_from_save_state")
+        try:  # reported, not raised: the other ranks wait below
+            impl.utils.merge_fsdp_weights(os.path.join(directory, "pytorch_model_fsdp_0"), target)
+            merged = _plain(load_file(os.path.join(target, "model.safetensors")))
+        except Exception as error:  # noqa: BLE001
+            merged = f"{type(error).__name__}: {error}"
+    acc.wait_for_everyone()
+    files = sorted(os.listdir(directory))
+    local = sum(_local_numel(p) for p in model.parameters())
+    return {"saved": saved, "restored": restored, "uninterrupted": uninterrupted, "resumed": resumed, "merged": merged,
+            "files": files, "local": local, "total": 180}
+
+
+def _expect_identical(got: dict, expected: dict, what: str) -> None:
+    """Same keys and bit-identical values; a difference is reported by its first key and largest gap."""
+    expect_equal(sorted(got), sorted(expected), f"{what}: state dict keys")
+    differing = [key for key in expected if got[key] != expected[key]]
+    if differing:
+        worst = max(abs(a - b) for a, b in zip(got[differing[0]], expected[differing[0]]))
+        expect_true(False, f"{what}: {len(differing)} tensors differ, {differing[0]} by up to {worst:.3g}")
+
+
+def _check_resume(values: list[dict], world: Any, state_dict_type: str) -> None:
+    for rank, v in enumerate(values):
+        _expect_identical(v["restored"], v["saved"], f"rank {rank}: weights right after load_state (vs those saved)")
+        _expect_identical(v["resumed"], v["uninterrupted"], f"rank {rank}: weights 2 steps after load_state (vs the uninterrupted run)")
+        for name in _FSDP_CHECKPOINT_FILES[state_dict_type]:
+            expect_true(name in v["files"], f"{state_dict_type}: save_state wrote {name} (found {v['files']})")
+    if state_dict_type == "SHARDED_STATE_DICT":
+        merged = values[0]["merged"]
+        expect_true(isinstance(merged, dict), f"merge_fsdp_weights of save_state's sharded model: {merged}")
+        _expect_identical(merged, values[0]["saved"], "merge_fsdp_weights of save_state's sharded model")
+    _check_sharding(values, world.size, "model after load_state")
+
+
+def _save_state_case(state_dict_type: str) -> None:
+    """Register a plugin.fsdp_state_dict case resuming through ``save_state``/``load_state`` under ``state_dict_type``."""
+
+    def function(impl, world):
+        return _fsdp_save_state_resume(impl, world, state_dict_type)
+
+    function.__name__ = function.__qualname__ = f"plugin_fsdp_save_state_{state_dict_type.split('_')[0].lower()}"
+    function.__doc__ = f"{state_dict_type}: save_state/load_state restore the sharded model and Adam's state; training resumes bit-identically."
+    registered = case("plugin.fsdp_state_dict", worlds=[2])(function)
+
+    @registered.check
+    def _check(values, world):
+        _check_resume(values, world, state_dict_type)
+
+    globals()[function.__name__] = registered
+
+
+for _state_dict_type in _FSDP_CHECKPOINT_FILES:
+    _save_state_case(_state_dict_type)
+
+
 def _fsdp_units(model: torch.nn.Module) -> list[str]:
     """Names of the submodules that are FSDP units (FSDP2 ``FSDPModule`` or an FSDP1 wrapper), wrappers stripped."""
     units = []
@@ -427,28 +519,59 @@ def plugin_deepspeed_config_contradiction(impl, world):
     expect_true("zero_optimization.stage" in str(error), f"the refusal names the key: {error}")
 
 
-@case("plugin.deepspeed_zero", worlds=[2])
-def plugin_deepspeed_zero(impl, world):
-    """ZeRO 1/2/3 train to the DDP result where DeepSpeed is installed; NOT_SUPPORTED naming it otherwise."""
+def _zero_plugin(impl: Any, stage: int, accumulation: int) -> Any:
+    """DeepSpeed clips gradients at norm 1.0 unless told otherwise: off here, to compare with plain DDP."""
+    config = _deepspeed_config(train_batch_size="auto", gradient_clipping=0.0)
+    return impl.utils.DeepSpeedPlugin(hf_ds_config=config, zero_stage=stage, gradient_accumulation_steps=accumulation)
+
+
+def _zero_run(impl: Any, world: Any, stage: int, accumulation: int) -> dict:
+    """Train `_Net` under ZeRO ``stage``: STEPS optimizer steps of ``accumulation`` batches each, through `accumulate`."""
     if importlib.util.find_spec("deepspeed") is None:
         raise NotSupported("the deepspeed package is not installed (pip install .[deepspeed])")
-    results = {}
-    for stage in (1, 2, 3):
-        plugin = impl.utils.DeepSpeedPlugin(zero_stage=stage, gradient_accumulation_steps=1)
-        acc = impl.Accelerator(deepspeed_plugin=plugin)
-        loader = torch.utils.data.DataLoader(list(range(STEPS * BATCH * world.size)), batch_size=BATCH)
-        model = _net()
-        model, optimizer, loader = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=LR), loader)
-        seen = _train(acc, model, optimizer, loader)
-        results[stage] = {"indices": seen, "state": _plain(acc.get_state_dict(model)) if acc.is_main_process else None}
-    return results
+    acc = impl.Accelerator(deepspeed_plugin=_zero_plugin(impl, stage, accumulation), gradient_accumulation_steps=accumulation)
+    loader = torch.utils.data.DataLoader(list(range(STEPS * accumulation * BATCH * world.size)), batch_size=BATCH)
+    model = _net()
+    model, optimizer, loader = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=LR), loader)
+    cycles: list[list[int]] = []
+    for number, batch in enumerate(loader):
+        with acc.accumulate(model):
+            acc.backward(_loss(model, batch, acc.device))
+            optimizer.step()
+            optimizer.zero_grad()
+        if number % accumulation == 0:
+            cycles.append([])
+        cycles[-1].extend(batch.tolist())  # one step's rows: the MSE over them is the mean of its batches' losses
+    state = acc.get_state_dict(model)
+    return {"indices": cycles, "state": _plain(state) if acc.is_main_process else None, "types": [type(model).__name__, type(optimizer).__name__]}
+
+
+def _check_zero(values: list[dict], label: str) -> None:
+    expect_equal(values[0]["types"][0], "DeepSpeedEngine", f"{label}: prepare returns DeepSpeed's engine for the model")
+    _check_state(values[0]["state"], _replay(values), label, tolerance=1e-5)
+
+
+@case("plugin.deepspeed_zero", worlds=[2], timeout=DEEPSPEED_CASE_TIMEOUT)
+def plugin_deepspeed_zero(impl, world):
+    """ZeRO 1/2/3 through the deepspeed package train to the DDP result; NOT_SUPPORTED naming it where absent."""
+    return {stage: _zero_run(impl, world, stage, accumulation=1) for stage in (1, 2, 3)}
 
 
 @plugin_deepspeed_zero.check
 def _deepspeed_zero_check(values, world):
     for stage in (1, 2, 3):
-        per_rank = [v[stage] for v in values]
-        _check_state(per_rank[0]["state"], _replay(per_rank), f"ZeRO stage {stage}", tolerance=1e-4)
+        _check_zero([v[stage] for v in values], f"ZeRO stage {stage}")
+
+
+@case("plugin.deepspeed_zero", worlds=[2], timeout=DEEPSPEED_CASE_TIMEOUT)
+def plugin_deepspeed_accumulation(impl, world):
+    """ZeRO stage 2 with gradient_accumulation_steps=2: `accumulate` + `backward` step once per two batches, as DDP."""
+    return _zero_run(impl, world, 2, accumulation=2)
+
+
+@plugin_deepspeed_accumulation.check
+def _deepspeed_accumulation_check(values, world):
+    _check_zero(values, "ZeRO stage 2, 2 accumulation steps")
 
 
 def _refused(build: Callable[[], Any], names: tuple[str, ...], what: str) -> None:

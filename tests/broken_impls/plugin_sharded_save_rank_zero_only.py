@@ -2,8 +2,8 @@
 
 Rule: SHARDED_STATE_DICT checkpoints hold every rank's shard, so loading and
 `merge_fsdp_weights` give back the whole model. Caught at world 2 by the
-``plugin.fsdp_state_dict`` case
-``plugin_fsdp_state_dict_sharded``.
+``plugin.fsdp_state_dict`` cases
+``plugin_fsdp_state_dict_sharded`` and ``plugin_fsdp_save_state_sharded``.
 """
 
 import os
