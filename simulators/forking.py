@@ -27,6 +27,8 @@ from simulators.spawn import die_with_parent
 _ZYGOTE = (sys.executable, "-m", "simulators._zygote")
 #: Modules every zygote imports: the rank's own entry point (callers add torch and the rest).
 BASE_PRELOAD = ("simulators._worker",)
+#: Seconds a dead rank's exit code may take to arrive from the zygote (it reaps, then reports).
+EXIT_REPORT_S = 2.0
 
 
 class ZygoteError(RuntimeError):
@@ -116,6 +118,11 @@ class ForkedProcess:
             while self.zygote.pump(0.0):
                 pass
             self._settle()
+            # Dead already (a zombie, or reaped) but not yet reported: the zygote's report is on its way.
+            deadline = time.monotonic() + EXIT_REPORT_S
+            while self.returncode is None and not _running(self.pid) and time.monotonic() < deadline:
+                self.zygote.pump(0.05)
+                self._settle()
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -132,6 +139,15 @@ class ForkedProcess:
             self.returncode = self.zygote.exits.pop(self.pid)
         elif not self.zygote.alive and not _exists(self.pid):
             self.returncode = -signal.SIGKILL  # died with its zygote; nobody left to report the code
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie waiting for its parent (the zygote) to reap it."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except FileNotFoundError:
+        return False
 
 
 def _exists(pid: int) -> bool:
