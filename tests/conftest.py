@@ -1,17 +1,9 @@
 """Shared fixtures of the project's own tests."""
 import time
-from pathlib import Path
 
 import pytest
 
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, waiting for a parent to reap it, counts as gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+from simulators.forking import _running as _alive  # a zombie, waiting for its parent to reap it, counts as gone
 
 
 @pytest.fixture
