@@ -29,3 +29,9 @@ def fresh_accelerate_state():
     yield
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
+
+
+def pytest_collection_modifyitems(items):
+    """Tests marked ``longest`` (minutes each) run first: under ``pytest -n 2`` each goes to its own
+    worker at once, so that neither is left to run alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("longest") is None)

@@ -16,7 +16,7 @@ from conformance.results import Status
 from conformance.runner import DEFAULT_WORLDS, RunOptions, execute
 
 # The whole suite at five worlds outlasts the 300 s default per test (HF: about 370 s here).
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.slow, pytest.mark.longest, pytest.mark.timeout(1500)]
 
 #: The only reasons the reference may give for NOT_SUPPORTED: an optional package that is absent
 #: (or present, where a case checks what its absence does), or a limit of torch on this machine
