@@ -170,15 +170,16 @@ def _header(meta: dict[str, Any], count: int) -> str:
 
 def _coverage_warnings(cases: list[Case], worlds: list[World], options: RunOptions) -> list[str]:
     """Warnings for cases that ran nowhere and manifest entries that matched nothing."""
-    labels = {w.label for w in worlds}
-    idle = sorted({c.id for c in cases if not labels.intersection(c.worlds)})
+    labels = [w.label for w in worlds]
+    ran = {c.id for c in cases if any(c.runs_at(label) for label in labels)}
+    idle = sorted({c.id for c in cases} - ran)
     warnings = [f"{len(idle)} case(s) run at none of this run's worlds: {', '.join(idle)}"] if idle else []
     if options.manifest:
-        ran = {c.id for c in cases}
+        selected = {c.id for c in cases}
         warnings += [
             f"manifest {options.manifest.source}: deviation {d.id} matched no result"
             for d in options.manifest.unused()
-            if not options.patterns or d.id in ran
+            if not options.patterns or d.id in selected
         ]
     return warnings
 

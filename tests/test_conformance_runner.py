@@ -93,3 +93,17 @@ def test_cases_registered_outside_the_suite_are_not_part_of_it():
     ids = {c.id for c in all_cases()}
     assert "state.attributes" in ids
     assert not any(i.startswith("fixture.") for i in ids), "fixture cases leaked into the suite"
+
+
+def test_coverage_warning_names_only_cases_that_run_at_none_of_the_worlds():
+    """A world-generic case of the large areas runs at ``--worlds large`` (Case.runs_at), so the
+    warning must not name it; a case whose worlds are all small must be named."""
+    from conformance.runner import RunOptions, _coverage_warnings, all_cases, parse_worlds
+
+    cases = all_cases()
+    (warning,) = _coverage_warnings(cases, parse_worlds("large"), RunOptions(impl="accelerate_ref", manifest=None))
+    idle = set(warning.split(": ", 1)[1].split(", "))
+    scaling = {c.id for c in cases if c.scales}
+    assert scaling, "no case runs at the large worlds: the check below would be empty"
+    assert idle.isdisjoint(scaling), f"cases that do run at the large worlds named as idle: {sorted(idle & scaling)}"
+    assert "launch.cli" in idle, "a case written for world 2 only must be named at the large worlds"
