@@ -31,6 +31,7 @@ import runpy
 import select
 import signal
 import sys
+import tempfile
 import traceback
 
 from simulators.spawn import die_with_parent
@@ -56,6 +57,7 @@ def _become_rank(request: dict, zygote_pid: int, keep_closed: list[int]) -> None
         os.close(log)
         os.environ.clear()
         os.environ.update(request["env"])
+        tempfile.tempdir = None  # the rank's TMPDIR, not a folder the zygote may have looked up
         if request.get("cwd"):
             os.chdir(request["cwd"])
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)

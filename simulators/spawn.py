@@ -179,6 +179,8 @@ def _spawn_rank(
     stack_file.touch()
     fr_file = workdir / "flight_recorder" / f"rank_{rank}"
     fr_file.parent.mkdir(exist_ok=True)
+    scratch = workdir / "tmp"
+    scratch.mkdir(exist_ok=True)
     full_env = {
         **FR_BUFFER_ENV,
         **os.environ,
@@ -187,6 +189,9 @@ def _spawn_rank(
         STACK_FILE_ENV: str(stack_file),
         RETURNED_FILE_ENV: str(returned_path(workdir, rank)),
         FR_FILE_ENV: str(fr_file),
+        # A rank's temporary files (its own, a package's at import, torchrun's in a launch) live in
+        # the workdir and go with it: ranks are killed, not finalized, so nothing else removes them.
+        "TMPDIR": str(scratch),
         **env,
     }
     log_file = workdir / f"rank{rank}.log" if logs else None

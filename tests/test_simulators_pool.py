@@ -221,3 +221,15 @@ def test_busy_workers_die_with_a_killed_driver(tmp_path, assert_gone):
         process.wait()
     assert len(workers) == 2
     assert_gone(workers)
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_temporary_files_of_ranks_go_with_the_pool(make_pool, start_method):
+    """Ranks are killed, not finalized: what they leave in their temporary folder (a package's
+    TemporaryDirectory made at import, say) must not outlive the pool."""
+    pool = make_pool("2", start_method=start_method)
+    folders, files = zip(*values(pool.run(target("temporary_folder"))))
+    assert all(os.path.exists(path) for path in files)
+    assert len(set(folders)) == 1 and folders[0] != "/tmp", f"ranks' temporary folders: {folders}"
+    pool.close()
+    assert [path for path in files if os.path.exists(path)] == [], "files the ranks left in their temporary folder"

@@ -187,3 +187,12 @@ def flight_recorder_dump_after_unjoined_broadcast():
         dist.broadcast(torch.ones(3), src=0, async_op=True)
     time.sleep(0.5)
     return _flight_recorder_dump()
+
+
+def temporary_folder():
+    """Where this rank's temporary files go, and a file left there on purpose."""
+    import tempfile
+
+    handle, path = tempfile.mkstemp(prefix="left-behind-")
+    os.close(handle)
+    return tempfile.gettempdir(), path
