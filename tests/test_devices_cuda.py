@@ -64,6 +64,8 @@ def training_step_autocast_rng_and_memory():
     with torch.autocast("cuda", dtype=torch.bfloat16):
         out = model(inputs)
     out.float().sum().backward()
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.arange(4.0)), batch_size=2, pin_memory=True)
+    pinned = next(iter(loader))[0].to("cuda", non_blocking=True)
     torch.cuda.manual_seed(7)
     first = torch.randn(2, device="cuda").tolist()
     torch.cuda.manual_seed(7)
@@ -73,6 +75,8 @@ def training_step_autocast_rng_and_memory():
         "grad device": str(model.weight.grad.device),
         "memory grew": torch.cuda.memory_allocated() > before > 0,
         "rng": first == again,
+        "pinned batch": [str(pinned.device), pinned.tolist()],
+        "properties": torch.cuda.get_device_properties().major,
     }
 
 
@@ -114,8 +118,12 @@ def test_cuda_tensors_are_made_the_gpu_ways_and_mixing_with_the_cpu_raises(cuda2
 
 def test_a_training_step_autocasts_seeds_and_counts_memory_on_the_gpu(cuda2):
     for got in cuda2.run(training_step_autocast_rng_and_memory):
-        assert got == {"autocast dtype": "torch.bfloat16", "grad device": got["grad device"], "memory grew": True, "rng": True}
-        assert got["grad device"].startswith("cuda:")
+        device = got["grad device"]
+        assert device.startswith("cuda:")
+        assert got == {
+            "autocast dtype": "torch.bfloat16", "grad device": device, "memory grew": True, "rng": True,
+            "pinned batch": [device, [0.0, 1.0]], "properties": 9,
+        }
 
 
 def test_nccl_is_gloo_on_cuda_tensors_and_reports_its_name(cuda2):

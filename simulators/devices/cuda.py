@@ -20,7 +20,11 @@ launch --simulate cuda``):
 - ``torch.autocast("cuda", dtype)`` casts as torch's CUDA autocast does;
 - ``init_process_group("nccl")`` (and ``new_group(backend="nccl")``) makes a
   gloo group that ``get_backend`` reports as ``nccl``;
-- ``Module.to("cuda")`` keeps the module's parameter objects, as on a GPU.
+- ``Module.to("cuda")`` keeps the module's parameter objects, as on a GPU;
+- ``Tensor.pin_memory()`` (``DataLoader(pin_memory=True)``) returns a host
+  copy: the mock's device memory is host memory, and a Python backend gets
+  no pinned-memory allocator from torch ("implement
+  `getPinnedMemoryAllocator`" otherwise).
 
 Why this takes more than the NPU mock (torch 2.13.0's CPU build):
 
@@ -35,14 +39,19 @@ Why this takes more than the NPU mock (torch 2.13.0's CPU build):
    ``torch._C._ensureCUDADeviceGuardSet`` installs its fake one only in CUDA
    builds without a GPU. So a torch-function mode (`IndexedCuda`, entered
    for the rank's life) gives every index-less ``cuda`` device the current
-   GPU's index before torch's C++ side sees it.
+   GPU's index before torch's C++ side sees it. torch keeps modes per
+   thread: in a thread the script starts itself, name the index
+   (``"cuda:0"``, ``accelerator.device``).
 2. ``init_process_group`` builds ``ProcessGroupNCCL`` for the name ``nccl``
    whatever backend is registered under it ("Distributed package doesn't
    have NCCL built in"), so the name is routed to a gloo backend registered
    as ``nccl_sim``.
 3. torch's C++ side initialises CUDA by calling ``torch.cuda._lazy_init``
    ("Torch not compiled with CUDA enabled"): the runtime replaces it, with
-   the rest of ``torch.cuda``'s device API.
+   the rest of ``torch.cuda``'s device API. What lives in torch's CUDA
+   library itself stays out of reach: ``torch.Generator(device="cuda")``
+   ("Cannot get CUDA generator without ATen_cuda library") and the legacy
+   ``torch.cuda.FloatTensor`` types.
 """
 from __future__ import annotations
 
@@ -121,6 +130,11 @@ class IndexedCuda(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def _pinned(self: torch.Tensor, device: Any = None) -> torch.Tensor:
+    """``Tensor.pin_memory``: a copy in host memory (see the module docstring)."""
+    return self.clone()
+
+
 def _indexed(value: Any) -> Any:
     """``value`` with the current GPU's index if it is an index-less ``cuda`` device."""
     if isinstance(value, (str, torch.device)) and str(value) == "cuda":
@@ -150,6 +164,7 @@ def install() -> None:
     for name, value in RUNTIME.api().items():
         setattr(torch.cuda, name, value)
     IndexedCuda().__enter__()
+    torch.Tensor.pin_memory = _pinned
     backend.register_process_group_backend(NCCL_STAND_IN)
     dist.init_process_group = _routing_nccl(dist.init_process_group)
     dist.new_group = _routing_nccl(dist.new_group)

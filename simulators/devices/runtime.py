@@ -26,6 +26,7 @@ Catalog: ``npu.distributed_type`` and the dry runs of "Launching"
 from __future__ import annotations
 
 import contextlib
+from types import SimpleNamespace
 from typing import Any, Iterator
 
 import torch
@@ -99,6 +100,15 @@ class DeviceRuntime:
         """A recent accelerator's (9, 0): bf16 and fp16 work on the mock."""
         self.index(device)
         return (9, 0)
+
+    def get_device_properties(self, device: DeviceArg = None) -> SimpleNamespace:
+        """The device's name, capability, memory (its budget) and processor count (the mock says 1)."""
+        index = self.index(device)
+        major, minor = self.get_device_capability(index)
+        return SimpleNamespace(
+            name=self.get_device_name(index), major=major, minor=minor,
+            total_memory=self.tensor_class.memory.info(index)[1], multi_processor_count=1,
+        )
 
     def is_bf16_supported(self, including_emulation: bool = True) -> bool:
         return True
@@ -196,7 +206,8 @@ class DeviceRuntime:
     #: The names a family's ``torch.<device>`` module takes from the runtime.
     API = (
         "is_available", "is_initialized", "_is_in_bad_fork", "_lazy_init", "init", "device_count",
-        "current_device", "set_device", "device", "get_device_name", "get_device_capability", "is_bf16_supported",
+        "current_device", "set_device", "device", "get_device_name", "get_device_capability", "get_device_properties",
+        "is_bf16_supported",
         "get_amp_supported_dtype", "synchronize", "current_stream", "default_stream", "stream", "empty_cache",
         "ipc_collect", "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
         "reset_peak_memory_stats", "reset_max_memory_allocated", "mem_get_info", "manual_seed", "manual_seed_all",
