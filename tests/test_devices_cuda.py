@@ -88,10 +88,10 @@ def nccl_and_ddp():
 
     rank = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl")
+    dist.init_process_group()  # on GPUs torch's default is nccl
     try:
         mine = torch.tensor([1.0 + rank]).cuda()
-        dist.all_reduce(mine)
+        dist.all_reduce(mine, group=dist.new_group([0, 1], backend="nccl"))
         torch.manual_seed(0)
         model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1).cuda(), device_ids=[rank])
         model(torch.full((3, 2), float(rank + 1), device="cuda")).sum().backward()
@@ -126,7 +126,7 @@ def test_a_training_step_autocasts_seeds_and_counts_memory_on_the_gpu(cuda2):
         }
 
 
-def test_nccl_is_gloo_on_cuda_tensors_and_reports_its_name(cuda2):
+def test_nccl_the_default_and_named_is_gloo_on_cuda_tensors_and_reports_its_name(cuda2):
     ranks = cuda2.run(nccl_and_ddp)
     for got in ranks:
         assert got["backend"] == "nccl" and got["sum"] == ["cuda", [3.0]]

@@ -18,8 +18,10 @@ launch --simulate cuda``):
   :class:`~simulators.devices.runtime.DeviceRuntime` (current device, per-GPU
   generators, memory books, streams and events that wait for nothing);
 - ``torch.autocast("cuda", dtype)`` casts as torch's CUDA autocast does;
-- ``init_process_group("nccl")`` (and ``new_group(backend="nccl")``) makes a
-  gloo group that ``get_backend`` reports as ``nccl``;
+- ``init_process_group("nccl")`` (or with no backend, torch's default on
+  GPUs; and ``new_group(backend="nccl")``) makes a gloo group that
+  ``get_backend`` reports as ``nccl``. Its collectives run on the tensors'
+  CPU payloads, so unlike nccl it also takes CPU tensors;
 - ``Module.to("cuda")`` keeps the module's parameter objects, as on a GPU;
 - ``Tensor.pin_memory()`` (``DataLoader(pin_memory=True)``) returns a host
   copy: the mock's device memory is host memory, and a Python backend gets
@@ -182,10 +184,12 @@ def _routing_nccl(function: Callable) -> Callable:
 
     @functools.wraps(function)
     def routed(*args: Any, **kwargs: Any) -> Any:
-        if "backend" in kwargs:
-            kwargs["backend"] = _stand_in(kwargs["backend"])
-        elif len(args) > position:
+        if len(args) > position:
             args = (*args[:position], _stand_in(args[position]), *args[position + 1:])
+        elif kwargs.get("backend") is not None:
+            kwargs["backend"] = _stand_in(kwargs["backend"])
+        elif function.__name__ == "init_process_group":  # no backend: torch's default for CUDA, nccl
+            kwargs["backend"] = NCCL_STAND_IN
         return function(*args, **kwargs)
 
     return routed
