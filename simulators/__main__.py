@@ -1,6 +1,6 @@
 """Command line: ``python -m simulators launch -n 4 [--machines 2] [--timeout S] [--] script.py args...``.
 
-``--device npu|xla`` runs the ranks on a mock accelerator family
+``--device npu|xla|cuda`` runs the ranks on a mock accelerator family
 (:mod:`simulators.devices`); with it, ``--device-count N`` gives every rank
 N devices of its own and ``--device-memory 64MB`` a budget per device
 (:mod:`simulators.devices.machine`).

@@ -1,14 +1,15 @@
-"""``accelerate-ref launch --simulate cpu|xla|npu``: a dry run of a user's unmodified script on simulated ranks.
+"""``accelerate-ref launch --simulate cpu|cuda|xla|npu``: a dry run of a user's unmodified script on simulated ranks.
 
 The script runs on the simulator's ranks (``simulators.launcher.launch``: N
 ranks as M machines, gloo on loopback) with 🤗 Accelerate's launch
-environment and, for ``xla`` / ``npu``, that family's mock device first on
+environment and, for ``cuda`` / ``xla`` / ``npu``, that family's mock device first on
 every rank's import path. Afterwards a run summary lists, per rank, its exit
 status; every device-mixing error with the file and line of the user's code
 that caused it; every XLA step recompilation with the shapes that changed;
 and, for a run stopped at ``--timeout``, the Python stack of every rank
-still running. A mock CUDA family is not offered: torch's CPU build has no
-CUDA device type to stand in for (``torch.cuda`` refuses to initialise).
+still running. On ``cuda`` a GPU script runs as written for GPUs (HF
+accelerate picks ``MULTI_GPU`` over ``nccl``; see :mod:`simulators.devices.cuda`
+for what the mock takes over from a CPU-only torch).
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ def _env(args: argparse.Namespace) -> dict[str, str]:
     env = {key: value for key, value in launch_env(args, base={}).items()}
     env["ACCELERATE_USE_CPU"] = str(args.simulate == "cpu" or bool(args.cpu))
     env["OMP_NUM_THREADS"] = "1"
-    if args.simulate in ("xla", "npu"):
-        from simulators.devices import world_settings
+    from simulators.devices import KINDS, world_settings
 
+    if args.simulate in KINDS:
         settings = world_settings(args.simulate)
         env.update(settings.env)
         env["PYTHONPATH"] = os.pathsep.join([*settings.pythonpath, *filter(None, sys.path)])

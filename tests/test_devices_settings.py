@@ -13,7 +13,7 @@ from simulators.devices import KINDS, world_settings
 from simulators.devices.replicas import Replicas
 
 
-@pytest.mark.parametrize("kind, package", [("xla", "torch_xla"), ("npu", "torch_npu")])
+@pytest.mark.parametrize("kind, package", [("xla", "torch_xla"), ("npu", "torch_npu"), ("cuda", "torch_cuda_sim")])
 def test_each_family_puts_its_stand_in_package_and_metadata_first(kind, package):
     settings = world_settings(kind)
     site = Path(settings.pythonpath[0])
@@ -26,6 +26,7 @@ def test_each_family_puts_its_stand_in_package_and_metadata_first(kind, package)
 def test_xla_worlds_run_pjrt_on_cpu_devices_and_unknown_kinds_are_refused():
     assert world_settings("xla").env == {"PJRT_DEVICE": "CPU"}
     assert world_settings("npu").env == {}
+    assert world_settings("cuda").env == {"PYTORCH_DDP_USE_SIDE_STREAM": "0"}
     with pytest.raises(ValueError, match="unknown mock device 'tpu'"):
         world_settings("tpu")
 

@@ -59,3 +59,55 @@ def test_xla_dry_run_reports_the_misplaced_tensor_line(tmp_path):
     )
     assert clean.returncode == 0, clean.stdout[-2000:] + clean.stderr[-2000:]
     assert "rank 0: exit 0" in clean.stdout and "rank 1: exit 0" in clean.stdout
+
+
+GPU_TRAIN = textwrap.dedent("""\
+    import sys
+    import torch
+    from {package} import Accelerator
+
+    accelerator = Accelerator()
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
+    model, optimizer, loader = accelerator.prepare(model, optimizer, torch.utils.data.DataLoader(data, batch_size=4))
+    for step, (inputs, targets) in zip(range(2), loader):
+        if step == 1 and "--misplace" in sys.argv:
+            targets = targets.to("cpu")
+        loss = torch.nn.functional.mse_loss(model(inputs), targets)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        print("step", step, "on", loss.device, accelerator.distributed_type, torch.distributed.get_backend(), flush=True)
+    weight = accelerator.gather(accelerator.unwrap_model(model).weight.detach())
+    print("replicas agree", bool((weight[0] == weight[1]).all()), flush=True)
+    """)
+
+
+def _dry_run_gpu_script(tmp_path, package: str, *script_args: str) -> tuple[str, subprocess.CompletedProcess]:
+    script = tmp_path / "train.py"
+    script.write_text(GPU_TRAIN.format(package=package))
+    done = subprocess.run(
+        [sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", "launch", "--simulate", "cuda", "--num_processes", "2",
+         "--timeout", "240", str(script), *script_args],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )
+    return str(script), done
+
+
+def test_cuda_dry_run_trains_an_hf_script_on_two_gpus_and_reports_the_misplaced_tensor_line(tmp_path):
+    script, done = _dry_run_gpu_script(tmp_path, "accelerate", "--misplace")
+    assert done.returncode != 0
+    for rank in (0, 1):
+        assert f"[rank {rank}] step 0 on cuda:{rank} DistributedType.MULTI_GPU nccl" in done.stdout, done.stdout[-3000:]
+    assert f"rank 0: device mixing at {script}:13: Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!" in done.stdout, done.stdout[-3000:]
+
+
+@pytest.mark.extended
+def test_cuda_dry_run_trains_an_accelerate_ref_script_on_two_gpus(tmp_path):
+    _, done = _dry_run_gpu_script(tmp_path, "accelerate_ref")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for rank in (0, 1):
+        assert f"[rank {rank}] step 1 on cuda:{rank} DistributedType.MULTI_GPU nccl" in done.stdout, done.stdout[-3000:]
+        assert f"[rank {rank}] replicas agree True" in done.stdout and f"rank {rank}: exit 0" in done.stdout
+    assert "device mixing" not in done.stdout

@@ -85,7 +85,7 @@ def launch_command_parser(subparsers) -> argparse.ArgumentParser:
     _flag(
         parser,
         "--simulate",
-        choices=["cpu", "xla", "npu"],
+        choices=["cpu", "cuda", "xla", "npu"],
         default=None,
         help="dry run on the simulator's ranks with that device family's mock, then a run summary",
     )

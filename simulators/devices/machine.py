@@ -4,7 +4,8 @@ The environment contract (read every time it is queried, not only at
 import, so a conformance case's ``env=`` can change it between cases in the
 persistent rank pool):
 
-- ``SIMULATORS_NPU_DEVICE_COUNT`` / ``SIMULATORS_XLA_DEVICE_COUNT``: the
+- ``SIMULATORS_NPU_DEVICE_COUNT`` / ``SIMULATORS_XLA_DEVICE_COUNT`` /
+  ``SIMULATORS_CUDA_DEVICE_COUNT``: the
   number of mock devices of the family every rank sees (``npu:0`` ..
   ``npu:<N-1>``). Unset: one per rank of the simulated machine
   (``LOCAL_WORLD_SIZE``), as before;
@@ -27,7 +28,9 @@ import os
 import re
 
 #: The device-count variable of each mock device family.
-COUNT_VARIABLES = {"npu": "SIMULATORS_NPU_DEVICE_COUNT", "xla": "SIMULATORS_XLA_DEVICE_COUNT"}
+COUNT_VARIABLES = {
+    "npu": "SIMULATORS_NPU_DEVICE_COUNT", "xla": "SIMULATORS_XLA_DEVICE_COUNT", "cuda": "SIMULATORS_CUDA_DEVICE_COUNT",
+}
 #: The per-device memory budget variable (all families).
 MEMORY_VARIABLE = "SIMULATORS_DEVICE_MEMORY"
 #: What ``mem_get_info`` reports as the total of a device without a budget: 64 GiB.

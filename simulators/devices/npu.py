@@ -36,30 +36,11 @@ import torch
 from simulators.devices import backend, machine
 from simulators.devices.memory import DeviceMemory
 from simulators.devices.replicas import replicas
+from simulators.devices.runtime import DeviceRuntime
 from simulators.devices.tensor import DeviceTensor
 
 #: The version the stand-in reports.
 VERSION = "2.13.0+sim"
-
-_generators: dict[int, torch.Generator] = {}
-_current = [0]
-
-
-def set_current(index: int) -> None:
-    """Make ``npu:<index>`` this process's current NPU (RuntimeError when there is no such NPU)."""
-    NpuTensor.check_index(index)
-    _current[0] = index
-
-
-def current() -> int:
-    return _current[0]
-
-
-def generator(index: int) -> torch.Generator:
-    """The generator of device ``npu:<index>``, made on first use with torch's default seed."""
-    if index not in _generators:
-        _generators[index] = torch.Generator()
-    return _generators[index]
 
 
 def device_count() -> int:
@@ -79,11 +60,11 @@ class NpuTensor(DeviceTensor):
 
     @classmethod
     def current_index(cls) -> int:
-        return current()
+        return RUNTIME.current
 
     @classmethod
     def generator_for(cls, index: int) -> torch.Generator:
-        return generator(index)
+        return RUNTIME.generator(index)
 
     def __tensor_flatten__(self) -> tuple[list[str], int]:
         return ["_payload"], self.device_index
@@ -91,6 +72,10 @@ class NpuTensor(DeviceTensor):
     @staticmethod
     def __tensor_unflatten__(inner: dict[str, torch.Tensor], index: int, size: object, stride: object) -> NpuTensor:
         return NpuTensor.wrap(inner["_payload"], index)
+
+
+#: ``torch.npu``'s device API in this process (current NPU, generators, memory queries).
+RUNTIME = DeviceRuntime(NpuTensor)
 
 
 def install(device_module: ModuleType) -> None:

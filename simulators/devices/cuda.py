@@ -1,0 +1,211 @@
+"""The mock CUDA device (GPU-shaped worlds on a CPU-only torch): ``cuda`` tensors, ``torch.cuda``, ``nccl`` over gloo.
+
+The stand-in package ``torch_cuda_sim`` (``sites/cuda``) carries a
+``torch.backends`` entry point, so ``import torch`` installs the mock in a
+rank whose import path starts with that site (as torch loads torch_npu);
+HF accelerate and accelerate_ref then see CUDA and pick ``MULTI_GPU`` over
+``nccl``. Rules (catalog: the dry runs of "Launching", ``accelerate-ref
+launch --simulate cuda``):
+
+- a `CudaTensor` reports ``device.type == "cuda"`` (``is_cuda`` too) and
+  follows :mod:`simulators.devices.tensor` (mixing with CPU tensors raises
+  ``Expected all tensors to be on the same device, but found at least two
+  devices, cuda:0 and cpu!``, as on a GPU); ``torch.zeros(..., device="cuda")``,
+  ``Tensor.to("cuda")``, ``.cuda()``, ``Module.to("cuda:1")`` and
+  ``torch.tensor(data, device="cuda")`` make them;
+- a rank sees ``SIMULATORS_CUDA_DEVICE_COUNT`` GPUs, or one per rank of its
+  simulated machine; ``torch.cuda`` is the family's
+  :class:`~simulators.devices.runtime.DeviceRuntime` (current device, per-GPU
+  generators, memory books, streams and events that wait for nothing);
+- ``torch.autocast("cuda", dtype)`` casts as torch's CUDA autocast does;
+- ``init_process_group("nccl")`` (or with no backend, torch's default on
+  GPUs; and ``new_group(backend="nccl")``) makes a gloo group that
+  ``get_backend`` reports as ``nccl``. Its collectives run on the tensors'
+  CPU payloads, so unlike nccl it also takes CPU tensors;
+- ``Module.to("cuda")`` keeps the module's parameter objects, as on a GPU;
+- ``Tensor.pin_memory()`` (``DataLoader(pin_memory=True)``) returns a host
+  copy: the mock's device memory is host memory, and a Python backend gets
+  no pinned-memory allocator from torch ("implement
+  `getPinnedMemoryAllocator`" otherwise).
+
+Why this takes more than the NPU mock (torch 2.13.0's CPU build):
+
+1. The C++ side of a mock tensor is torch's PrivateUse1 device (here named
+   ``cuda_sim``), as for the other families, with factory kernels for the
+   ``CUDA`` dispatch key making them. But a device named without an index
+   (``"cuda"``) meets C++ code that asks for the CUDA device guard to fill the
+   index in (``at::native::to`` -> ``ensure_has_index`` ->
+   ``c10::impl::getDeviceGuardImpl``: "PyTorch is not linked with support for
+   cuda devices"). A CPU build registers no CUDA guard, Python may register
+   one for PrivateUse1 only (``torch._C._acc``), and
+   ``torch._C._ensureCUDADeviceGuardSet`` installs its fake one only in CUDA
+   builds without a GPU. So a torch-function mode (`IndexedCuda`, entered
+   for the rank's life) gives every index-less ``cuda`` device the current
+   GPU's index before torch's C++ side sees it. torch keeps modes per
+   thread: in a thread the script starts itself, name the index
+   (``"cuda:0"``, ``accelerator.device``).
+2. ``init_process_group`` builds ``ProcessGroupNCCL`` for the name ``nccl``
+   whatever backend is registered under it ("Distributed package doesn't
+   have NCCL built in"), so the name is routed to a gloo backend registered
+   as ``nccl_sim``.
+3. torch's C++ side initialises CUDA by calling ``torch.cuda._lazy_init``
+   ("Torch not compiled with CUDA enabled"): the runtime replaces it, with
+   the rest of ``torch.cuda``'s device API. What lives in torch's CUDA
+   library itself stays out of reach: ``torch.Generator(device="cuda")``
+   ("Cannot get CUDA generator without ATen_cuda library") and the legacy
+   ``torch.cuda.FloatTensor`` types.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch.overrides import TorchFunctionMode
+
+from simulators.devices import backend, machine
+from simulators.devices.memory import DeviceMemory
+from simulators.devices.replicas import replicas
+from simulators.devices.runtime import DeviceRuntime
+from simulators.devices.tensor import DeviceTensor
+
+#: The version the stand-in reports (the torch release whose ``torch.cuda`` API it follows).
+VERSION = "2.13.0+sim"
+#: PrivateUse1's name in CUDA worlds: the C++ side of a `CudaTensor` (users see ``cuda``).
+HIDDEN_NAME = "cuda_sim"
+#: The gloo backend ``nccl`` is routed to.
+NCCL_STAND_IN = "nccl_sim"
+
+
+def device_count() -> int:
+    """GPUs a rank sees: ``SIMULATORS_CUDA_DEVICE_COUNT``, else one per rank of the simulated machine."""
+    return machine.device_count("cuda", replicas().local_world_size)
+
+
+class CudaTensor(DeviceTensor):
+    """A tensor on the mock ``cuda`` device."""
+
+    device_type = "cuda"
+    memory = DeviceMemory("cuda")
+
+    @property
+    def is_cuda(self) -> bool:
+        return True
+
+    @classmethod
+    def device_count(cls) -> int:
+        return device_count()
+
+    @classmethod
+    def current_index(cls) -> int:
+        return RUNTIME.current
+
+    @classmethod
+    def generator_for(cls, index: int) -> torch.Generator:
+        return RUNTIME.generator(index)
+
+    def __tensor_flatten__(self) -> tuple[list[str], int]:
+        return ["_payload"], self.device_index
+
+    @staticmethod
+    def __tensor_unflatten__(inner: dict[str, torch.Tensor], index: int, size: object, stride: object) -> CudaTensor:
+        return CudaTensor.wrap(inner["_payload"], index)
+
+
+#: ``torch.cuda``'s device API in this process.
+RUNTIME = DeviceRuntime(CudaTensor)
+
+
+class IndexedCuda(TorchFunctionMode):
+    """Gives an index-less ``cuda`` device (``"cuda"``, ``torch.device("cuda")``, ``.cuda()``) the current GPU's index."""
+
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.Tensor.cuda:
+            device = args[1] if len(args) > 1 else kwargs.get("device")
+            return func(args[0], **{**kwargs, "device": torch.device("cuda", RUNTIME.index(device))})
+        if func is not torch.device:
+            args = tuple(_indexed(value) for value in args)
+            if "device" in kwargs:
+                kwargs = {**kwargs, "device": _indexed(kwargs["device"])}
+        return func(*args, **kwargs)
+
+
+def _pinned(self: torch.Tensor, device: Any = None) -> torch.Tensor:
+    """``Tensor.pin_memory``: a copy in host memory (see the module docstring)."""
+    return self.clone()
+
+
+def _indexed(value: Any) -> Any:
+    """``value`` with the current GPU's index if it is an index-less ``cuda`` device."""
+    if isinstance(value, (str, torch.device)) and str(value) == "cuda":
+        return torch.device("cuda", RUNTIME.current)
+    return value
+
+
+class _DeviceModule:
+    """``torch.cuda_sim``: what torch asks of a PrivateUse1 backend's module."""
+
+    is_available = staticmethod(RUNTIME.is_available)
+    is_initialized = staticmethod(RUNTIME.is_initialized)
+    device_count = staticmethod(RUNTIME.device_count)
+    current_device = staticmethod(RUNTIME.current_device)
+    _is_in_bad_fork = staticmethod(RUNTIME._is_in_bad_fork)
+
+    @staticmethod
+    def manual_seed_all(seed: int) -> None:
+        """``torch.manual_seed`` seeds the GPUs through ``torch.cuda.manual_seed_all``."""
+
+
+def install() -> None:
+    """Make ``cuda`` tensors, ``torch.cuda`` and ``nccl`` work in this process (see the module docstring)."""
+    if backend.installed() is CudaTensor:
+        return
+    backend.install(CudaTensor, HIDDEN_NAME, _DeviceModule(), extra_keys=("CUDA",), autocast_aliases=("cuda",))
+    for name, value in RUNTIME.api().items():
+        setattr(torch.cuda, name, value)
+    IndexedCuda().__enter__()
+    torch.Tensor.pin_memory = _pinned
+    backend.register_process_group_backend(NCCL_STAND_IN)
+    dist.init_process_group = _routing_nccl(dist.init_process_group)
+    dist.new_group = _routing_nccl(dist.new_group)
+    dist.get_backend = _reporting_nccl(dist.get_backend)
+
+
+#: Where each routed function takes ``backend`` positionally.
+_BACKEND_POSITION = {"init_process_group": 0, "new_group": 2}
+
+
+def _routing_nccl(function: Callable) -> Callable:
+    """``function`` with a ``backend`` naming ``nccl`` sent to the gloo stand-in."""
+
+    position = _BACKEND_POSITION[function.__name__]
+
+    @functools.wraps(function)
+    def routed(*args: Any, **kwargs: Any) -> Any:
+        if len(args) > position:
+            args = (*args[:position], _stand_in(args[position]), *args[position + 1:])
+        elif kwargs.get("backend") is not None:
+            kwargs["backend"] = _stand_in(kwargs["backend"])
+        elif function.__name__ == "init_process_group":  # no backend: torch's default for CUDA, nccl
+            kwargs["backend"] = NCCL_STAND_IN
+        return function(*args, **kwargs)
+
+    return routed
+
+
+def _stand_in(backend_name: Any) -> Any:
+    if isinstance(backend_name, str) and NCCL_STAND_IN not in backend_name.lower():
+        return backend_name.lower().replace("nccl", NCCL_STAND_IN)
+    return backend_name
+
+
+def _reporting_nccl(function: Callable) -> Callable:
+    """``get_backend`` naming the stand-in ``nccl``, as the script asked for it."""
+
+    @functools.wraps(function)
+    def reported(*args: Any, **kwargs: Any) -> Any:
+        return str(function(*args, **kwargs)).replace(NCCL_STAND_IN, "nccl")
+
+    return reported

@@ -1,0 +1,19 @@
+"""Stand-in that puts the accelerate-ref simulator's mock CUDA GPUs into a CPU-only torch.
+
+torch imports it at ``import torch`` through its ``torch.backends`` entry
+point (as it loads torch_npu), so a script sees ``torch.cuda.is_available()``
+from its first line; importing it installs the mock (see
+:mod:`simulators.devices.cuda`): ``cuda`` tensors, ``torch.cuda`` and the
+``nccl`` process-group backend, served by gloo.
+"""
+from __future__ import annotations
+
+from simulators.devices import cuda as _mock
+
+_mock.install()
+
+__version__ = _mock.VERSION
+
+
+def _autoload() -> None:
+    """torch's ``torch.backends`` entry point: importing this package was the whole job."""
