@@ -13,7 +13,7 @@ import torch
 
 import simulators
 from accelerate_ref import Accelerator, AcceleratorState, GradientState, ProjectConfiguration
-from accelerate_ref import tracking
+from accelerate_ref import tracking, tracking_base
 from accelerate_ref.tracking import GeneralTracker, JSONLinesTracker, filter_trackers, get_available_trackers
 from accelerate_ref.utils import LoggerType, imports, is_mlflow_available, is_tensorboard_available, is_wandb_available
 
@@ -156,7 +156,7 @@ def test_main_process_only_methods_do_nothing_elsewhere(monkeypatch, tmp_path):
         is_main_process = False
 
     tracker = JSONLinesTracker("run", tmp_path)
-    monkeypatch.setattr(tracking, "PartialState", Elsewhere)
+    monkeypatch.setattr(tracking_base, "PartialState", Elsewhere)
     tracker.start()
     tracker.log({"x": 1})
     assert not (tmp_path / "run").exists()
