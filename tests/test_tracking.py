@@ -92,8 +92,12 @@ def test_log_with_is_checked_when_the_accelerator_is_created(tmp_path):
     with pytest.raises(ValueError, match="logging_dir"):
         fresh(log_with="jsonl")
     assert filter_trackers(LoggerType.ALL, tmp_path) == get_available_trackers()
-    installed = {"tensorboard": is_tensorboard_available(), "mlflow": is_mlflow_available(), "wandb": is_wandb_available()}
-    assert get_available_trackers() == ["jsonl"] + [name for name, present in installed.items() if present]
+    installed = [name for name in tracking.LOGGER_TYPE_TO_CLASS if name != "jsonl" and tracking_base._package_available(name)]
+    assert get_available_trackers() == ["jsonl"] + installed
+    assert {"tensorboard", "mlflow", "wandb"} & set(installed) == {
+        name for name, present in [("tensorboard", is_tensorboard_available()), ("mlflow", is_mlflow_available()),
+                                   ("wandb", is_wandb_available())] if present
+    }
     assert filter_trackers(None) == []
 
 
@@ -114,10 +118,54 @@ def test_a_tracker_whose_package_is_missing_is_dropped_with_a_warning(monkeypatc
         assert filter_trackers(["wandb", "jsonl"], tmp_path) == ["jsonl"]
 
 
-def test_an_installed_tracker_this_reference_lacks_is_refused(monkeypatch, tmp_path):
-    monkeypatch.setattr(imports, "is_comet_ml_available", lambda: True)
-    with pytest.raises(NotImplementedError, match="comet_ml"):
-        filter_trackers("comet_ml", tmp_path)
+#: The trackers of accelerate_ref.tracking_more, by name, with the availability check of their package.
+MORE_TRACKERS = {
+    "comet_ml": ("CometMLTracker", "is_comet_ml_available", "comet_ml"),
+    "aim": ("AimTracker", "is_aim_available", "aim"),
+    "clearml": ("ClearMLTracker", "is_clearml_available", "clearml"),
+    "dvclive": ("DVCLiveTracker", "is_dvclive_available", "dvclive"),
+    "swanlab": ("SwanLabTracker", "is_swanlab_available", "swanlab"),
+    "trackio": ("TrackioTracker", "is_trackio_available", "trackio"),
+}
+
+
+def test_every_logger_type_has_its_tracker_class():
+    assert set(LoggerType.list()) - {"all"} <= set(tracking.LOGGER_TYPE_TO_CLASS)
+    for name, (class_name, _, _) in MORE_TRACKERS.items():
+        assert tracking.LOGGER_TYPE_TO_CLASS[name] is getattr(tracking, class_name) and getattr(tracking, class_name).name == name
+    assert (tracking.SwanLabTracker.main_process_only, tracking.TrackioTracker.main_process_only) == (False, False)
+    assert tracking.AimTracker.requires_logging_directory and not tracking.CometMLTracker.requires_logging_directory
+
+
+@pytest.mark.parametrize("name", sorted(MORE_TRACKERS))
+def test_a_tracker_whose_package_is_absent_refuses_to_be_created(monkeypatch, tmp_path, name):
+    class_name, check, package = MORE_TRACKERS[name]
+    monkeypatch.setattr(imports, check, lambda: False)
+    with pytest.raises(ModuleNotFoundError, match=f"needs the {package} package, which is not installed"):
+        getattr(tracking, class_name)("run")
+    with pytest.warns(UserWarning, match=f"{package} is not installed"):
+        assert filter_trackers([name, "jsonl"], tmp_path) == ["jsonl"], "log_with drops it, as for the other trackers"
+
+
+@pytest.mark.parametrize("name", sorted(MORE_TRACKERS))
+def test_an_installed_tracker_is_accepted_by_log_with(monkeypatch, tmp_path, name):
+    monkeypatch.setattr(imports, MORE_TRACKERS[name][1], lambda: True)
+    assert filter_trackers(name, tmp_path) == [name]
+
+
+def test_availability_checks_do_not_import_the_packages(monkeypatch):
+    import sys
+
+    for name, (_, check, package) in MORE_TRACKERS.items():
+        monkeypatch.delitem(sys.modules, package, raising=False)
+        getattr(imports, check)()
+        assert package not in sys.modules, f"{check} imported {package}"
+
+
+def test_clearml_titles_and_series():
+    split = tracking.ClearMLTracker._get_title_series
+    assert [split(k) for k in ("eval_loss", "test_acc", "train_loss", "loss", "evaluation")] == [
+        ("loss", "eval"), ("acc", "test"), ("loss", "train"), ("loss", "train"), ("evaluation", "train")]
 
 
 def test_register_tracker_class_makes_a_name_usable(monkeypatch):
@@ -321,7 +369,9 @@ def test_only_the_main_process_tracks(tmp_path):
     assert [json.loads(line)["values"] for line in lines] == [{"rank": 0}], "one line, from the main process"
 
 
-@pytest.mark.parametrize("case_name, package", [("tracking_mlflow", "mlflow"), ("tracking_wandb", "wandb")])
+@pytest.mark.parametrize("case_name, package", [("tracking_mlflow", "mlflow"), ("tracking_wandb", "wandb"),
+                                                ("tracking_comet_ml", "comet_ml"), ("tracking_aim", "aim"),
+                                                ("tracking_clearml", "clearml")])
 def test_a_real_tracker_case_is_not_supported_without_its_package(monkeypatch, case_name, package):
     import importlib.util
 
