@@ -441,11 +441,10 @@ def filter_trackers(
 
 def _usable(name: str, logging_dir: Optional[Union[str, os.PathLike]]) -> bool:
     """Whether tracker ``name`` can run here (see `filter_trackers` for the errors)."""
-    tracker_class = LOGGER_TYPE_TO_CLASS.get(name)
     if name in LoggerType.list() and not _package_available(name):
         warnings.warn(f"log_with asks for {name}, but {_PACKAGES[LoggerType(name)][0]} is not installed: not tracking with it")
         return False
-    if tracker_class.requires_logging_directory and logging_dir is None:
+    if LOGGER_TYPE_TO_CLASS[name].requires_logging_directory and logging_dir is None:
         raise ValueError(f"tracking with {name} needs a logging_dir (ProjectConfiguration(logging_dir=...) or project_dir)")
     return True
 
