@@ -382,3 +382,50 @@ def test_a_real_tracker_case_is_not_supported_without_its_package(monkeypatch, c
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == package else real_find_spec(name, *a))
     with pytest.raises(NotSupported, match=f"the {package} package is not installed"):
         getattr(cases, case_name).function(None, WorldInfo.parse("2"))
+
+
+# -- trackers-more: what `log` does beyond the cases' numbers, read back from each package's store ------------
+
+
+def comet_and_clearml_extras(folder: str) -> dict:
+    """In a rank (ClearML and Comet hook into the process they run in): Comet's dict values and ClearML's
+    prefixed keys and step-less values, each read back from the package's offline store."""
+    import importlib.util
+
+    from conformance.tracker_stores import clearml_offline_session, comet_offline_runs
+
+    found = {}
+    if importlib.util.find_spec("comet_ml"):
+        os.environ["COMET_OFFLINE_DIRECTORY"] = os.path.join(folder, "comet")
+        comet = tracking.CometMLTracker("extras", online=False)
+        comet.start()
+        comet.log({"loss": 0.5, "pair": {"a": 1.0, "b": 2.0}, "ignored": [1]}, step=3)
+        comet.finish()
+        (run,) = comet_offline_runs(os.path.join(folder, "comet"))
+        found["comet"] = {key: run["metrics"][key] for key in ("loss", "a", "b")}
+    if importlib.util.find_spec("clearml"):
+        config = os.path.join(folder, "clearml.conf")
+        with open(config, "w") as stream:
+            stream.write("sdk.development.report_use_subprocess: false\n")
+        os.environ.update(CLEARML_OFFLINE_MODE="1", CLEARML_CONFIG_FILE=config, HOME=folder,
+                          CLEARML_CACHE_DIR=os.path.join(folder, "clearml"))
+        clearml = tracking.ClearMLTracker("extras", auto_connect_frameworks=False, auto_resource_monitoring=False,
+                                          auto_connect_streams=False, auto_connect_arg_parser=False)
+        clearml.start()
+        clearml.log({"eval_loss": 0.5, "test_acc": 0.75, "note": "dropped"}, step=2)
+        clearml.log({"final": 3.0})
+        folder_of_task = clearml.tracker.get_offline_mode_folder()
+        clearml.finish()
+        found["clearml"] = clearml_offline_session(folder_of_task)["scalars"]
+    return found
+
+
+@pytest.mark.slow
+def test_comet_and_clearml_log_read_back_offline(tmp_path):
+    if not (tracking_base._package_available("comet_ml") or tracking_base._package_available("clearml")):
+        pytest.skip("neither comet_ml nor clearml is installed (pip install .[trackers-more])")
+    (found,) = simulators.run(comet_and_clearml_extras, world=1, args=(str(tmp_path),), timeout=240)
+    if "comet" in found:
+        assert found["comet"] == {"loss": [[3, 0.5]], "a": [[3, 1.0]], "b": [[3, 2.0]]}, "a dict is logged as metrics"
+    if "clearml" in found:
+        assert found["clearml"] == {"loss/eval": [[2, 0.5]], "acc/test": [[2, 0.75]], "Summary/final": [[None, 3.0]]}
