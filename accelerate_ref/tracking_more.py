@@ -260,6 +260,11 @@ class DVCLiveTracker(GeneralTracker):
     DVCLive can record as a metric (others dropped with a warning), then
     ``Live.next_step()``; `finish` is ``Live.end()``. Catalog:
     tracking.init_log_end.
+
+    Note: DVCLive itself (not this class) runs ``dvc init`` in the Git
+    repository around the working directory when it finds no DVC repository
+    there; ``save_dvc_exp=False, dvcyaml=None`` keep it from writing
+    ``dvc.yaml`` and experiments.
     """
 
     name = "dvclive"

@@ -17,6 +17,9 @@ package's own reader where it has one.
   of a task (``task.json``, whose configuration is HOCON text parsed with
   ClearML's own parser, and ``metrics.jsonl``, arrays of events) and the
   zip ClearML writes beside it when the task closes.
+* DVCLive (`dvclive_store`): the files ``dvclive.Live`` writes in its
+  ``dir``: ``params.yaml`` and one ``plots/metrics/<name>.tsv`` per metric
+  (a ``step`` column and the metric's); DVCLive ships no reader of them.
 * W&B offline runs: ``wandb`` (0.19 and later) no longer ships a Python
   reader of its run files, so `wandb_offline_runs` reads the framing itself
   and parses each record with wandb's own protobuf ``Record``. A run file
@@ -29,6 +32,7 @@ package's own reader where it has one.
 
 from __future__ import annotations
 
+import csv
 import glob
 import json
 import os
@@ -211,3 +215,23 @@ def clearml_offline_session(folder: str) -> dict[str, Any]:
         "scalars": scalars,
         "closed": os.path.exists(os.fspath(folder).rstrip(os.sep) + ".zip"),
     }
+
+
+def dvclive_store(directory: str) -> dict[str, Any]:
+    """What DVCLive wrote in ``directory``: ``{"params", "metrics"}``, each metric as its ``[step, value]`` rows.
+
+    An absent ``directory`` (nothing written) gives ``{"params": None, "metrics": {}}``.
+    """
+    import yaml
+
+    params_path = os.path.join(directory, "params.yaml")
+    params = None
+    if os.path.exists(params_path):
+        with open(params_path, encoding="utf-8") as stream:
+            params = yaml.safe_load(stream)
+    metrics = {}
+    for path in sorted(glob.glob(os.path.join(directory, "plots", "metrics", "*.tsv"))):
+        name = os.path.splitext(os.path.basename(path))[0]
+        with open(path, encoding="utf-8", newline="") as stream:
+            metrics[name] = [[int(row["step"]), float(row[name])] for row in csv.DictReader(stream, delimiter="\t")]
+    return {"params": params, "metrics": metrics}

@@ -371,7 +371,7 @@ def test_only_the_main_process_tracks(tmp_path):
 
 @pytest.mark.parametrize("case_name, package", [("tracking_mlflow", "mlflow"), ("tracking_wandb", "wandb"),
                                                 ("tracking_comet_ml", "comet_ml"), ("tracking_aim", "aim"),
-                                                ("tracking_clearml", "clearml")])
+                                                ("tracking_clearml", "clearml"), ("tracking_dvclive", "dvclive")])
 def test_a_real_tracker_case_is_not_supported_without_its_package(monkeypatch, case_name, package):
     import importlib.util
 

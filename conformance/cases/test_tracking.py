@@ -8,7 +8,8 @@ was started, configured, logged to and finished.
 The same rule with the real trackers whose packages are installed (extra
 ``trackers``: ``log_with="mlflow"`` and ``log_with="wandb"`` (offline);
 extra ``trackers-more``: ``"comet_ml"`` (offline), ``"aim"`` (a local
-repository), ``"clearml"`` (offline mode)), on every rank; once every rank has ended, the main process reads back the
+repository), ``"clearml"`` (offline mode), ``"dvclive"`` (local files)), on
+every rank; once every rank has ended, the main process reads back the
 tracker's own store (`conformance.tracker_stores`) and the driver checks
 that it holds one run, with the configuration and each value at its step.
 Without the package the case is NOT_SUPPORTED.
@@ -307,3 +308,29 @@ def _one_clearml_session(values, world):
     scalars = {f"{key}/train": history for key, history in _logged_metrics().items()}
     expected = {"project": "conformance", "task": "conformance", "configuration": CONFIG, "scalars": scalars, "closed": True}
     expect_equal(values[0]["session"], expected, "the main process's ClearML offline session")
+
+
+@case("tracking.init_log_end", worlds=TRACKER_WORLDS, env=QUIET, timeout=TRACKER_CASE_TIMEOUT)
+def tracking_dvclive(impl, world):
+    """``log_with="dvclive"`` with ``init_kwargs={"dvclive": {"dir": <dir>, ...}}``: DVCLive's files there hold
+    the configuration as ``params.yaml`` and each metric at its step. Only the main process writes: each rank
+    is given its own ``dir``, and the others' stay empty."""
+    _require("dvclive", extra="trackers-more")
+    from ..tracker_stores import dvclive_store
+
+    mine = os.path.join(world.shared_dir, f"dvclive-{world.rank}")
+    options = {"dvclive": {"dir": mine, "save_dvc_exp": False, "dvcyaml": None}}  # no dvc.yaml, no DVC experiment
+    # DVCLive runs `dvc init` in the Git repository around the working directory: work outside any.
+    here = os.getcwd()
+    os.chdir(world.shared_dir)
+    try:
+        _track_with(impl, world, "dvclive", lambda live: None, init_kwargs=options)
+    finally:
+        os.chdir(here)
+    return dvclive_store(mine)
+
+
+@tracking_dvclive.check
+def _dvclive_files(values, world):
+    expected = [{"params": CONFIG, "metrics": _logged_metrics()}] + [{"params": None, "metrics": {}}] * (world.size - 1)
+    expect_equal(values, expected, "what DVCLive wrote in each rank's dir (only the main process's holds anything)")
