@@ -52,7 +52,7 @@ def pippy_on_every_rank(prepare_name: str) -> dict:
     PartialState()
     inputs = torch.randn(5, 4, generator=torch.Generator().manual_seed(1))  # the same on every rank
     return {
-        "plain": _run(prepare, inputs[:2]),
+        "plain": _run(prepare, inputs[:2], split_points=["2"]),  # named: stage 1 begins at the second Linear
         "gathered": _run(prepare, inputs[:2], gather_output=True),
         "padded": _run(prepare, inputs[2:], gather_output=True),  # 3 rows, 2 chunks: padded to 4
     }
@@ -72,6 +72,8 @@ def check_pipelined(reports: list[dict]) -> None:
             rows = run["expected"].shape[0]
             assert run["output"] is not None, f"{kind}: rank {rank} got no output"
             torch.testing.assert_close(run["output"][:rows], run["expected"])
+        if kind == "plain":
+            assert [run["held"] for run in runs] == [40, runs[0]["total"] - 40], "split before submodule '2'"
         if kind == "padded":
             assert runs[last]["output"].shape[0] == 4, "3 rows in 2 chunks are padded to 4"
 
