@@ -30,6 +30,7 @@ from .big_modeling import (  # big-model inference (issue 10)
     load_checkpoint_and_dispatch,
 )
 from .utils.modeling import infer_auto_device_map
+from .inference import prepare_pippy  # pipeline-parallel inference (issue 13)
 
 __version__ = "0.1.0"
 
@@ -50,6 +51,8 @@ __all__ = [
     "find_executable_batch_size",
     "load_checkpoint_in_model",
     "skip_first_batches",
+    # pipeline-parallel inference (issue 13)
+    "prepare_pippy",
     # big-model inference (issue 10)
     "cpu_offload",
     "cpu_offload_with_hook",

@@ -10,7 +10,10 @@ Built in: `JSONLinesTracker` (``"jsonl"``, no extra package: one JSON
 object per `log` call in ``<logging_dir>/<project>/log.jsonl``),
 `TensorBoardTracker` (``"tensorboard"``, when tensorboard or tensorboardX
 is installed), `MLflowTracker` (``"mlflow"``, the ``mlflow`` or
-``mlflow-skinny`` package) and `WandBTracker` (``"wandb"``). Any other
+``mlflow-skinny`` package) and `WandBTracker` (``"wandb"``), whose
+packages are in the ``trackers`` extra; and, from `tracking_more` (extra
+``trackers-more``), `CometMLTracker`, `AimTracker`, `ClearMLTracker`,
+`DVCLiveTracker`, `SwanLabTracker`, `TrackioTracker`. Any other
 tracker is a `GeneralTracker` subclass passed in ``log_with``, or one
 registered by name with `register_tracker_class`.
 
@@ -19,96 +22,27 @@ Catalog: tracking.init_log_end.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import time
 import warnings
-from typing import Any, Callable, Optional, TypeVar, Union
+from typing import Any, Optional, Union
 
 from .logging import get_logger
-from .state import PartialState
-from .utils import imports
+from .tracking_base import _PACKAGES, GeneralTracker, _package_available, on_main_process
+from .tracking_more import (
+    AimTracker,
+    ClearMLTracker,
+    CometMLTracker,
+    DVCLiveTracker,
+    SwanLabTracker,
+    TrackioTracker,
+)
 from .utils.dataclasses import LoggerType
 from .utils.environment import str_to_bool
 from .utils.serialization import write_atomically
 
-F = TypeVar("F", bound=Callable[..., Any])
-
 logger = get_logger(__name__)
-
-#: The package each `LoggerType` needs and the check that finds it (``imports.is_<name>_available``).
-_PACKAGES = {
-    LoggerType.AIM: ("aim", "is_aim_available"),
-    LoggerType.TENSORBOARD: ("tensorboard", "is_tensorboard_available"),
-    LoggerType.WANDB: ("wandb", "is_wandb_available"),
-    LoggerType.TRACKIO: ("trackio", "is_trackio_available"),
-    LoggerType.COMETML: ("comet_ml", "is_comet_ml_available"),
-    LoggerType.MLFLOW: ("mlflow", "is_mlflow_available"),
-    LoggerType.CLEARML: ("clearml", "is_clearml_available"),
-    LoggerType.DVCLIVE: ("dvclive", "is_dvclive_available"),
-    LoggerType.SWANLAB: ("swanlab", "is_swanlab_available"),
-}
-
-
-def _package_available(name: str) -> bool:
-    """Whether the package of the built-in tracker ``name`` is installed (checked when asked, not at import)."""
-    return getattr(imports, _PACKAGES[LoggerType(name)][1])()
-
-
-def on_main_process(function: F) -> F:
-    """Run a tracker method only on the main process when the tracker's ``main_process_only`` is true.
-
-    Catalog: tracking.init_log_end.
-    """
-
-    @functools.wraps(function)
-    def run(self: "GeneralTracker", *args: Any, **kwargs: Any) -> Any:
-        if getattr(self, "main_process_only", False) and not PartialState().is_main_process:
-            return None
-        return function(self, *args, **kwargs)
-
-    return run  # type: ignore[return-value]
-
-
-class GeneralTracker:
-    """Base class of every tracker; subclass it for a custom one and pass an instance in ``log_with``.
-
-    Rules: a subclass defines ``name`` (``get_tracker`` finds it by it),
-    ``requires_logging_directory`` and a ``tracker`` property (the
-    underlying run or writer); missing ones are a NotImplementedError
-    naming them when the tracker is created. ``start`` is called by
-    `init_trackers`, then ``store_init_configuration(config)``, ``log(values,
-    step, **kwargs)`` by `Accelerator.log`, ``finish`` by `end_training`.
-    ``main_process_only`` (default True) keeps `on_main_process` methods to
-    the main process. ``GeneralTracker(_blank=True)`` is the do-nothing
-    tracker `get_tracker` returns on the other processes.
-    Catalog: tracking.init_log_end.
-    """
-
-    main_process_only = True
-
-    def __init__(self, _blank: bool = False) -> None:
-        if _blank:
-            return
-        missing = [attribute for attribute in ("name", "requires_logging_directory") if not hasattr(self, attribute)]
-        missing += [] if "tracker" in dir(self) else ["tracker"]
-        if missing:
-            raise NotImplementedError(
-                f"{type(self).__name__} is missing the tracker attributes {', '.join(missing)}; define them in the class"
-            )
-
-    def start(self) -> None:
-        """Begin the run (called by `init_trackers`, after the process group exists)."""
-
-    def store_init_configuration(self, values: dict[str, Any]) -> None:
-        """Record the run's hyperparameters ``values``."""
-
-    def log(self, values: dict[str, Any], step: Optional[int] = None, **kwargs: Any) -> None:
-        """Record ``values`` at ``step``."""
-
-    def finish(self) -> None:
-        """End the run."""
 
 
 def _plain(value: Any) -> Any:
@@ -426,6 +360,13 @@ LOGGER_TYPE_TO_CLASS: dict[str, type[GeneralTracker]] = {
     TensorBoardTracker.name: TensorBoardTracker,
     MLflowTracker.name: MLflowTracker,
     WandBTracker.name: WandBTracker,
+    # the trackers of the trackers-more extra (accelerate_ref.tracking_more)
+    AimTracker.name: AimTracker,
+    CometMLTracker.name: CometMLTracker,
+    ClearMLTracker.name: ClearMLTracker,
+    DVCLiveTracker.name: DVCLiveTracker,
+    SwanLabTracker.name: SwanLabTracker,
+    TrackioTracker.name: TrackioTracker,
 }
 #: The names of LOGGER_TYPE_TO_CLASS that come with this reference (the others were registered).
 _BUILT_IN = tuple(LOGGER_TYPE_TO_CLASS)
@@ -476,9 +417,8 @@ def filter_trackers(
     available built-in tracker; a name of a tracker whose package is not
     installed is dropped with a warning (as a script that lists several
     trackers expects); a built-in tracker that writes files needs a
-    ``logging_dir`` (ValueError); a `LoggerType` whose package is installed
-    but which this reference does not provide is a NotImplementedError;
-    anything else a ValueError listing the choices.
+    ``logging_dir`` (ValueError); anything else a ValueError listing the
+    choices.
     Catalog: tracking.init_log_end.
     """
     if log_with is None:
@@ -501,13 +441,10 @@ def filter_trackers(
 
 def _usable(name: str, logging_dir: Optional[Union[str, os.PathLike]]) -> bool:
     """Whether tracker ``name`` can run here (see `filter_trackers` for the errors)."""
-    tracker_class = LOGGER_TYPE_TO_CLASS.get(name)
     if name in LoggerType.list() and not _package_available(name):
         warnings.warn(f"log_with asks for {name}, but {_PACKAGES[LoggerType(name)][0]} is not installed: not tracking with it")
         return False
-    if tracker_class is None:
-        raise NotImplementedError(f"accelerate_ref does not provide the {name} tracker; pass a GeneralTracker for it")
-    if tracker_class.requires_logging_directory and logging_dir is None:
+    if LOGGER_TYPE_TO_CLASS[name].requires_logging_directory and logging_dir is None:
         raise ValueError(f"tracking with {name} needs a logging_dir (ProjectConfiguration(logging_dir=...) or project_dir)")
     return True
 

@@ -1,4 +1,4 @@
-"""Meta-tests of the real-tracker cases of ``tracking.init_log_end`` (MLflow, W&B offline).
+"""Meta-tests of the real-tracker cases of ``tracking.init_log_end`` (MLflow, W&B offline; Comet, Aim, ClearML, DVCLive).
 
 The machinery is `test_meta_suite`'s. The cases run only where their
 package is installed (extra ``trackers``); elsewhere they are NOT_SUPPORTED
@@ -22,7 +22,9 @@ from tests.test_meta_suite import test_suite_reports as check_entry
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 #: The real-tracker cases, by the package each needs.
-CASES = {"tracking_mlflow": "mlflow", "tracking_wandb": "wandb"}
+CASES = {"tracking_mlflow": "mlflow", "tracking_wandb": "wandb",
+         # extra trackers-more (not installed by CI)
+         "tracking_comet_ml": "comet_ml", "tracking_aim": "aim", "tracking_clearml": "clearml", "tracking_dvclive": "dvclive"}
 INSTALLED = tuple(name for name, package in CASES.items() if importlib.util.find_spec(package) is not None)
 
 BREAKS = [
@@ -30,6 +32,10 @@ BREAKS = [
     # Every process logs as if it were the main one: W&B gets a second run. MLflowTracker's own
     # methods run on the main process only, so its case passes (test_meta_saving has the custom-tracker case).
     brk("save_tracker_on_every_rank", {"tracking_wandb": F}, "2", INSTALLED),
+    # The configuration never reaches the store: each case reads its package's store back.
+    brk("tracking_more_drops_config",
+        {"tracking_comet_ml": F, "tracking_aim": F, "tracking_clearml": F, "tracking_dvclive": F}, "2",
+        ("tracking_comet_ml", "tracking_aim", "tracking_clearml", "tracking_dvclive")),
 ]
 
 #: Only the breaks whose cases can run here (with the reference's control first).

@@ -13,7 +13,7 @@ import torch
 
 import simulators
 from accelerate_ref import Accelerator, AcceleratorState, GradientState, ProjectConfiguration
-from accelerate_ref import tracking
+from accelerate_ref import tracking, tracking_base
 from accelerate_ref.tracking import GeneralTracker, JSONLinesTracker, filter_trackers, get_available_trackers
 from accelerate_ref.utils import LoggerType, imports, is_mlflow_available, is_tensorboard_available, is_wandb_available
 
@@ -92,8 +92,12 @@ def test_log_with_is_checked_when_the_accelerator_is_created(tmp_path):
     with pytest.raises(ValueError, match="logging_dir"):
         fresh(log_with="jsonl")
     assert filter_trackers(LoggerType.ALL, tmp_path) == get_available_trackers()
-    installed = {"tensorboard": is_tensorboard_available(), "mlflow": is_mlflow_available(), "wandb": is_wandb_available()}
-    assert get_available_trackers() == ["jsonl"] + [name for name, present in installed.items() if present]
+    installed = [name for name in tracking.LOGGER_TYPE_TO_CLASS if name != "jsonl" and tracking_base._package_available(name)]
+    assert get_available_trackers() == ["jsonl"] + installed
+    assert {"tensorboard", "mlflow", "wandb"} & set(installed) == {
+        name for name, present in [("tensorboard", is_tensorboard_available()), ("mlflow", is_mlflow_available()),
+                                   ("wandb", is_wandb_available())] if present
+    }
     assert filter_trackers(None) == []
 
 
@@ -114,10 +118,54 @@ def test_a_tracker_whose_package_is_missing_is_dropped_with_a_warning(monkeypatc
         assert filter_trackers(["wandb", "jsonl"], tmp_path) == ["jsonl"]
 
 
-def test_an_installed_tracker_this_reference_lacks_is_refused(monkeypatch, tmp_path):
-    monkeypatch.setattr(imports, "is_comet_ml_available", lambda: True)
-    with pytest.raises(NotImplementedError, match="comet_ml"):
-        filter_trackers("comet_ml", tmp_path)
+#: The trackers of accelerate_ref.tracking_more, by name, with the availability check of their package.
+MORE_TRACKERS = {
+    "comet_ml": ("CometMLTracker", "is_comet_ml_available", "comet_ml"),
+    "aim": ("AimTracker", "is_aim_available", "aim"),
+    "clearml": ("ClearMLTracker", "is_clearml_available", "clearml"),
+    "dvclive": ("DVCLiveTracker", "is_dvclive_available", "dvclive"),
+    "swanlab": ("SwanLabTracker", "is_swanlab_available", "swanlab"),
+    "trackio": ("TrackioTracker", "is_trackio_available", "trackio"),
+}
+
+
+def test_every_logger_type_has_its_tracker_class():
+    assert set(LoggerType.list()) - {"all"} <= set(tracking.LOGGER_TYPE_TO_CLASS)
+    for name, (class_name, _, _) in MORE_TRACKERS.items():
+        assert tracking.LOGGER_TYPE_TO_CLASS[name] is getattr(tracking, class_name) and getattr(tracking, class_name).name == name
+    assert (tracking.SwanLabTracker.main_process_only, tracking.TrackioTracker.main_process_only) == (False, False)
+    assert tracking.AimTracker.requires_logging_directory and not tracking.CometMLTracker.requires_logging_directory
+
+
+@pytest.mark.parametrize("name", sorted(MORE_TRACKERS))
+def test_a_tracker_whose_package_is_absent_refuses_to_be_created(monkeypatch, tmp_path, name):
+    class_name, check, package = MORE_TRACKERS[name]
+    monkeypatch.setattr(imports, check, lambda: False)
+    with pytest.raises(ModuleNotFoundError, match=f"needs the {package} package, which is not installed"):
+        getattr(tracking, class_name)("run")
+    with pytest.warns(UserWarning, match=f"{package} is not installed"):
+        assert filter_trackers([name, "jsonl"], tmp_path) == ["jsonl"], "log_with drops it, as for the other trackers"
+
+
+@pytest.mark.parametrize("name", sorted(MORE_TRACKERS))
+def test_an_installed_tracker_is_accepted_by_log_with(monkeypatch, tmp_path, name):
+    monkeypatch.setattr(imports, MORE_TRACKERS[name][1], lambda: True)
+    assert filter_trackers(name, tmp_path) == [name]
+
+
+def test_availability_checks_do_not_import_the_packages(monkeypatch):
+    import sys
+
+    for name, (_, check, package) in MORE_TRACKERS.items():
+        monkeypatch.delitem(sys.modules, package, raising=False)
+        getattr(imports, check)()
+        assert package not in sys.modules, f"{check} imported {package}"
+
+
+def test_clearml_titles_and_series():
+    split = tracking.ClearMLTracker._get_title_series
+    assert [split(k) for k in ("eval_loss", "test_acc", "train_loss", "loss", "evaluation")] == [
+        ("loss", "eval"), ("acc", "test"), ("loss", "train"), ("loss", "train"), ("evaluation", "train")]
 
 
 def test_register_tracker_class_makes_a_name_usable(monkeypatch):
@@ -156,7 +204,7 @@ def test_main_process_only_methods_do_nothing_elsewhere(monkeypatch, tmp_path):
         is_main_process = False
 
     tracker = JSONLinesTracker("run", tmp_path)
-    monkeypatch.setattr(tracking, "PartialState", Elsewhere)
+    monkeypatch.setattr(tracking_base, "PartialState", Elsewhere)
     tracker.start()
     tracker.log({"x": 1})
     assert not (tmp_path / "run").exists()
@@ -321,7 +369,9 @@ def test_only_the_main_process_tracks(tmp_path):
     assert [json.loads(line)["values"] for line in lines] == [{"rank": 0}], "one line, from the main process"
 
 
-@pytest.mark.parametrize("case_name, package", [("tracking_mlflow", "mlflow"), ("tracking_wandb", "wandb")])
+@pytest.mark.parametrize("case_name, package", [("tracking_mlflow", "mlflow"), ("tracking_wandb", "wandb"),
+                                                ("tracking_comet_ml", "comet_ml"), ("tracking_aim", "aim"),
+                                                ("tracking_clearml", "clearml"), ("tracking_dvclive", "dvclive")])
 def test_a_real_tracker_case_is_not_supported_without_its_package(monkeypatch, case_name, package):
     import importlib.util
 
@@ -332,3 +382,50 @@ def test_a_real_tracker_case_is_not_supported_without_its_package(monkeypatch, c
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == package else real_find_spec(name, *a))
     with pytest.raises(NotSupported, match=f"the {package} package is not installed"):
         getattr(cases, case_name).function(None, WorldInfo.parse("2"))
+
+
+# -- trackers-more: what `log` does beyond the cases' numbers, read back from each package's store ------------
+
+
+def comet_and_clearml_extras(folder: str) -> dict:
+    """In a rank (ClearML and Comet hook into the process they run in): Comet's dict values and ClearML's
+    prefixed keys and step-less values, each read back from the package's offline store."""
+    import importlib.util
+
+    from conformance.tracker_stores import clearml_offline_session, comet_offline_runs
+
+    found = {}
+    if importlib.util.find_spec("comet_ml"):
+        os.environ["COMET_OFFLINE_DIRECTORY"] = os.path.join(folder, "comet")
+        comet = tracking.CometMLTracker("extras", online=False)
+        comet.start()
+        comet.log({"loss": 0.5, "pair": {"a": 1.0, "b": 2.0}, "ignored": [1]}, step=3)
+        comet.finish()
+        (run,) = comet_offline_runs(os.path.join(folder, "comet"))
+        found["comet"] = {key: run["metrics"][key] for key in ("loss", "a", "b")}
+    if importlib.util.find_spec("clearml"):
+        config = os.path.join(folder, "clearml.conf")
+        with open(config, "w") as stream:
+            stream.write("sdk.development.report_use_subprocess: false\n")
+        os.environ.update(CLEARML_OFFLINE_MODE="1", CLEARML_CONFIG_FILE=config, HOME=folder,
+                          CLEARML_CACHE_DIR=os.path.join(folder, "clearml"))
+        clearml = tracking.ClearMLTracker("extras", auto_connect_frameworks=False, auto_resource_monitoring=False,
+                                          auto_connect_streams=False, auto_connect_arg_parser=False)
+        clearml.start()
+        clearml.log({"eval_loss": 0.5, "test_acc": 0.75, "note": "dropped"}, step=2)
+        clearml.log({"final": 3.0})
+        folder_of_task = clearml.tracker.get_offline_mode_folder()
+        clearml.finish()
+        found["clearml"] = clearml_offline_session(folder_of_task)["scalars"]
+    return found
+
+
+@pytest.mark.slow
+def test_comet_and_clearml_log_read_back_offline(tmp_path):
+    if not (tracking_base._package_available("comet_ml") or tracking_base._package_available("clearml")):
+        pytest.skip("neither comet_ml nor clearml is installed (pip install .[trackers-more])")
+    (found,) = simulators.run(comet_and_clearml_extras, world=1, args=(str(tmp_path),), timeout=240)
+    if "comet" in found:
+        assert found["comet"] == {"loss": [[3, 0.5]], "a": [[3, 1.0]], "b": [[3, 2.0]]}, "a dict is logged as metrics"
+    if "clearml" in found:
+        assert found["clearml"] == {"loss/eval": [[2, 0.5]], "acc/test": [[2, 0.75]], "Summary/final": [[None, 3.0]]}

@@ -6,8 +6,10 @@ tracker saw, and the driver checks that only the main process's tracker
 was started, configured, logged to and finished.
 
 The same rule with the real trackers whose packages are installed (extra
-``trackers``): ``log_with="mlflow"`` and ``log_with="wandb"`` (offline),
-on every rank; once every rank has ended, the main process reads back the
+``trackers``: ``log_with="mlflow"`` and ``log_with="wandb"`` (offline);
+extra ``trackers-more``: ``"comet_ml"`` (offline), ``"aim"`` (a local
+repository), ``"clearml"`` (offline mode), ``"dvclive"`` (local files)), on
+every rank; once every rank has ended, the main process reads back the
 tracker's own store (`conformance.tracker_stores`) and the driver checks
 that it holds one run, with the configuration and each value at its step.
 Without the package the case is NOT_SUPPORTED.
@@ -18,7 +20,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from ..case import NotSupported, case
 from ..checks import expect_equal, expect_ranks, expect_true
@@ -124,27 +126,39 @@ QUIET = {
 }
 
 
-def _require(package: str) -> None:
+def _require(package: str, extra: str = "trackers") -> None:
     """NOT_SUPPORTED unless ``package`` is installed."""
     if importlib.util.find_spec(package) is None:
-        raise NotSupported(f"the {package} package is not installed (pip install .[trackers])")
+        raise NotSupported(f"the {package} package is not installed (pip install .[{extra}])")
 
 
-def _track_with(impl, world, name: str, read_store: Callable[[], Any]) -> Any:
-    """``log_with=name`` on every rank: init with CONFIG, log LOGGED, end; after every rank ended, the main
-    process returns ``read_store()`` (the others None)."""
+def _track_with(
+    impl, world, name: str, read_store: Callable[[Any], Any], init_kwargs: Optional[dict] = None, **accelerator_kwargs: Any
+) -> Any:
+    """``log_with=name`` on every rank: init with CONFIG (and ``init_kwargs``), log LOGGED, end; after every rank
+    ended, the main process returns ``read_store(tracker object)`` (the others None)."""
     import torch.distributed as dist
 
-    acc = impl.Accelerator(log_with=name)
-    acc.init_trackers("conformance", config=CONFIG)
+    acc = impl.Accelerator(log_with=name, **accelerator_kwargs)
+    acc.init_trackers("conformance", config=CONFIG, init_kwargs=init_kwargs)
     for values, step in LOGGED:
         acc.log(values, step=step)
+    tracker = acc.get_tracker(name, unwrap=True)
     had_group = dist.is_initialized()
     acc.end_training()
     _reopen_process_group(impl, world, had_group)
     if dist.is_initialized():
         dist.barrier()  # every rank has ended its trackers before the store is read
-    return read_store() if world.rank == 0 else None
+    return read_store(tracker) if world.rank == 0 else None
+
+
+def _logged_metrics() -> dict[str, list]:
+    """Each key of LOGGED with its ``[step, value]`` history."""
+    metrics: dict = {}
+    for logged, step in LOGGED:
+        for key, value in logged.items():
+            metrics.setdefault(key, []).append([step, value])
+    return metrics
 
 
 @case("tracking.init_log_end", worlds=TRACKER_WORLDS, env=QUIET, timeout=TRACKER_CASE_TIMEOUT)
@@ -157,7 +171,7 @@ def tracking_mlflow(impl, world):
     uri = "file:" + os.path.join(world.shared_dir, "mlruns")
     os.environ.update(MLFLOW_TRACKING_URI=uri, MLFLOW_ALLOW_FILE_STORE="true")  # the worker restores os.environ
     try:
-        return _track_with(impl, world, "mlflow", lambda: mlflow_runs(uri, "conformance"))
+        return _track_with(impl, world, "mlflow", lambda tracker: mlflow_runs(uri, "conformance"))
     finally:
         _end_mlflow_runs()
 
@@ -172,11 +186,7 @@ def _end_mlflow_runs() -> None:
 @tracking_mlflow.check
 def _one_mlflow_run(values, world):
     params = {key: str(value) for key, value in CONFIG.items()}
-    metrics: dict = {}
-    for logged, step in LOGGED:
-        for key, value in logged.items():
-            metrics.setdefault(key, []).append([step, value])
-    expected = [{"status": "FINISHED", "params": params, "metrics": metrics}]
+    expected = [{"status": "FINISHED", "params": params, "metrics": _logged_metrics()}]
     expect_equal(values[0], expected, "runs of experiment 'conformance' in the MLflow store (one, from the main process)")
 
 
@@ -187,7 +197,7 @@ def tracking_wandb(impl, world):
     _require("wandb")
     os.environ["WANDB_DIR"] = world.shared_dir  # the worker restores os.environ
     try:
-        return _track_with(impl, world, "wandb", lambda: _wandb_runs_after_teardown(world.shared_dir))
+        return _track_with(impl, world, "wandb", lambda tracker: _wandb_runs_after_teardown(world.shared_dir))
     finally:
         _teardown_wandb()
 
@@ -210,3 +220,117 @@ def _teardown_wandb() -> None:
 def _one_wandb_run(values, world):
     expected = [{"project": "conformance", "config": CONFIG, "history": [[s, v] for v, s in LOGGED], "exited": True}]
     expect_equal(values[0], expected, "offline W&B runs under WANDB_DIR (one, from the main process)")
+
+
+def _only_logged(run: dict, params: str, metrics: str) -> dict:
+    """``run`` with its ``params`` and ``metrics`` entries cut to the keys of CONFIG and LOGGED (a tracker's
+    own extras, such as system metrics, left out)."""
+    keys = {key for logged, _ in LOGGED for key in logged}
+    return {**run, params: {k: v for k, v in run[params].items() if k in CONFIG},
+            metrics: {k: v for k, v in run[metrics].items() if k in keys}}
+
+
+@case("tracking.init_log_end", worlds=TRACKER_WORLDS, env=QUIET, timeout=TRACKER_CASE_TIMEOUT)
+def tracking_comet_ml(impl, world):
+    """``log_with="comet_ml"`` offline (``init_kwargs={"comet_ml": {"online": False}}``, archives in
+    ``COMET_OFFLINE_DIRECTORY``): one archive, of the project, with the configuration as parameters and each
+    metric at its step."""
+    _require("comet_ml", extra="trackers-more")
+    from ..tracker_stores import comet_offline_runs
+
+    directory = os.path.join(world.shared_dir, "comet")
+    os.environ["COMET_OFFLINE_DIRECTORY"] = directory  # the worker restores os.environ
+    runs = _track_with(impl, world, "comet_ml", lambda tracker: comet_offline_runs(directory),
+                       init_kwargs={"comet_ml": {"online": False}})
+    return None if runs is None else [_only_logged(run, "params", "metrics") for run in runs]
+
+
+@tracking_comet_ml.check
+def _one_comet_archive(values, world):
+    expected = [{"project": "conformance", "params": CONFIG, "metrics": _logged_metrics()}]
+    expect_equal(values[0], expected, "Comet offline archives (one, from the main process)")
+
+
+#: Aim without its system-metrics thread, terminal capture or environment snapshot.
+AIM_QUIET = {"aim": {"system_tracking_interval": None, "capture_terminal_logs": False, "log_system_params": False}}
+
+
+@case("tracking.init_log_end", worlds=TRACKER_WORLDS, env=QUIET, timeout=TRACKER_CASE_TIMEOUT)
+def tracking_aim(impl, world):
+    """``log_with="aim"`` with ``project_dir=<dir>``: the Aim repository there holds one closed run, named after
+    the project, with the configuration as its ``hparams`` and each metric at its step."""
+    _require("aim", extra="trackers-more")
+    from ..tracker_stores import aim_runs
+
+    directory = os.path.join(world.shared_dir, "aim")
+    return _track_with(impl, world, "aim", lambda tracker: aim_runs(directory), init_kwargs=AIM_QUIET,
+                       project_dir=directory)
+
+
+@tracking_aim.check
+def _one_aim_run(values, world):
+    expected = [{"name": "conformance", "hparams": CONFIG, "metrics": _logged_metrics(), "ended": True}]
+    expect_equal(values[0], expected, "runs of the Aim repository (one, from the main process)")
+
+
+#: ClearML without its framework hooks, resource monitor, console capture or argparse capture.
+CLEARML_QUIET = {"clearml": {"auto_connect_frameworks": False, "auto_resource_monitoring": False,
+                             "auto_connect_streams": False, "auto_connect_arg_parser": False}}
+
+
+@case("tracking.init_log_end", worlds=TRACKER_WORLDS, env=QUIET, timeout=TRACKER_CASE_TIMEOUT)
+def tracking_clearml(impl, world):
+    """``log_with="clearml"`` in offline mode (``CLEARML_OFFLINE_MODE=1``): the task's offline session is of the
+    project, holds the configuration and each metric at its step (series "train"), and was closed. Only the
+    main process creates a task (ClearML's sessions are read from the main process's task only; the other
+    ranks must not have started one)."""
+    _require("clearml", extra="trackers-more")
+    from ..tracker_stores import clearml_offline_session
+
+    config_file = os.path.join(world.shared_dir, f"clearml-{world.rank}.conf")
+    with open(config_file, "w", encoding="utf-8") as stream:
+        stream.write("sdk.development.report_use_subprocess: false\n")  # report from a thread: no child process
+    os.environ.update(  # the worker restores os.environ
+        CLEARML_OFFLINE_MODE="1", CLEARML_CONFIG_FILE=config_file, HOME=world.shared_dir,
+        CLEARML_CACHE_DIR=os.path.join(world.shared_dir, f"clearml-cache-{world.rank}"),
+    )
+    session = _track_with(impl, world, "clearml", lambda task: clearml_offline_session(task.get_offline_mode_folder()),
+                          init_kwargs=CLEARML_QUIET)
+    others = os.path.join(world.shared_dir, f"clearml-cache-{world.rank}", "offline")
+    started_here = sorted(os.listdir(others)) if os.path.isdir(others) else []
+    return {"session": session, "sessions_started": len([name for name in started_here if not name.endswith(".zip")])}
+
+
+@tracking_clearml.check
+def _one_clearml_session(values, world):
+    expect_ranks([v["sessions_started"] for v in values], [1 if rank == 0 else 0 for rank in range(world.size)],
+                 "ClearML offline sessions each rank started")
+    scalars = {f"{key}/train": history for key, history in _logged_metrics().items()}
+    expected = {"project": "conformance", "task": "conformance", "configuration": CONFIG, "scalars": scalars, "closed": True}
+    expect_equal(values[0]["session"], expected, "the main process's ClearML offline session")
+
+
+@case("tracking.init_log_end", worlds=TRACKER_WORLDS, env=QUIET, timeout=TRACKER_CASE_TIMEOUT)
+def tracking_dvclive(impl, world):
+    """``log_with="dvclive"`` with ``init_kwargs={"dvclive": {"dir": <dir>, ...}}``: DVCLive's files there hold
+    the configuration as ``params.yaml`` and each metric at its step. Only the main process writes: each rank
+    is given its own ``dir``, and the others' stay empty."""
+    _require("dvclive", extra="trackers-more")
+    from ..tracker_stores import dvclive_store
+
+    mine = os.path.join(world.shared_dir, f"dvclive-{world.rank}")
+    options = {"dvclive": {"dir": mine, "save_dvc_exp": False, "dvcyaml": None}}  # no dvc.yaml, no DVC experiment
+    # DVCLive runs `dvc init` in the Git repository around the working directory: work outside any.
+    here = os.getcwd()
+    os.chdir(world.shared_dir)
+    try:
+        _track_with(impl, world, "dvclive", lambda live: None, init_kwargs=options)
+    finally:
+        os.chdir(here)
+    return dvclive_store(mine)
+
+
+@tracking_dvclive.check
+def _dvclive_files(values, world):
+    expected = [{"params": CONFIG, "metrics": _logged_metrics()}] + [{"params": None, "metrics": {}}] * (world.size - 1)
+    expect_equal(values, expected, "what DVCLive wrote in each rank's dir (only the main process's holds anything)")
