@@ -20,6 +20,13 @@ Rules (HF accelerate 1.15's):
   ``engine.backward`` (DeepSpeed divides the loss by the accumulation steps
   itself) and, at the boundary, ``engine.step()`` (update and zero grad).
 
+* `Accelerator.save_state` / `load_state` checkpoint each engine through
+  DeepSpeed's own ``engine.save_checkpoint`` / ``engine.load_checkpoint``
+  (model, ZeRO optimizer partitions and the engine's scheduler) in the
+  folder ``pytorch_model`` (``pytorch_model_<i>`` for the i-th engine) of
+  the checkpoint; the engine's optimizer and scheduler wrappers are not
+  saved again as ``optimizer.bin`` / ``scheduler.bin``.
+
 On CPU DeepSpeed runs with ``DS_ACCELERATOR=cpu`` over the Accelerator's
 gloo process group; its first use JIT-compiles its shared-memory
 communication op (cached in ``~/.cache/torch_extensions``).
@@ -34,7 +41,10 @@ from typing import Any
 
 import torch
 
+from ..checkpoint_store import CheckpointError
 from ..optimizer import AcceleratedOptimizer
+from ..scheduler import AcceleratedScheduler
+from .constants import MODEL_NAME
 
 
 class DeepSpeedEngineWrapper:
@@ -75,6 +85,16 @@ class DeepSpeedOptimizerWrapper(AcceleratedOptimizer):
     def step_was_skipped(self) -> bool:
         """Whether DeepSpeed's loss scaler skipped the last step (an overflow)."""
         return bool(getattr(self.optimizer, "overflow", False))
+
+
+class DeepSpeedSchedulerWrapper(AcceleratedScheduler):
+    """The prepared scheduler when DeepSpeed's engine drives it: ``engine.step()`` steps it in `Accelerator.backward`.
+
+    Catalog: plugin.deepspeed_zero.
+    """
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        """Nothing: the engine steps its scheduler at each accumulation boundary."""
 
 
 def is_deepspeed_engine(model: Any) -> bool:
@@ -139,3 +159,32 @@ def engine_state_dict(engine: Any) -> dict[str, torch.Tensor]:
     module = engine.module
     with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
         return {key: value.detach().cpu().clone() for key, value in module.state_dict().items()}
+
+
+def checkpoint_tag(index: int) -> str:
+    """The checkpoint folder of the ``index``-th engine: ``pytorch_model``, ``pytorch_model_1``, ...
+
+    Catalog: plugin.deepspeed_zero.
+    """
+    return MODEL_NAME if index == 0 else f"{MODEL_NAME}_{index}"
+
+
+def save_engine_checkpoint(engine: Any, output_dir: str, index: int, **save_kwargs: Any) -> None:
+    """``engine.save_checkpoint`` into ``output_dir/checkpoint_tag(index)``: model, optimizer partitions, scheduler.
+
+    Collective: every rank writes its ZeRO partitions. ``save_kwargs`` are
+    DeepSpeed's (``client_state``, ``exclude_frozen_parameters``...).
+    Catalog: plugin.deepspeed_zero.
+    """
+    engine.save_checkpoint(output_dir, checkpoint_tag(index), **save_kwargs)
+
+
+def load_engine_checkpoint(engine: Any, input_dir: str, index: int, **load_kwargs: Any) -> None:
+    """``engine.load_checkpoint`` from ``input_dir/checkpoint_tag(index)``; a missing checkpoint is a CheckpointError.
+
+    ``load_kwargs`` are DeepSpeed's (``load_optimizer_states``,
+    ``load_module_strict``...). Catalog: plugin.deepspeed_zero.
+    """
+    path, _ = engine.load_checkpoint(input_dir, checkpoint_tag(index), **load_kwargs)
+    if path is None:  # DeepSpeed only logs a warning when the folder is not there
+        raise CheckpointError(f"{input_dir}/{checkpoint_tag(index)} holds no DeepSpeed checkpoint of engine {index}")

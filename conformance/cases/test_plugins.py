@@ -574,6 +574,56 @@ def _deepspeed_accumulation_check(values, world):
     _check_zero(values, "ZeRO stage 2, 2 accumulation steps")
 
 
+def _deepspeed_resume(impl: Any, world: Any, stage: int) -> dict:
+    """Adam under ZeRO ``stage``: 2 steps, save_state, 2 steps (the uninterrupted run), a perturbing step,
+    load_state, the same 2 steps again (the resumed run)."""
+    if importlib.util.find_spec("deepspeed") is None:
+        raise NotSupported("the deepspeed package is not installed (pip install .[deepspeed])")
+    config = _deepspeed_config(train_micro_batch_size_per_gpu=BATCH, gradient_clipping=0.0)
+    acc = impl.Accelerator(deepspeed_plugin=impl.utils.DeepSpeedPlugin(hf_ds_config=config, zero_stage=stage))
+    model = _net()
+    model, optimizer = acc.prepare(model, torch.optim.Adam(model.parameters(), lr=0.01))
+    steps = [_rank_batch(world, step) for step in range(5)]
+    _train(acc, model, optimizer, steps[:2])
+    directory = os.path.join(world.shared_dir, f"deepspeed_save_state_zero{stage}")
+    acc.save_state(directory)
+    saved = _plain(acc.get_state_dict(model))
+    _train(acc, model, optimizer, steps[2:4])
+    uninterrupted = _plain(acc.get_state_dict(model))
+    _train(acc, model, optimizer, steps[4:])  # moves the weights and Adam's moments and step count away
+    acc.load_state(directory)
+    restored = _plain(acc.get_state_dict(model))
+    _train(acc, model, optimizer, steps[2:4])
+    resumed = _plain(acc.get_state_dict(model))
+    acc.wait_for_everyone()
+    return {"saved": saved, "restored": restored, "uninterrupted": uninterrupted, "resumed": resumed,
+            "files": sorted(os.listdir(directory)), "type": type(model).__name__}
+
+
+def _check_deepspeed_resume(values: list[dict], stage: int) -> None:
+    label = f"ZeRO stage {stage}"
+    expect_equal(values[0]["type"], "DeepSpeedEngine", f"{label}: prepare returns DeepSpeed's engine for the model")
+    files = values[0]["files"]
+    expect_true("pytorch_model" in files, f"{label}: save_state wrote the engine's own checkpoint folder pytorch_model/ (found {files})")
+    for name in ("model.safetensors", "optimizer.bin"):
+        expect_true(name not in files, f"{label}: the engine's checkpoint holds the model and optimizer, not {name} (found {files})")
+    for rank, v in enumerate(values):
+        _expect_identical(v["restored"], v["saved"], f"{label}, rank {rank}: weights right after load_state (vs those saved)")
+        _expect_identical(v["resumed"], v["uninterrupted"], f"{label}, rank {rank}: weights 2 steps after load_state (vs the uninterrupted run)")
+
+
+@case("plugin.deepspeed_zero", worlds=[2], timeout=DEEPSPEED_CASE_TIMEOUT)
+def plugin_deepspeed_save_state(impl, world):
+    """ZeRO 2 and 3: save_state/load_state go through the engine's own checkpointing; training resumes bit-identically."""
+    return {stage: _deepspeed_resume(impl, world, stage) for stage in (2, 3)}
+
+
+@plugin_deepspeed_save_state.check
+def _deepspeed_save_state_check(values, world):
+    for stage in (2, 3):
+        _check_deepspeed_resume([v[stage] for v in values], stage)
+
+
 def _refused(build: Callable[[], Any], names: tuple[str, ...], what: str) -> None:
     error = expect_raises(build, Exception, what)
     expect_true(any(n.lower() in str(error).lower() for n in names), f"{what}: the error names {' or '.join(names)}: {error}")
