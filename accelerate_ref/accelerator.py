@@ -124,6 +124,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
             _from_accelerator=True,
             **(init_kwargs.to_kwargs() if init_kwargs else {}),
         )
+        self.state.deepspeed_plugin = self._engines.deepspeed_plugin  # the latest Accelerator's (utils.get_active_deepspeed_plugin)
         if gradient_accumulation_plugin is None:
             steps = int(os.environ.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", gradient_accumulation_steps))
             gradient_accumulation_plugin = GradientAccumulationPlugin(num_steps=steps)
@@ -158,6 +159,11 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
         self.deepspeed_engine_wrapped: Any = None
 
     # -- topology (catalog state.attributes) -----------------------------
+
+    @property
+    def deepspeed_plugin(self) -> Any:
+        """The `DeepSpeedPlugin` this Accelerator drives, or None. Catalog: plugin.deepspeed_config."""
+        return self._engines.deepspeed_plugin
 
     @property
     def distributed_type(self) -> DistributedType:
