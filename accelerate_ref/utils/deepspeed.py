@@ -277,7 +277,7 @@ def fill_config(plugin: Any, batch_size: Any, gradient_accumulation_steps: int, 
             "pass the data loader in the same prepare() call or set the value in the DeepSpeed config"
         )
     plugin.deepspeed_config_process(must_match=True, **values)
-    return {**config, "zero_allow_untested_optimizer": "optimizer" not in config}
+    return config if "optimizer" in config else {**config, "zero_allow_untested_optimizer": True}
 
 
 def _check_config_objects(config: dict, optimizer: Any, scheduler: Any) -> None:

@@ -624,6 +624,106 @@ def _deepspeed_save_state_check(values, world):
         _check_deepspeed_resume([v[stage] for v in values], stage)
 
 
+#: The optimizer and scheduler sections of a DeepSpeed config, their "auto" values for the dummies to fill.
+_CONFIG_OPTIMIZER = {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto", "torch_adam": True}}
+_CONFIG_SCHEDULER = {
+    "type": "WarmupLR",
+    "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto", "warmup_num_steps": "auto", "warmup_type": "linear"},
+}
+DUMMY_LR = 0.05
+DUMMY_WEIGHT_DECAY = 0.1
+DUMMY_STEPS = 5
+
+
+def _dummy_plugin(impl: Any, **sections: Any) -> Any:
+    config = _deepspeed_config(train_micro_batch_size_per_gpu=BATCH, gradient_clipping=0.0, **sections)
+    return impl.utils.DeepSpeedPlugin(hf_ds_config=config, zero_stage=2)
+
+
+def _dummy_run(impl: Any, world: Any) -> dict:
+    """AdamW and WarmupLR from the config through DummyOptim/DummyScheduler; the learning rate each step used."""
+    if importlib.util.find_spec("deepspeed") is None:
+        raise NotSupported("the deepspeed package is not installed (pip install .[deepspeed])")
+    utils = impl.utils
+    model = _net()
+    refusals = {}
+    for label, sections, optimizer in (
+        ("torch optimizer with an optimizer section", {"optimizer": _CONFIG_OPTIMIZER}, torch.optim.SGD(model.parameters(), lr=LR)),
+        ("DummyOptim without an optimizer section", {}, utils.DummyOptim(model.parameters(), lr=DUMMY_LR)),
+    ):
+        acc = impl.Accelerator(deepspeed_plugin=_dummy_plugin(impl, **sections))
+        try:
+            acc.prepare(model, optimizer)
+            refusals[label] = None
+        except ValueError as error:
+            refusals[label] = str(error)
+    acc = impl.Accelerator(deepspeed_plugin=_dummy_plugin(impl, optimizer=_CONFIG_OPTIMIZER, scheduler=_CONFIG_SCHEDULER))
+    optimizer = utils.DummyOptim(model.parameters(), lr=DUMMY_LR, weight_decay=DUMMY_WEIGHT_DECAY)
+    model, optimizer, scheduler = acc.prepare(model, optimizer, utils.DummyScheduler(optimizer, warmup_num_steps=2))
+    rates, seen = [], []
+    for step in range(DUMMY_STEPS):
+        rates.append(optimizer.optimizer.param_groups[0]["lr"])
+        batch = _rank_batch(world, step)
+        acc.backward(_loss(model, batch))
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+        seen.append(batch.tolist())
+    state = acc.get_state_dict(model)
+    return {"refusals": refusals, "rates": rates, "indices": seen, "state": _plain(state) if acc.is_main_process else None,
+            "types": [type(optimizer).__name__, type(scheduler).__name__],
+            "active": impl.utils.get_active_deepspeed_plugin(acc.state) is acc.deepspeed_plugin}
+
+
+def _warmup_rates() -> list[float]:
+    """The learning rate of each step under deepspeed's own WarmupLR of `_CONFIG_SCHEDULER`, stepped once per step."""
+    from deepspeed.runtime.lr_schedules import WarmupLR
+
+    probe = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=DUMMY_LR)
+    schedule = WarmupLR(probe, warmup_min_lr=0, warmup_max_lr=DUMMY_LR, warmup_num_steps=2, warmup_type="linear")
+    rates = []
+    for _ in range(DUMMY_STEPS):
+        rates.append(probe.param_groups[0]["lr"])
+        schedule.step()
+    return rates
+
+
+def _replay_adamw(values: list[dict], rates: list[float]) -> dict:
+    """One process, torch AdamW at each step's learning rate, on the union of every rank's batch of that step."""
+    model = _net()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=DUMMY_LR, weight_decay=DUMMY_WEIGHT_DECAY)
+    for step, rate in enumerate(rates):
+        optimizer.param_groups[0]["lr"] = rate
+        losses = [_loss(model, v["indices"][step]) for v in values]
+        (sum(losses) / len(losses)).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return _plain(model.state_dict())
+
+
+@case("plugin.deepspeed_config", worlds=[2], timeout=DEEPSPEED_CASE_TIMEOUT)
+def plugin_deepspeed_dummy_optim(impl, world):
+    """The config's optimizer and scheduler through DummyOptim/DummyScheduler: "auto" filled from them, the engine
+    steps both; an optimizer given both in the config and in code, or a DummyOptim without a config section, is refused."""
+    return _dummy_run(impl, world)
+
+
+@plugin_deepspeed_dummy_optim.check
+def _dummy_optim_check(values, world):
+    v = values[0]
+    for label, error in v["refusals"].items():
+        expect_true(error is not None and "optimizer" in error, f"{label}: refused with an error naming the optimizer ({error})")
+    expect_equal(v["types"], ["DeepSpeedOptimizerWrapper", "DeepSpeedSchedulerWrapper"], "prepare returns DeepSpeed's optimizer and scheduler wrappers")
+    expect_true(v["active"], "get_active_deepspeed_plugin(accelerator.state) is the Accelerator's plugin")
+    rates = v["rates"]
+    expected = _warmup_rates()
+    expect_true(max(abs(a - b) for a, b in zip(rates, expected)) < 1e-12,
+                f"learning rates: DeepSpeed's WarmupLR (0 up to the DummyOptim's lr) stepped once per step by the engine: {rates}, expected {expected}")
+    for other in values[1:]:
+        expect_equal(other["rates"], rates, "every rank's learning rates")
+    _check_state(v["state"], _replay_adamw(values, expected), "AdamW (weight decay from the DummyOptim) at those rates", tolerance=1e-5)
+
+
 def _refused(build: Callable[[], Any], names: tuple[str, ...], what: str) -> None:
     error = expect_raises(build, Exception, what)
     expect_true(any(n.lower() in str(error).lower() for n in names), f"{what}: the error names {' or '.join(names)}: {error}")
