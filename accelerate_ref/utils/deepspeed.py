@@ -338,6 +338,8 @@ def _initialize_arguments(model: Any, optimizer: Any, scheduler: Any) -> dict[st
     import deepspeed
 
     arguments: dict[str, Any] = {"model": model}
+    if optimizer is None:  # an engine for inference
+        return arguments
     if isinstance(optimizer, DummyOptim):
         arguments["model_parameters"] = optimizer.params
         if isinstance(scheduler, DummyScheduler) and scheduler.lr_scheduler_callable is not None:
@@ -352,12 +354,15 @@ def _initialize_arguments(model: Any, optimizer: Any, scheduler: Any) -> dict[st
 def prepare_deepspeed(accelerator: Any, args: list[Any]) -> list[Any]:
     """``args`` of one `prepare` call with the model, optimizer and scheduler replaced by DeepSpeed's engine and wrappers.
 
-    Rules: one model and one optimizer (a torch optimizer, or a `DummyOptim`
+    Rules: the active plugin's config (`Accelerator.deepspeed_plugin`; one of
+    several with ``deepspeed_plugins``); one model, alone (an engine for
+    inference) or with one optimizer (a torch optimizer, or a `DummyOptim`
     for the config's ``optimizer`` section); at most one scheduler (a torch
     one, one of DeepSpeed's, or a `DummyScheduler` for the config's
     ``scheduler`` section or its ``lr_scheduler_callable``). A scheduler the
     engine drives comes back as a `DeepSpeedSchedulerWrapper` (stepped by
-    ``engine.step()``), any other as an `AcceleratedScheduler`. Data loaders
+    ``engine.step()``), any other as an `AcceleratedScheduler`. `Accelerator.backward`
+    goes through the first engine prepared. Data loaders
     are prepared as without DeepSpeed. Catalog: plugin.deepspeed_zero, plugin.deepspeed_config.
     """
     import deepspeed
@@ -370,15 +375,17 @@ def prepare_deepspeed(accelerator: Any, args: list[Any]) -> list[Any]:
         i for i, obj in enumerate(prepared)
         if isinstance(obj, scheduler_types) or type(obj).__name__ in deepspeed.runtime.lr_schedules.VALID_LR_SCHEDULES
     ]
-    if len(models) != 1 or len(optimizers) != 1 or len(schedulers) > 1:
+    if len(models) != 1 or len(optimizers) > 1 or len(schedulers) > 1:
         raise ValueError(
-            f"DeepSpeed: prepare() needs one model and its optimizer (and at most one scheduler) in the same call "
+            f"DeepSpeed: prepare() needs one model, with at most one optimizer and one scheduler, in the same call "
             f"(got {len(models)} model(s), {len(optimizers)} optimizer(s) and {len(schedulers)} scheduler(s))"
         )
-    model, optimizer = prepared[models[0]], prepared[optimizers[0]]
+    model = prepared[models[0]]
+    optimizer = prepared[optimizers[0]] if optimizers else None
     scheduler = prepared[schedulers[0]] if schedulers else None
-    plugin = accelerator._engines.deepspeed_plugin
-    _check_config_objects(plugin.deepspeed_config, optimizer, scheduler)
+    plugin = accelerator.deepspeed_plugin
+    if optimizer is not None:
+        _check_config_objects(plugin.deepspeed_config, optimizer, scheduler)
     sizes = [obj.batch_size for obj in args if isinstance(obj, torch.utils.data.DataLoader) and obj.batch_size is not None]
     if accelerator.split_batches:
         sizes = [size // accelerator.num_processes for size in sizes]
@@ -388,11 +395,15 @@ def prepare_deepspeed(accelerator: Any, args: list[Any]) -> list[Any]:
     engine, engine_optimizer, _, engine_scheduler = deepspeed.initialize(
         **_initialize_arguments(model, optimizer, scheduler), config=config, dist_init_required=False
     )
-    accelerator.deepspeed_engine_wrapped = DeepSpeedEngineWrapper(engine)
-    wrapped_optimizer = DeepSpeedOptimizerWrapper(engine_optimizer)
+    if accelerator.deepspeed_engine_wrapped is None:  # `backward` goes through the first engine prepared (HF's rule)
+        accelerator.deepspeed_engine_wrapped = DeepSpeedEngineWrapper(engine)
     accelerator._models.append(engine)
+    prepared[models[0]] = engine
+    if optimizer is None:
+        return prepared
+    wrapped_optimizer = DeepSpeedOptimizerWrapper(engine_optimizer)
     accelerator._optimizers.append(wrapped_optimizer)
-    prepared[models[0]], prepared[optimizers[0]] = engine, wrapped_optimizer
+    prepared[optimizers[0]] = wrapped_optimizer
     if scheduler is not None:
         if engine_scheduler is not None:
             wrapped_scheduler: AcceleratedScheduler = DeepSpeedSchedulerWrapper(engine_scheduler, wrapped_optimizer)

@@ -724,6 +724,52 @@ def _dummy_optim_check(values, world):
     _check_state(v["state"], _replay_adamw(values, expected), "AdamW (weight decay from the DummyOptim) at those rates", tolerance=1e-5)
 
 
+def _two_plugins_run(impl: Any, world: Any) -> dict:
+    """A ZeRO-2 student trained and a ZeRO-3 teacher for inference, from ``deepspeed_plugins`` by name."""
+    if importlib.util.find_spec("deepspeed") is None:
+        raise NotSupported("the deepspeed package is not installed (pip install .[deepspeed])")
+    config = _deepspeed_config(train_micro_batch_size_per_gpu=BATCH, gradient_clipping=0.0)
+    plugins = {name: impl.utils.DeepSpeedPlugin(hf_ds_config=config, zero_stage=stage) for name, stage in (("student", 2), ("teacher", 3))}
+    acc = impl.Accelerator(deepspeed_plugins=plugins)
+    active = [acc.deepspeed_plugin is plugins["student"]]
+    student = _net()
+    student, optimizer = acc.prepare(student, torch.optim.SGD(student.parameters(), lr=LR))
+    acc.state.select_deepspeed_plugin("teacher")
+    active += [acc.deepspeed_plugin is plugins["teacher"], impl.utils.get_active_deepspeed_plugin(acc.state) is plugins["teacher"],
+               not plugins["student"].selected, acc.state.get_deepspeed_plugin("student") is plugins["student"]]
+    torch.manual_seed(1)
+    teacher = acc.prepare(_Net())
+    inputs = _DATA[:4, :WIDTH]
+    with torch.no_grad():
+        taught = teacher(inputs).reshape(-1).tolist()
+    _train(acc, student, optimizer, [_rank_batch(world, step) for step in range(STEPS)])
+    state = acc.get_state_dict(student)
+    return {"active": active, "stages": [student.zero_optimization_stage(), teacher.zero_optimization_stage()],
+            "taught": taught, "indices": [_rank_batch(world, step).tolist() for step in range(STEPS)],
+            "state": _plain(state) if acc.is_main_process else None}
+
+
+@case("plugin.deepspeed_config", worlds=[2], timeout=DEEPSPEED_CASE_TIMEOUT)
+def plugin_deepspeed_several_plugins(impl, world):
+    """``deepspeed_plugins={name: plugin}``: the first is active, `select_deepspeed_plugin` switches the one
+    `prepare` uses (a ZeRO-3 teacher next to a ZeRO-2 student); `backward` trains the first engine."""
+    return _two_plugins_run(impl, world)
+
+
+@plugin_deepspeed_several_plugins.check
+def _several_plugins_check(values, world):
+    v = values[0]
+    expect_equal(v["active"], [True] * 5, "active plugin: the first, then the selected one (deepspeed_plugin, "
+                 "get_active_deepspeed_plugin, the other unselected, get_deepspeed_plugin by name)")
+    expect_equal(v["stages"], [2, 3], "ZeRO stage of the student and of the teacher engine (each from its plugin)")
+    torch.manual_seed(1)
+    with torch.no_grad():
+        plain = _Net()(_DATA[:4, :WIDTH]).reshape(-1).tolist()
+    for rank, other in enumerate(values):
+        _close(other["taught"], plain, f"rank {rank}: the ZeRO-3 teacher's outputs (vs the plain model)")
+    _check_state(v["state"], _replay(values), "the student trained through backward", tolerance=1e-5)
+
+
 def _refused(build: Callable[[], Any], names: tuple[str, ...], what: str) -> None:
     error = expect_raises(build, Exception, what)
     expect_true(any(n.lower() in str(error).lower() for n in names), f"{what}: the error names {' or '.join(names)}: {error}")
