@@ -3,9 +3,16 @@ to ``deepspeed.initialize`` and returns its engine, as HF accelerate does.
 
 Rules (HF accelerate 1.15's):
 
-* One `prepare` call holds the model and its optimizer (and the data
-  loaders whose batch size fills the config); a model without an optimizer,
-  or several models, are refused naming DeepSpeed.
+* One `prepare` call holds one model, with its optimizer and scheduler
+  (and the data loaders whose batch size fills the config), or alone (an
+  engine for inference); several models or optimizers are refused naming
+  DeepSpeed. The config is the active plugin's: the first of
+  ``Accelerator(deepspeed_plugins={name: plugin})`` until
+  `AcceleratorState.select_deepspeed_plugin` picks another.
+* An optimizer and scheduler from the config's ``optimizer`` /
+  ``scheduler`` sections are stood for by `DummyOptim` / `DummyScheduler`,
+  whose lr, weight decay and warmup fill those sections' "auto" values; an
+  optimizer or scheduler given both in the config and in code is refused.
 * The plugin's config gets its "auto" values from that call:
   ``train_micro_batch_size_per_gpu`` from the smallest batch size of the
   call's data loaders (divided by the processes with ``split_batches``), ``gradient_accumulation_steps`` from the Accelerator,
@@ -15,11 +22,13 @@ Rules (HF accelerate 1.15's):
   is DeepSpeed's client optimizer (``zero_allow_untested_optimizer``).
 * The model comes back as deepspeed's ``DeepSpeedEngine``; the optimizer
   as a `DeepSpeedOptimizerWrapper` whose ``step``/``zero_grad`` do nothing;
+  a scheduler the engine drives as a `DeepSpeedSchedulerWrapper` whose
+  ``step`` does nothing;
   `Accelerator.backward` goes through `DeepSpeedEngineWrapper.backward`,
   which marks the accumulation boundary from ``sync_gradients``, runs
   ``engine.backward`` (DeepSpeed divides the loss by the accumulation steps
-  itself) and, at the boundary, ``engine.step()`` (update and zero grad).
-
+  itself) and, at the boundary, ``engine.step()`` (update, scheduler step
+  and zero grad).
 * `Accelerator.save_state` / `load_state` checkpoint each engine through
   DeepSpeed's own ``engine.save_checkpoint`` / ``engine.load_checkpoint``
   (model, ZeRO optimizer partitions and the engine's scheduler) in the
