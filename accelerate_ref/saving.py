@@ -289,7 +289,7 @@ class CheckpointingMixin:
         ``save_checkpoint``; without a DeepSpeed engine none are accepted.
         Catalog: save_state.roundtrip, save_state.file_names, save_state.auto_naming,
         save_state.total_limit, save_state.pre_hooks, save_state.resume_data_order,
-        register_for_checkpointing.
+        register_for_checkpointing, plugin.deepspeed_zero.
         """
         if save_model_func_kwargs and not self._deepspeed_engines():
             raise TypeError(f"save_state got unexpected keyword arguments {sorted(save_model_func_kwargs)}")
@@ -413,14 +413,16 @@ class CheckpointingMixin:
         (`register_load_state_pre_hook`). Nothing runs code from the files
         (``load_kwargs={"weights_only": False}`` opts out, for trusted
         files); ``map_location`` ("cpu" or "on_device") and the model
-        loading options (``strict``) come in ``load_model_func_kwargs``.
+        loading options (``strict``) come in ``load_model_func_kwargs``,
+        which go to DeepSpeed's ``load_checkpoint`` where engines train (a
+        DeepSpeed engine loads its model, optimizer and scheduler itself).
         Prepared data loaders are positioned where they were: iterate
         `skip_first_batches(loader, batches_done)` for the rest of the
         epoch, then the loader, and the batches are those an uninterrupted
         run yields. `step` is restored. A failure on any process fails the
         call on every process.
         Catalog: save_state.roundtrip, save_state.resume_data_order, save_state.auto_naming,
-        save_state.pre_hooks, register_for_checkpointing.
+        save_state.pre_hooks, register_for_checkpointing, plugin.deepspeed_zero.
         """
         directory = self._from_main(self._agree("load_state", lambda: self.is_main_process and self._checkpoint_to_load(input_dir)))
         self._agree("load_state", lambda: self._check_loadable(directory))
