@@ -97,3 +97,22 @@ def test_get_active_deepspeed_plugin_refuses_without_deepspeed():
     assert accelerator.deepspeed_plugin is None
     with pytest.raises(ValueError, match="DeepSpeedPlugin"):
         get_active_deepspeed_plugin(accelerator.state)
+
+
+@pytest.mark.extended  # the first call JIT-compiles deepspeed's cpu_adam/cpu_adagrad ops (minutes)
+@pytest.mark.parametrize(("torch_class", "deepspeed_class"), [(torch.optim.AdamW, "DeepSpeedCPUAdam"), (torch.optim.Adagrad, "DeepSpeedCPUAdagrad")])
+def test_map_pytorch_optim_to_deepspeed_steps_as_the_torch_optimizer(torch_class, deepspeed_class):
+    pytest.importorskip("deepspeed")
+    from accelerate_ref.utils import map_pytorch_optim_to_deepspeed
+
+    torch.manual_seed(0)
+    start, gradient = torch.randn(16), torch.randn(16)
+    ours, theirs = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone())
+    mapped = map_pytorch_optim_to_deepspeed(torch_class([ours], lr=0.01, weight_decay=0.1))
+    reference = torch_class([theirs], lr=0.01, weight_decay=0.1)
+    assert type(mapped).__name__ == deepspeed_class
+    for _ in range(3):
+        ours.grad, theirs.grad = gradient.clone(), gradient.clone()
+        mapped.step()
+        reference.step()
+    torch.testing.assert_close(ours.detach(), theirs.detach(), rtol=1e-5, atol=1e-6)
