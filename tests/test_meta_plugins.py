@@ -61,6 +61,7 @@ BREAKS = [
 #: Breaks that show only where the deepspeed package is installed (without it the ZeRO cases are NOT_SUPPORTED).
 DEEPSPEED_BREAKS = [
     pbrk("plugin_deepspeed_steps_every_batch", {"plugin_deepspeed_accumulation": F}, "2", ("plugin.deepspeed_zero",)),
+    pbrk("plugin_deepspeed_offload_adam_mode", {"plugin_deepspeed_offload_optimizer": F}, "2", ("plugin_deepspeed_offload_optimizer",)),
     pbrk("plugin_deepspeed_select_keeps_first", {"plugin_deepspeed_several_plugins": F}, "2", ("plugin_deepspeed_several_plugins",)),
     pbrk("plugin_deepspeed_scheduler_steps_twice", {"plugin_deepspeed_dummy_optim": F}, "2", ("plugin_deepspeed_dummy_optim",)),
     pbrk("plugin_deepspeed_load_state_skips_optimizer", {"plugin_deepspeed_save_state": F}, "2", ("plugin_deepspeed_save_state",)),

@@ -341,9 +341,14 @@ def _dummy_values(optimizer: Any, scheduler: Any, num_processes: int, split_batc
     return values
 
 
-def _initialize_arguments(model: Any, optimizer: Any, scheduler: Any) -> dict[str, Any]:
+def _initialize_arguments(model: Any, optimizer: Any, scheduler: Any, config: dict) -> dict[str, Any]:
     """What ``deepspeed.initialize`` gets besides the config: the model, and the optimizer or the parameters
-    the config's optimizer steps, and a scheduler the engine drives (a callable, or one of DeepSpeed's)."""
+    the config's optimizer steps, and a scheduler the engine drives (a callable, or one of DeepSpeed's).
+
+    Rule (HF's): with ZeRO's optimizer offload (and ``zero_force_ds_cpu_optimizer``
+    not false) a torch optimizer becomes its DeepSpeed CPU version
+    (`map_pytorch_optim_to_deepspeed`). Catalog: plugin.deepspeed_zero.
+    """
     import deepspeed
 
     arguments: dict[str, Any] = {"model": model}
@@ -354,6 +359,9 @@ def _initialize_arguments(model: Any, optimizer: Any, scheduler: Any) -> dict[st
         if isinstance(scheduler, DummyScheduler) and scheduler.lr_scheduler_callable is not None:
             arguments["lr_scheduler"] = scheduler.lr_scheduler_callable
     else:
+        offload = config["zero_optimization"].get("offload_optimizer", {}).get("device", "none")
+        if offload != "none" and config.get("zero_force_ds_cpu_optimizer", True):
+            optimizer = map_pytorch_optim_to_deepspeed(optimizer)
         arguments["optimizer"] = optimizer
         if type(scheduler).__name__ in deepspeed.runtime.lr_schedules.VALID_LR_SCHEDULES:
             arguments["lr_scheduler"] = scheduler
@@ -402,7 +410,7 @@ def prepare_deepspeed(accelerator: Any, args: list[Any]) -> list[Any]:
     dummy_values = _dummy_values(optimizer, scheduler, accelerator.num_processes, accelerator.split_batches)
     config = fill_config(plugin, batch_size, accelerator.gradient_accumulation_steps, accelerator.num_processes, **dummy_values)
     engine, engine_optimizer, _, engine_scheduler = deepspeed.initialize(
-        **_initialize_arguments(model, optimizer, scheduler), config=config, dist_init_required=False
+        **_initialize_arguments(model, optimizer, scheduler, config), config=config, dist_init_required=False
     )
     if accelerator.deepspeed_engine_wrapped is None:  # `backward` goes through the first engine prepared (HF's rule)
         accelerator.deepspeed_engine_wrapped = DeepSpeedEngineWrapper(engine)

@@ -724,6 +724,30 @@ def _dummy_optim_check(values, world):
     _check_state(v["state"], _replay_adamw(values, expected), "AdamW (weight decay from the DummyOptim) at those rates", tolerance=1e-5)
 
 
+@case("plugin.deepspeed_zero", worlds=[2], timeout=DEEPSPEED_CASE_TIMEOUT)
+def plugin_deepspeed_offload_optimizer(impl, world):
+    """ZeRO-2 with the optimizer offloaded to the CPU: the torch AdamW becomes DeepSpeed's CPU Adam (AdamW mode)
+    and trains to the AdamW result (the first use JIT-compiles deepspeed's cpu_adam op)."""
+    if importlib.util.find_spec("deepspeed") is None:
+        raise NotSupported("the deepspeed package is not installed (pip install .[deepspeed])")
+    config = _deepspeed_config(train_micro_batch_size_per_gpu=BATCH, gradient_clipping=0.0,
+                               zero_optimization={"stage": 2, "offload_optimizer": {"device": "cpu"}})
+    acc = impl.Accelerator(deepspeed_plugin=impl.utils.DeepSpeedPlugin(hf_ds_config=config))
+    model = _net()
+    model, optimizer = acc.prepare(model, torch.optim.AdamW(model.parameters(), lr=DUMMY_LR, weight_decay=DUMMY_WEIGHT_DECAY))
+    steps = [_rank_batch(world, step) for step in range(STEPS)]
+    _train(acc, model, optimizer, steps)
+    state = acc.get_state_dict(model)
+    return {"optimizer": type(model.basic_optimizer).__name__, "indices": [batch.tolist() for batch in steps],
+            "state": _plain(state) if acc.is_main_process else None}
+
+
+@plugin_deepspeed_offload_optimizer.check
+def _offload_optimizer_check(values, world):
+    expect_equal(values[0]["optimizer"], "DeepSpeedCPUAdam", "the optimizer DeepSpeed steps with offload_optimizer on the CPU")
+    _check_state(values[0]["state"], _replay_adamw(values, [DUMMY_LR] * STEPS), "ZeRO-2 with the optimizer offloaded", tolerance=1e-5)
+
+
 def _two_plugins_run(impl: Any, world: Any) -> dict:
     """A ZeRO-2 student trained and a ZeRO-3 teacher for inference, from ``deepspeed_plugins`` by name."""
     if importlib.util.find_spec("deepspeed") is None:
