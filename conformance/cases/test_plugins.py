@@ -738,7 +738,8 @@ def plugin_deepspeed_offload_optimizer(impl, world):
     steps = [_rank_batch(world, step) for step in range(STEPS)]
     _train(acc, model, optimizer, steps)
     state = acc.get_state_dict(model)
-    return {"optimizer": type(model.basic_optimizer).__name__, "indices": [batch.tolist() for batch in steps],
+    stepped = getattr(model, "basic_optimizer", None)  # what a DeepSpeedEngine steps (nothing on another wrapper)
+    return {"optimizer": type(stepped).__name__, "indices": [batch.tolist() for batch in steps],
             "state": _plain(state) if acc.is_main_process else None}
 
 
