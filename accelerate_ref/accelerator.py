@@ -124,6 +124,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
             _from_accelerator=True,
             **(init_kwargs.to_kwargs() if init_kwargs else {}),
         )
+        self.state.deepspeed_plugins = self._engines.deepspeed_plugins  # the latest Accelerator's plugins
         if gradient_accumulation_plugin is None:
             steps = int(os.environ.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", gradient_accumulation_steps))
             gradient_accumulation_plugin = GradientAccumulationPlugin(num_steps=steps)
@@ -158,6 +159,14 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
         self.deepspeed_engine_wrapped: Any = None
 
     # -- topology (catalog state.attributes) -----------------------------
+
+    @property
+    def deepspeed_plugin(self) -> Any:
+        """The active `DeepSpeedPlugin` (``state.select_deepspeed_plugin`` picks one of several), or None.
+
+        Catalog: plugin.deepspeed_config.
+        """
+        return self.state.deepspeed_plugin
 
     @property
     def distributed_type(self) -> DistributedType:
@@ -365,7 +374,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
         Catalog: prepare.order, prepare.device_placement_list, prepare.verify_device_map,
         plugin.deepspeed_zero.
         """
-        if self._engines.deepspeed_plugin is not None:
+        if self._engines.deepspeed_plugins is not None:
             from .utils.deepspeed import prepare_deepspeed
 
             prepared = prepare_deepspeed(self, list(args))

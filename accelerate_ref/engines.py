@@ -1,14 +1,14 @@
 """Which engine the Accelerator drives: FSDP, torch.compile, or a refusal naming what is missing.
 
 `Accelerator.__init__` calls `resolve_engines` once; `prepare_model` calls
-`prepare_with_engines`; a `DeepSpeedPlugin` makes `prepare` go through
-`utils.deepspeed`. DeepSpeed (without its package), Megatron-LM and FP8
+`prepare_with_engines`; a `DeepSpeedPlugin` (or several, by name, in
+``deepspeed_plugins``) makes `prepare` go through `utils.deepspeed`. DeepSpeed (without its package), Megatron-LM and FP8
 engines are refused at construction, naming the argument and the package:
 where the package is not installed (ImportError), and where it is, because
 this reference does not drive it yet (NotImplementedError). Never a silent
 fallback to plain DDP.
 
-Catalog: plugin.fsdp, plugin.dynamo, plugin.unavailable_engines, plugin.deepspeed_zero.
+Catalog: plugin.fsdp, plugin.dynamo, plugin.unavailable_engines, plugin.deepspeed_zero, plugin.deepspeed_config.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ class Engines:
 
     fsdp_plugin: Optional[FullyShardedDataParallelPlugin]
     dynamo_plugin: TorchDynamoPlugin
-    #: Set when DeepSpeed drives training (`utils.deepspeed`).
-    deepspeed_plugin: Optional[DeepSpeedPlugin] = None
+    #: ``deepspeed_plugin`` or the ``deepspeed_plugins`` dict when DeepSpeed drives training (`utils.deepspeed`).
+    deepspeed_plugins: Any = None
     #: The parameters sharding replaced, by the replaced parameter's id.
     replaced_parameters: dict[int, torch.nn.Parameter] = field(default_factory=dict)
 
@@ -101,7 +101,7 @@ def resolve_engines(
             module, pip_name, available = _ENGINE_PACKAGES[name]
             if not available():
                 raise ImportError(f"{name} needs the `{module}` package, which is not installed (pip install {pip_name})")
-            if name != "deepspeed_plugin":  # `utils.deepspeed` drives one DeepSpeed plugin
+            if not name.startswith("deepspeed_plugin"):  # `utils.deepspeed` drives DeepSpeed
                 raise NotImplementedError(f"{name}: accelerate_ref does not drive {module} yet (it is installed)")
     if "torch_tp_plugin" in given:
         raise NotImplementedError("torch_tp_plugin: accelerate_ref does not provide tensor parallelism yet")
@@ -114,7 +114,28 @@ def resolve_engines(
     fsdp_plugin = given.get("fsdp_plugin")
     if fsdp_plugin is not None and mixed_precision in ("fp16", "bf16"):
         fsdp_plugin.set_mixed_precision(mixed_precision)
-    return Engines(fsdp_plugin=fsdp_plugin, dynamo_plugin=dynamo_plugin, deepspeed_plugin=given.get("deepspeed_plugin"))
+    return Engines(fsdp_plugin=fsdp_plugin, dynamo_plugin=dynamo_plugin, deepspeed_plugins=_deepspeed_plugins(given))
+
+
+def _deepspeed_plugins(given: dict[str, Any]) -> Any:
+    """``deepspeed_plugin`` or ``deepspeed_plugins`` as given, the (first) plugin selected; None without DeepSpeed.
+
+    Rules (HF's): every value of ``deepspeed_plugins`` is a `DeepSpeedPlugin`
+    (TypeError) and there is at least one; the first is the active one until
+    `AcceleratorState.select_deepspeed_plugin` picks another.
+    Catalog: plugin.deepspeed_config.
+    """
+    plugins = given.get("deepspeed_plugin", given.get("deepspeed_plugins"))
+    if plugins is None:
+        return None
+    if isinstance(plugins, dict):
+        if not plugins or not all(isinstance(plugin, DeepSpeedPlugin) for plugin in plugins.values()):
+            raise TypeError("deepspeed_plugins must map names to DeepSpeedPlugin objects (at least one)")
+        for plugin in plugins.values():
+            plugin._unselect()
+    first = next(iter(plugins.values())) if isinstance(plugins, dict) else plugins
+    first.select(_from_accelerator_state=True)
+    return plugins
 
 
 def _refuse_fp8(recipe: FP8RecipeKwargs) -> None:

@@ -17,7 +17,7 @@ Catalog: save.once_per_machine, save.array_example, save_model.default,
 save_model.sharded, save_model.reload, get_state_dict.unwrap,
 save_state.roundtrip, save_state.resume_data_order, save_state.file_names,
 save_state.auto_naming, save_state.total_limit, register_for_checkpointing,
-save_state.pre_hooks, plugin.fsdp_state_dict.
+save_state.pre_hooks, plugin.fsdp_state_dict, plugin.deepspeed_zero.
 """
 
 from __future__ import annotations
@@ -47,6 +47,13 @@ from .utils.fsdp_utils import (
     optimizer_owner,
     save_fsdp_model,
     save_fsdp_optimizer,
+)
+from .utils.deepspeed import (
+    DeepSpeedOptimizerWrapper,
+    DeepSpeedSchedulerWrapper,
+    is_deepspeed_engine,
+    load_engine_checkpoint,
+    save_engine_checkpoint,
 )
 from .utils.constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 from .utils.modeling import shard_checkpoint
@@ -266,7 +273,9 @@ class CheckpointingMixin:
         (``pytorch_model_fsdp.bin`` and ``optimizer.bin`` for FULL_STATE_DICT,
         the torch.distributed.checkpoint folders ``pytorch_model_fsdp_<i>/``
         and ``optimizer_<i>/`` for SHARDED_STATE_DICT) and read back into
-        each rank's shards by `load_state`. The checkpoint becomes visible only when
+        each rank's shards by `load_state`; a DeepSpeed engine, with its
+        optimizer and scheduler, by its own ``save_checkpoint`` into
+        ``pytorch_model/`` (``pytorch_model_<i>/``; `utils.deepspeed`). The checkpoint becomes visible only when
         complete: it is written under a temporary name next to its final
         one, every process writes its part (its own RNG file included), and
         once all have succeeded the main process (each machine's, where the
@@ -276,13 +285,13 @@ class CheckpointingMixin:
         checkpoints as they were. Then, with ``total_limit``, the oldest
         published checkpoints are deleted until ``total_limit`` remain.
         Save hooks run first (`register_save_state_pre_hook`). Returns the
-        checkpoint's directory. ``save_model_func_kwargs`` are for engines
-        this reference does not provide, so none are accepted.
+        checkpoint's directory. ``save_model_func_kwargs`` go to DeepSpeed's
+        ``save_checkpoint``; without a DeepSpeed engine none are accepted.
         Catalog: save_state.roundtrip, save_state.file_names, save_state.auto_naming,
         save_state.total_limit, save_state.pre_hooks, save_state.resume_data_order,
-        register_for_checkpointing.
+        register_for_checkpointing, plugin.deepspeed_zero.
         """
-        if save_model_func_kwargs:
+        if save_model_func_kwargs and not self._deepspeed_engines():
             raise TypeError(f"save_state got unexpected keyword arguments {sorted(save_model_func_kwargs)}")
         config = self.project_configuration
         target = self._agree("save_state", lambda: self._checkpoint_target(output_dir))
@@ -290,7 +299,7 @@ class CheckpointingMixin:
         staging = store.hidden_path(target, "partial", token)
         owner = self._open_staging(target, token)
         try:
-            self._agree("save_state", lambda: self._write_state(staging, safe_serialization))
+            self._agree("save_state", lambda: self._write_state(staging, safe_serialization, save_model_func_kwargs))
             self._agree("save_state", lambda: owner and self._publish(staging, target, token))
         except BaseException:
             if owner:
@@ -305,10 +314,11 @@ class CheckpointingMixin:
         created = self._agree("save_state", lambda: self.is_main_process and store.open_staging(target, token))
         return self._agree("save_state", lambda: created or (not self.is_main_process and store.open_staging(target, token)))
 
-    def _write_state(self, staging: str, safe_serialization: bool) -> None:
+    def _write_state(self, staging: str, safe_serialization: bool, engine_kwargs: dict[str, Any]) -> None:
         """This process's part of a checkpoint, written into ``staging``."""
         sharded, owners = self._fsdp_parts()
-        weights = [self.get_state_dict(model) for i, model in enumerate(self._models) if i not in sharded]
+        engines = self._deepspeed_engines()
+        weights = [self.get_state_dict(model) for i, model in enumerate(self._models) if i not in sharded and i not in engines]
         for hook in list(self._save_model_state_pre_hook.values()):
             hook(self._models, weights, staging)
         plugin = self._engines.fsdp_plugin
@@ -316,12 +326,14 @@ class CheckpointingMixin:
             save_fsdp_model(plugin, self, model, staging, index)
         for index, model in owners.items():
             save_fsdp_optimizer(plugin, self, self._optimizers[index], model, staging, index)
+        for index, engine in engines.items():
+            save_engine_checkpoint(engine, staging, index, **engine_kwargs)
         on_each_node = self.project_configuration.save_on_each_node
         save_accelerator_state(
             staging,
             weights,
-            [optimizer for i, optimizer in enumerate(self._optimizers) if i not in owners],
-            self._schedulers,
+            self._optimizers_saved_here(owners),
+            self._schedulers_saved_here(),
             self._dataloaders,
             self.process_index,
             self.step,
@@ -331,6 +343,18 @@ class CheckpointingMixin:
         )
         for index, obj in enumerate(self._custom_objects):
             save_custom_state(obj, staging, index, save_on_each_node=on_each_node)
+
+    def _deepspeed_engines(self) -> dict[int, Any]:
+        """The prepared models that are DeepSpeed engines, by index: each checkpoints itself. Catalog: plugin.deepspeed_zero."""
+        return {i: model for i, model in enumerate(self._models) if is_deepspeed_engine(model)}
+
+    def _optimizers_saved_here(self, owners: dict[int, torch.nn.Module]) -> list[Any]:
+        """Optimizers `checkpointing` saves: not those FSDP (``owners``) or a DeepSpeed engine checkpoint."""
+        return [o for i, o in enumerate(self._optimizers) if i not in owners and not isinstance(o, DeepSpeedOptimizerWrapper)]
+
+    def _schedulers_saved_here(self) -> list[Any]:
+        """Schedulers `checkpointing` saves: not those a DeepSpeed engine drives (and checkpoints)."""
+        return [scheduler for scheduler in self._schedulers if not isinstance(scheduler, DeepSpeedSchedulerWrapper)]
 
     def _fsdp_parts(self) -> tuple[dict[int, torch.nn.Module], dict[int, torch.nn.Module]]:
         """The FSDP-sharded models by their index, and the sharded model each optimizer steps, by the optimizer's index.
@@ -389,14 +413,16 @@ class CheckpointingMixin:
         (`register_load_state_pre_hook`). Nothing runs code from the files
         (``load_kwargs={"weights_only": False}`` opts out, for trusted
         files); ``map_location`` ("cpu" or "on_device") and the model
-        loading options (``strict``) come in ``load_model_func_kwargs``.
+        loading options (``strict``) come in ``load_model_func_kwargs``,
+        which go to DeepSpeed's ``load_checkpoint`` where engines train (a
+        DeepSpeed engine loads its model, optimizer and scheduler itself).
         Prepared data loaders are positioned where they were: iterate
         `skip_first_batches(loader, batches_done)` for the rest of the
         epoch, then the loader, and the batches are those an uninterrupted
         run yields. `step` is restored. A failure on any process fails the
         call on every process.
         Catalog: save_state.roundtrip, save_state.resume_data_order, save_state.auto_naming,
-        save_state.pre_hooks, register_for_checkpointing.
+        save_state.pre_hooks, register_for_checkpointing, plugin.deepspeed_zero.
         """
         directory = self._from_main(self._agree("load_state", lambda: self.is_main_process and self._checkpoint_to_load(input_dir)))
         self._agree("load_state", lambda: self._check_loadable(directory))
@@ -411,7 +437,8 @@ class CheckpointingMixin:
 
     def _read_state(self, directory: str, load_kwargs: Optional[dict[str, Any]], load_model_func_kwargs: dict[str, Any]) -> None:
         sharded, owners = self._fsdp_parts()
-        models = [model for i, model in enumerate(self._models) if i not in sharded]
+        engines = self._deepspeed_engines()
+        models = [model for i, model in enumerate(self._models) if i not in sharded and i not in engines]
         for hook in list(self._load_model_state_pre_hook.values()):
             hook(models, directory)
         plugin = self._engines.fsdp_plugin
@@ -420,17 +447,20 @@ class CheckpointingMixin:
         for index, model in owners.items():
             load_fsdp_optimizer(plugin, self, self._optimizers[index], model, directory, index)
         options = dict(load_model_func_kwargs)
+        map_location = options.pop("map_location", None)
+        for index, engine in engines.items():  # the model options are DeepSpeed's where engines train
+            load_engine_checkpoint(engine, directory, index, **options)
         restored = load_accelerator_state(
             directory,
             [self.unwrap_model(model) for model in models],
-            [optimizer for i, optimizer in enumerate(self._optimizers) if i not in owners],
-            self._schedulers,
+            self._optimizers_saved_here(owners),
+            self._schedulers_saved_here(),
             self._dataloaders,
             self.process_index,
             self.scaler,
-            options.pop("map_location", None),
+            map_location,
             load_kwargs,
-            **options,
+            **({} if engines else options),
         )
         for index, obj in enumerate(self._custom_objects):
             load_custom_state(obj, directory, index, load_kwargs)

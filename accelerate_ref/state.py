@@ -350,7 +350,7 @@ class AcceleratorState(_SharedState):
         self._partial = PartialState(cpu, **kwargs)
         self._mixed_precision = _precision(mixed_precision)
         self.dynamo_plugin = dynamo_plugin
-        self.deepspeed_plugin = deepspeed_plugin
+        self.deepspeed_plugins = deepspeed_plugin
         self.fsdp_plugin = fsdp_plugin
         self.megatron_lm_plugin = megatron_lm_plugin
 
@@ -381,6 +381,30 @@ class AcceleratorState(_SharedState):
     @property
     def is_last_process(self) -> bool:
         return self._partial.is_last_process
+
+    # -- DeepSpeed plugins (catalog plugin.deepspeed_config) ----------------------------------
+
+    @property
+    def deepspeed_plugin(self) -> Any:
+        """The active `DeepSpeedPlugin` (the selected one of several), or None without DeepSpeed."""
+        plugins = self.__dict__.get("deepspeed_plugins")
+        if plugins is None or not isinstance(plugins, dict):
+            return plugins
+        return next(plugin for plugin in plugins.values() if plugin.selected)
+
+    def get_deepspeed_plugin(self, name: str) -> Any:
+        """The plugin ``Accelerator(deepspeed_plugins={name: plugin, ...})`` named ``name``."""
+        return self.deepspeed_plugins[name]
+
+    def select_deepspeed_plugin(self, name: str | None = None) -> None:
+        """Make the plugin named ``name`` the active one (what the next `prepare` uses); unselect the others."""
+        plugins = self.deepspeed_plugins
+        if not isinstance(plugins, dict) or name not in plugins:
+            known = sorted(plugins) if isinstance(plugins, dict) else []
+            raise ValueError(f"select_deepspeed_plugin: no DeepSpeed plugin named {name!r} (the Accelerator has {known})")
+        for plugin in plugins.values():
+            plugin._unselect()
+        plugins[name].select(_from_accelerator_state=True)
 
     @staticmethod
     def _reset_state(reset_partial_state: bool = False) -> None:

@@ -1,7 +1,7 @@
 """Meta-tests of the "Plugins and engines" cases: each ``broken_impls.plugin_*`` module must be reported.
 
 The machinery is `test_meta_suite`'s; this module lists the plugin breaks
-(the five of issue 12, and an FSDP load_state that skips the optimizer) and how each must show. Each world first runs the
+(the five of issue 12, and FSDP and DeepSpeed load_states that skip the optimizer) and how each must show. Each world first runs the
 reference over the union of the selections, which must pass. FSDP cases
 build a device mesh and dynamo compiles: entries run with `CASE_TIMEOUT`.
 
@@ -61,6 +61,10 @@ BREAKS = [
 #: Breaks that show only where the deepspeed package is installed (without it the ZeRO cases are NOT_SUPPORTED).
 DEEPSPEED_BREAKS = [
     pbrk("plugin_deepspeed_steps_every_batch", {"plugin_deepspeed_accumulation": F}, "2", ("plugin.deepspeed_zero",)),
+    pbrk("plugin_deepspeed_offload_adam_mode", {"plugin_deepspeed_offload_optimizer": F}, "2", ("plugin_deepspeed_offload_optimizer",)),
+    pbrk("plugin_deepspeed_select_keeps_first", {"plugin_deepspeed_several_plugins": F}, "2", ("plugin_deepspeed_several_plugins",)),
+    pbrk("plugin_deepspeed_scheduler_steps_twice", {"plugin_deepspeed_dummy_optim": F}, "2", ("plugin_deepspeed_dummy_optim",)),
+    pbrk("plugin_deepspeed_load_state_skips_optimizer", {"plugin_deepspeed_save_state": F}, "2", ("plugin_deepspeed_save_state",)),
 ]
 BREAKS += DEEPSPEED_BREAKS  # all planned (test_meta_suite checks every broken module has an entry)
 RUNNABLE = BREAKS if importlib.util.find_spec("deepspeed") is not None else [b for b in BREAKS if b not in DEEPSPEED_BREAKS]

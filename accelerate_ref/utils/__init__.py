@@ -226,4 +226,13 @@ from .dataclasses import (  # noqa: E402
 )
 from .fsdp_utils import load_fsdp_model, load_fsdp_optimizer, merge_fsdp_weights, save_fsdp_model, save_fsdp_optimizer  # noqa: E402
 from .bnb import load_and_quantize_model  # noqa: E402
-from .deepspeed import DeepSpeedEngineWrapper, DeepSpeedOptimizerWrapper  # noqa: E402
+from .deepspeed import (  # noqa: E402  (HF re-exports these only where deepspeed is installed; here always)
+    DeepSpeedEngineWrapper,
+    DeepSpeedOptimizerWrapper,
+    DeepSpeedSchedulerWrapper,
+    DummyOptim,
+    DummyScheduler,
+    HfDeepSpeedConfig,
+    get_active_deepspeed_plugin,
+    map_pytorch_optim_to_deepspeed,
+)

@@ -150,6 +150,25 @@ class DeepSpeedPlugin:
     offload_param_device: Optional[str] = None
     zero3_init_flag: Optional[bool] = None
     zero3_save_16bit_model: Optional[bool] = None
+    #: Whether this is the plugin `prepare` uses (one of ``Accelerator(deepspeed_plugins=...)``); see `select`.
+    _selected: bool = field(default=False, init=False, repr=False, compare=False)
+
+    @property
+    def selected(self) -> bool:
+        """Whether `AcceleratorState.select_deepspeed_plugin` made this the active plugin. Catalog: plugin.deepspeed_config."""
+        return self._selected
+
+    def select(self, _from_accelerator_state: bool = False) -> None:
+        """Make this the active plugin; only `AcceleratorState.select_deepspeed_plugin` may (HF's rule and words)."""
+        if not _from_accelerator_state:
+            raise ValueError(
+                "A `DeepSpeedPlugin` object must be enabled manually by calling "
+                "`AcceleratorState().enable_deepspeed_plugin(plugin_key)`."
+            )
+        self._selected = True
+
+    def _unselect(self) -> None:
+        self._selected = False
 
     def __post_init__(self) -> None:
         if self.zero_stage is not None:

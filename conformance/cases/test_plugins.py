@@ -4,13 +4,13 @@ FSDP cases train a small two-block network (`_Net`) on rows of a fixed table
 picked by index and compare with one process replaying plain SGD on every
 rank's batch of each step (what DDP computes); sharding is measured as the
 number of parameter elements each rank holds locally. Engines that are not
-installed make their cases NOT_SUPPORTED, naming the package.
+installed make their cases NOT_SUPPORTED, naming the package. The DeepSpeed
+cases are in `test_plugins_deepspeed`.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 from typing import Any, Callable
 
@@ -22,8 +22,6 @@ from ..checks import expect_equal, expect_raises, expect_true
 
 #: Building a process group, a device mesh and dynamo's first compile take seconds on a busy machine.
 PLUGIN_CASE_TIMEOUT = 60.0
-#: DeepSpeed's first use on a machine JIT-compiles its CPU communication op (minutes; cached after).
-DEEPSPEED_CASE_TIMEOUT = 300.0
 LR = 0.1
 BATCH = 2
 STEPS = 2
@@ -471,107 +469,6 @@ def _comm_hook_check(values, world):
         _close(grad, exact[name], f"BATCHED_POWER_SGD before its start iteration: gradient of {name}")
     for v in values[1:]:
         expect_equal(v, values[0], "gradients agree on every rank")
-
-
-def _deepspeed_config(**overrides: Any) -> dict:
-    config = {
-        "train_micro_batch_size_per_gpu": "auto",
-        "gradient_accumulation_steps": "auto",
-        "zero_optimization": {"stage": "auto"},
-    }
-    return {**config, **overrides}
-
-
-@case("plugin.deepspeed_config", worlds=[1])
-def plugin_deepspeed_config(impl, world):
-    """DeepSpeedPlugin fills "auto" from its fields and from `deepspeed_config_process`; refuses contradictions by key."""
-    plugin_class = impl.utils.DeepSpeedPlugin
-    plugin = plugin_class(hf_ds_config=_deepspeed_config(), zero_stage=2, gradient_accumulation_steps=4)
-    config = plugin.deepspeed_config
-    expect_equal(config["zero_optimization"]["stage"], 2, "zero_optimization.stage filled from zero_stage")
-    expect_equal(config["gradient_accumulation_steps"], 4, "gradient_accumulation_steps filled from the plugin")
-    plugin.deepspeed_config_process(must_match=True, train_micro_batch_size_per_gpu=8)
-    expect_equal(config["train_micro_batch_size_per_gpu"], 8, "train_micro_batch_size_per_gpu filled by deepspeed_config_process")
-    fixed = plugin_class(hf_ds_config=_deepspeed_config(train_micro_batch_size_per_gpu=8), zero_stage=2, gradient_accumulation_steps=1)
-    error = expect_raises(
-        lambda: fixed.deepspeed_config_process(must_match=True, train_micro_batch_size_per_gpu=16),
-        ValueError,
-        "a config value contradicting the given value",
-    )
-    expect_true("train_micro_batch_size_per_gpu" in str(error), f"the refusal names the key: {error}")
-    path = os.path.join(world.shared_dir, "broken_ds_config.json")
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write('{"zero_optimization": ')
-    expect_raises(lambda: plugin_class(hf_ds_config=path), ValueError, "a DeepSpeed config file that does not parse")
-    with open(path, "w", encoding="utf-8") as handle:
-        json.dump(_deepspeed_config(), handle)
-    from_file = plugin_class(hf_ds_config=path, zero_stage=3, gradient_accumulation_steps=1)
-    expect_equal(from_file.deepspeed_config["zero_optimization"]["stage"], 3, "stage filled from zero_stage (config read from a file)")
-
-
-@case("plugin.deepspeed_config", worlds=[1])
-def plugin_deepspeed_config_contradiction(impl, world):
-    """A plugin field contradicting a set config value is refused at construction, naming the key."""
-    config = _deepspeed_config(zero_optimization={"stage": 3})
-    error = expect_raises(
-        lambda: impl.utils.DeepSpeedPlugin(hf_ds_config=config, zero_stage=2), ValueError, "zero_stage=2 against stage 3 in the config"
-    )
-    expect_true("zero_optimization.stage" in str(error), f"the refusal names the key: {error}")
-
-
-def _zero_plugin(impl: Any, stage: int, accumulation: int) -> Any:
-    """DeepSpeed clips gradients at norm 1.0 unless told otherwise: off here, to compare with plain DDP."""
-    config = _deepspeed_config(train_batch_size="auto", gradient_clipping=0.0)
-    return impl.utils.DeepSpeedPlugin(hf_ds_config=config, zero_stage=stage, gradient_accumulation_steps=accumulation)
-
-
-def _zero_run(impl: Any, world: Any, stage: int, accumulation: int) -> dict:
-    """Train `_Net` under ZeRO ``stage``: STEPS optimizer steps of ``accumulation`` batches each, through `accumulate`."""
-    if importlib.util.find_spec("deepspeed") is None:
-        raise NotSupported("the deepspeed package is not installed (pip install .[deepspeed])")
-    acc = impl.Accelerator(deepspeed_plugin=_zero_plugin(impl, stage, accumulation), gradient_accumulation_steps=accumulation)
-    loader = torch.utils.data.DataLoader(list(range(STEPS * accumulation * BATCH * world.size)), batch_size=BATCH)
-    model = _net()
-    model, optimizer, loader = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=LR), loader)
-    cycles: list[list[int]] = []
-    for number, batch in enumerate(loader):
-        with acc.accumulate(model):
-            acc.backward(_loss(model, batch, acc.device))
-            optimizer.step()
-            optimizer.zero_grad()
-        if number % accumulation == 0:
-            cycles.append([])
-        cycles[-1].extend(batch.tolist())  # one step's rows: the MSE over them is the mean of its batches' losses
-    state = acc.get_state_dict(model)
-    return {"indices": cycles, "state": _plain(state) if acc.is_main_process else None, "types": [type(model).__name__, type(optimizer).__name__]}
-
-
-def _check_zero(values: list[dict], label: str) -> None:
-    expect_equal(values[0]["types"][0], "DeepSpeedEngine", f"{label}: prepare returns DeepSpeed's engine for the model")
-    _check_state(values[0]["state"], _replay(values), label, tolerance=1e-5)
-
-
-@case("plugin.deepspeed_zero", worlds=[2], timeout=DEEPSPEED_CASE_TIMEOUT)
-def plugin_deepspeed_zero(impl, world):
-    """ZeRO 1/2/3 through the deepspeed package train to the DDP result; NOT_SUPPORTED naming it where absent."""
-    return {stage: _zero_run(impl, world, stage, accumulation=1) for stage in (1, 2, 3)}
-
-
-@plugin_deepspeed_zero.check
-def _deepspeed_zero_check(values, world):
-    for stage in (1, 2, 3):
-        _check_zero([v[stage] for v in values], f"ZeRO stage {stage}")
-
-
-@case("plugin.deepspeed_zero", worlds=[2], timeout=DEEPSPEED_CASE_TIMEOUT)
-def plugin_deepspeed_accumulation(impl, world):
-    """ZeRO stage 2 with gradient_accumulation_steps=2: `accumulate` + `backward` step once per two batches, as DDP."""
-    return _zero_run(impl, world, 2, accumulation=2)
-
-
-@plugin_deepspeed_accumulation.check
-def _deepspeed_accumulation_check(values, world):
-    _check_zero(values, "ZeRO stage 2, 2 accumulation steps")
 
 
 def _refused(build: Callable[[], Any], names: tuple[str, ...], what: str) -> None:
