@@ -28,6 +28,16 @@ from .state import AcceleratorState, GradientState, PartialState
 from .tracking import LOGGER_TYPE_TO_CLASS, TrackingMixin  # noqa: F401  (HF's accelerator module exposes LOGGER_TYPE_TO_CLASS)
 from .utils import operations
 from .utils.constants import PROFILE_PATTERN_NAME
+from .utils.constants import (  # noqa: F401  (HF's accelerator module exposes these file names)
+    MODEL_NAME,
+    SAFE_WEIGHTS_INDEX_NAME,
+    SAFE_WEIGHTS_NAME,
+    SAFE_WEIGHTS_PATTERN_NAME,
+    SCALER_NAME,
+    WEIGHTS_INDEX_NAME,
+    WEIGHTS_NAME,
+    WEIGHTS_PATTERN_NAME,
+)
 from .utils.dataclasses import (
     AutocastKwargs,
     DataLoaderConfiguration,

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from .collectives import Collectives, collectives_for
+from .constants import TORCH_DISTRIBUTED_OPERATION_TYPES  # noqa: F401  (HF's utils.operations exposes it)
 from .structures import (
     ConvertOutputsToFp32,
     apply_to_leaves,
