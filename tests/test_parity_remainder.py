@@ -10,6 +10,7 @@ import enum
 from datetime import timedelta
 
 import pytest
+import torch
 
 hf_constants = pytest.importorskip("accelerate.utils.constants")
 
@@ -77,3 +78,71 @@ def test_enum_with_contains_tests_values() -> None:
 
         answers.append(["red" in Colour, "green" in Colour, "BLUE" in Colour, "blue" in Colour])
     assert answers[0] == answers[1] == [True, False, False, True]
+
+
+def test_tensor_dtype_codes_equal_hf() -> None:
+    from accelerate.utils import operations as hf_ops
+
+    from accelerate_ref.utils import operations as ref_ops
+
+    assert ref_ops.TENSOR_TYPE_TO_INT == hf_ops.TENSOR_TYPE_TO_INT
+    assert ref_ops.TENSOR_INT_TO_DTYPE == hf_ops.TENSOR_INT_TO_DTYPE
+
+
+@pytest.mark.parametrize(("shape", "dtype"), [((3, 4), torch.bfloat16), ((5,), torch.int64), ((2, 1, 7), torch.bool)])
+def test_gather_tensor_shape_encodes_as_hf_on_one_process(shape, dtype) -> None:
+    """HF's own function reduces a `torch.empty` buffer (garbage on CPU), so it is compared by its encoding."""
+    from accelerate.utils import operations as hf_ops
+
+    from accelerate_ref import PartialState
+    from accelerate_ref.utils import operations as ref_ops
+
+    PartialState(cpu=True)
+    ref_shape, ref_code = ref_ops.gather_tensor_shape(torch.ones(shape, dtype=dtype))
+    assert hf_ops.TENSOR_INT_TO_DTYPE[ref_code] == dtype
+    assert ref_shape.tolist() == [[d] for d in shape]
+
+
+def test_verify_and_chained_operation_match_hf_on_one_process() -> None:
+    from accelerate import PartialState as HfPartialState
+    from accelerate.utils import operations as hf_ops
+
+    from accelerate_ref import PartialState
+    from accelerate_ref.utils import operations as ref_ops
+
+    PartialState(cpu=True)
+    HfPartialState(cpu=True)
+    outcomes = []
+    for ops in (ref_ops, hf_ops):
+        def double(tensor):
+            """Twice the tensor."""
+            return tensor * 2
+
+        def failing(tensor):
+            raise ops.DistributedOperationException("inner")
+
+        verified = ops.verify_operation(double)
+        chained = ops.chained_operation(failing)
+        with pytest.raises(ops.DistributedOperationException) as raised:
+            chained(torch.ones(1))
+        outcomes.append((
+            verified(torch.arange(3)).tolist(), verified(tensor=torch.ones(2)).tolist(),
+            verified.__name__, verified.__doc__, verified.__wrapped__ is double,
+            str(raised.value).replace(ops.__name__, "<m>"), str(raised.value.__cause__),
+        ))
+    assert outcomes[0] == outcomes[1]
+    assert "Error found while calling" in outcomes[0][5]
+
+
+def test_gathered_parameters_is_a_no_op_without_deepspeed() -> None:
+    from accelerate_ref import AcceleratorState, PartialState
+    from accelerate_ref.utils import GatheredParameters
+
+    PartialState(cpu=True)
+    AcceleratorState(cpu=True)
+    layer = torch.nn.Linear(2, 2)
+    before = [p.detach().clone() for p in layer.parameters()]
+    with GatheredParameters(list(layer.parameters()), modifier_rank=0) as inside:
+        assert inside is None
+        assert all(p.shape == b.shape for p, b in zip(layer.parameters(), before))
+    assert all(torch.equal(p, b) for p, b in zip(layer.parameters(), before))

@@ -243,3 +243,4 @@ from .constants import (  # noqa: E402
     TORCH_DISTRIBUTED_OPERATION_TYPES,
     XPU_PROFILING_AVAILABLE_PYTORCH_VERSION,
 )
+from .operations import GatheredParameters  # noqa: E402
