@@ -300,7 +300,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
         """Catalog: ``process.on_local_main_process``."""
         return _partial_of(self, "on_local_main_process").on_local_main_process(function)
 
-    def on_last_process(self, function: F | None = None) -> F:
+    def on_last_process(self, function: F) -> F:
         """Catalog: ``process.on_last_process``."""
         return _partial_of(self, "on_last_process").on_last_process(function)
 

@@ -146,3 +146,101 @@ def test_gathered_parameters_is_a_no_op_without_deepspeed() -> None:
         assert inside is None
         assert all(p.shape == b.shape for p, b in zip(layer.parameters(), before))
     assert all(torch.equal(p, b) for p, b in zip(layer.parameters(), before))
+
+
+def _both_states():
+    """A fresh accelerate_ref state and a fresh HF state, one process on CPU."""
+    import accelerate.state as hf_state
+
+    import accelerate_ref.state as ref_state
+
+    for module in (ref_state, hf_state):
+        module.AcceleratorState._reset_state(True)
+        module.GradientState._reset_state()
+    return ref_state, hf_state
+
+
+def _accelerator_state(module):
+    """`AcceleratorState` as an `Accelerator` creates it (HF's refuses to be created bare)."""
+    import importlib
+
+    utils = importlib.import_module(module.__name__.replace(".state", ".utils"))
+    return module.AcceleratorState(cpu=True, dynamo_plugin=utils.TorchDynamoPlugin(), _from_accelerator=True)
+
+
+def test_state_module_helpers_match_hf() -> None:
+    answers = []
+    for module in _both_states():
+        before = module.is_initialized()
+        _accelerator_state(module)
+        answers.append((before, module.is_initialized(), module.do_nothing(1, x=2)))
+        module.AcceleratorState._reset_state(True)
+    assert answers[0] == answers[1] == (False, True, None)
+
+
+def test_thread_local_shared_dict_is_per_thread_and_shared_between_instances() -> None:
+    import threading
+
+    seen = []
+    for module in _both_states():
+        class Holder:
+            shared = module.ThreadLocalSharedDict()
+
+        Holder().shared["a"] = 1
+        this_thread = dict(Holder.shared)
+        other_thread: list = []
+        worker = threading.Thread(target=lambda: other_thread.append(dict(Holder.shared)))
+        worker.start()
+        worker.join(timeout=10)
+        replaced = Holder()
+        replaced.shared = {"b": 2}
+        seen.append((this_thread, other_thread, Holder().shared))
+    assert seen[0] == seen[1] == ({"a": 1}, [{}], {"b": 2})
+
+
+def test_accelerator_state_process_members_match_hf(capsys) -> None:
+    answers = []
+    for module in _both_states():
+        state = _accelerator_state(module)
+        state.wait_for_everyone()
+        with state.split_between_processes(["A", "B", "C"], apply_padding=True) as split:
+            got = list(split)
+        order = []
+        with state.main_process_first():
+            order.append("main")
+        with state.local_main_process_first():
+            order.append("local")
+        state.print("hello", 1)
+        state.destroy_process_group()
+        answers.append((got, order, state.fork_launched, capsys.readouterr().out))
+        module.AcceleratorState._reset_state(True)
+    assert answers[0] == answers[1] == (["A", "B", "C"], ["main", "local"], False, "hello 1\n")
+
+
+def test_partial_state_set_device_matches_hf() -> None:
+    devices = []
+    for module in _both_states():
+        state = module.PartialState(cpu=True)
+        kept = state.device
+        state.set_device()  # already set: nothing changes
+        state.device = None
+        state.set_device()
+        devices.append((kept, state.device))
+        module.AcceleratorState._reset_state(True)
+    assert devices[0] == devices[1] == (torch.device("cpu"), torch.device("cpu"))
+
+
+def test_gradient_state_is_xla_gradients_synced_matches_hf(monkeypatch) -> None:
+    answers = []
+    for module in _both_states():
+        state = module.GradientState()
+        first = state.is_xla_gradients_synced
+        state.is_xla_gradients_synced = True
+        after_set = state.is_xla_gradients_synced
+        state.is_xla_gradients_synced = False
+        monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+        under_fsdp = state.is_xla_gradients_synced
+        monkeypatch.delenv("ACCELERATE_USE_FSDP")
+        answers.append((first, after_set, under_fsdp))
+        module.GradientState._reset_state()
+    assert answers[0] == answers[1] == (False, True, True)
