@@ -244,3 +244,24 @@ def test_gradient_state_is_xla_gradients_synced_matches_hf(monkeypatch) -> None:
         answers.append((first, after_set, under_fsdp))
         module.GradientState._reset_state()
     assert answers[0] == answers[1] == (False, True, True)
+
+
+@pytest.mark.parametrize("distributed_type", ["NO", "MULTI_CPU", "MULTI_GPU", "MULTI_NPU", "XLA"])
+def test_accelerator_members_match_hf(distributed_type: str) -> None:
+    import accelerate
+
+    import accelerate_ref
+
+    answers = []
+    for package, module in zip((accelerate_ref, accelerate), _both_states()):
+        accelerator = package.Accelerator(cpu=True, dataloader_config=package.DataLoaderConfiguration(non_blocking=True))
+        members = [accelerator.non_blocking, accelerator.use_stateful_dataloader, accelerator.should_save_model]
+        for state in (module.PartialState(), accelerator.state):  # HF's AcceleratorState keeps its own copy
+            state.distributed_type = getattr(module.DistributedType, distributed_type)
+            state.num_processes = 1 if distributed_type == "NO" else 2
+        members.append(accelerator.multi_device)
+        answers.append(members)
+        module.AcceleratorState._reset_state(True)
+        module.GradientState._reset_state()
+    assert answers[0] == answers[1]
+    assert answers[0] == [True, False, True, distributed_type in ("MULTI_GPU", "MULTI_NPU")]
