@@ -265,3 +265,83 @@ def test_accelerator_members_match_hf(distributed_type: str) -> None:
         module.GradientState._reset_state()
     assert answers[0] == answers[1]
     assert answers[0] == [True, False, True, distributed_type in ("MULTI_GPU", "MULTI_NPU")]
+
+
+_SMI_ANSWERS = {
+    "two RTX 4090, old driver": ("2, NVIDIA GeForce RTX 4090\n2, NVIDIA GeForce RTX 4090\n", "535.86.10\n"),
+    "two RTX 4090, fixed driver": ("2, NVIDIA GeForce RTX 4090\n2, NVIDIA GeForce RTX 4090\n", "550.54.14\n550.54.14\n"),
+    "one RTX 4090, old driver": ("1, NVIDIA GeForce RTX 4090\n", "535.86.10\n"),
+    "two H100, old driver": ("2, NVIDIA H100 80GB HBM3\n2, NVIDIA H100 80GB HBM3\n", "535.86.10\n"),
+}
+
+
+@pytest.mark.parametrize("machine", list(_SMI_ANSWERS))
+def test_nvidia_smi_helpers_match_hf(machine: str, monkeypatch) -> None:
+    import subprocess
+
+    from accelerate.utils import environment as hf_env
+
+    from accelerate_ref.utils import environment as ref_env
+
+    names, driver = _SMI_ANSWERS[machine]
+
+    def fake_check_output(command, universal_newlines=False):
+        assert command[0] == "nvidia-smi" and universal_newlines
+        return names if command[1] == "--query-gpu=count,name" else driver
+
+    monkeypatch.setattr(subprocess, "check_output", fake_check_output)
+    answers = [(env.get_gpu_info(), env.get_driver_version(), env.check_cuda_p2p_ib_support()) for env in (ref_env, hf_env)]
+    assert answers[0] == answers[1]
+    assert answers[0][2] is (machine != "two RTX 4090, old driver")
+
+
+def test_p2p_check_says_supported_when_nvidia_smi_fails(monkeypatch) -> None:
+    import subprocess
+
+    from accelerate.utils import environment as hf_env
+
+    from accelerate_ref.utils import environment as ref_env
+
+    def missing(*args, **kwargs):
+        raise FileNotFoundError("nvidia-smi")
+
+    monkeypatch.setattr(subprocess, "check_output", missing)
+    assert ref_env.check_cuda_p2p_ib_support() is hf_env.check_cuda_p2p_ib_support() is True
+    with pytest.raises(FileNotFoundError):
+        ref_env.get_gpu_info()
+
+
+@pytest.mark.parametrize("cuda", [False, True])
+def test_numa_affinity_matches_hf(cuda: bool, monkeypatch) -> None:
+    """With CUDA (NVML faked: GPU 0 near CPUs 1, 3 and 65) both pin the same CPUs; without it neither pins."""
+    import importlib.machinery
+    import os
+    import sys
+    import types
+
+    from accelerate.utils import environment as hf_env
+
+    from accelerate_ref.utils import environment as ref_env
+
+    fake_nvml = types.ModuleType("pynvml")
+    fake_nvml.__spec__ = importlib.machinery.ModuleSpec("pynvml", None)
+    fake_nvml.nvmlInit = lambda: None
+    fake_nvml.nvmlDeviceGetHandleByIndex = lambda index: ("gpu", index)
+    fake_nvml.nvmlDeviceGetCpuAffinity = lambda handle, words: [0b1010, 0b10][:words] + [0] * max(0, words - 2)
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(os, "cpu_count", lambda: 128)
+    monkeypatch.setattr(hf_utils, "is_rocm_available", lambda: False)
+    monkeypatch.setattr(ref_utils.imports, "is_rocm_available", lambda: False)
+    monkeypatch.setattr(hf_utils, "is_pynvml_available", lambda: True)
+    monkeypatch.setattr(ref_utils.imports, "is_pynvml_available", lambda: True)
+    pinned = []
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cpus: pinned.append(sorted(cpus)))
+    for env in (ref_env, hf_env):
+        env.override_numa_affinity(0, verbose=False)
+    assert pinned == ([[1, 3, 65], [1, 3, 65]] if cuda else [])
+    if cuda:  # set_numa_affinity pins once per arguments (cached), as HF's
+        for env in (ref_env, hf_env):
+            env.set_numa_affinity(7, verbose=False)
+            env.set_numa_affinity(7, verbose=False)
+        assert len(pinned) == 4

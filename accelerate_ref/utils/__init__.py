@@ -244,3 +244,4 @@ from .constants import (  # noqa: E402
     XPU_PROFILING_AVAILABLE_PYTORCH_VERSION,
 )
 from .operations import GatheredParameters  # noqa: E402
+from .environment import check_cuda_p2p_ib_support, get_gpu_info, set_numa_affinity  # noqa: E402
