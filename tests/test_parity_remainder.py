@@ -390,3 +390,36 @@ def test_torch_safe_globals_let_numpy_arrays_load_as_hf(tmp_path) -> None:
         assert np.array_equal(got["rng"], saved["rng"]) and torch.equal(got["weights"], saved["weights"])
     with pytest.raises(Exception, match="weights_only|Unsupported global"):
         torch.load(path, weights_only=True)  # what the safe globals add: plain torch refuses the array
+
+
+def test_optimizer_move_to_device_matches_hf() -> None:
+    from collections import OrderedDict, namedtuple
+
+    from accelerate import optimizer as hf_optimizer
+
+    from accelerate_ref import optimizer as ref_optimizer
+
+    Pair = namedtuple("Pair", "a b")
+    state = OrderedDict(step=torch.tensor(3.0), nested=[Pair(torch.ones(2, dtype=torch.float64), "x"), (1, None)])
+    moved = [module.move_to_device(state, torch.device("meta")) for module in (ref_optimizer, hf_optimizer)]
+    for got in moved:
+        assert type(got) is OrderedDict and type(got["nested"][0]) is Pair and got["nested"][0].b == "x"
+        assert got["step"].device.type == got["nested"][0].a.device.type == "meta"
+        assert got["nested"][1] == (1, None) and got["nested"][0].a.dtype == torch.float64
+
+
+def test_patch_optimizer_step_matches_hf() -> None:
+    from types import SimpleNamespace
+
+    from accelerate import optimizer as hf_optimizer
+
+    from accelerate_ref import optimizer as ref_optimizer
+
+    records = []
+    for module in (ref_optimizer, hf_optimizer):
+        holder = SimpleNamespace()
+        calls = []
+        step = module.patch_optimizer_step(holder, lambda *args, **kwargs: calls.append((args, kwargs)) or "stepped")
+        before = hasattr(holder, "_accelerate_step_called")
+        records.append((before, step(1, closure=None), holder._accelerate_step_called, calls))
+    assert records[0] == records[1] == (False, "stepped", True, [((1,), {"closure": None})])
