@@ -423,3 +423,19 @@ def test_patch_optimizer_step_matches_hf() -> None:
         before = hasattr(holder, "_accelerate_step_called")
         records.append((before, step(1, closure=None), holder._accelerate_step_called, calls))
     assert records[0] == records[1] == (False, "stepped", True, [((1,), {"closure": None})])
+
+
+def test_top_level_synchronize_rng_states_matches_hf_on_one_process() -> None:
+    import accelerate
+
+    import accelerate_ref
+
+    draws = []
+    for package, module in zip((accelerate_ref, accelerate), _both_states()):
+        _accelerator_state(module)
+        torch.manual_seed(11)
+        package.synchronize_rng_states(["torch"])  # one process: the generator is left as it is
+        draws.append(torch.rand(3).tolist())
+        module.AcceleratorState._reset_state(True)
+    torch.manual_seed(11)
+    assert draws[0] == draws[1] == torch.rand(3).tolist()
