@@ -439,3 +439,45 @@ def test_top_level_synchronize_rng_states_matches_hf_on_one_process() -> None:
         module.AcceleratorState._reset_state(True)
     torch.manual_seed(11)
     assert draws[0] == draws[1] == torch.rand(3).tolist()
+
+
+def test_sampler_total_length_matches_hf() -> None:
+    from torch.utils.data import BatchSampler, SequentialSampler
+
+    from accelerate import data_loader as hf_dl
+
+    from accelerate_ref import data_loader as ref_dl
+
+    lengths = []
+    for module in (ref_dl, hf_dl):
+        batches = BatchSampler(SequentialSampler(range(10)), batch_size=2, drop_last=False)
+        shard = module.BatchSamplerShard(batches, num_processes=2, process_index=1)
+        skip = module.SkipBatchSampler(batches, skip_batches=2)
+        lengths.append((shard.total_length, len(shard), skip.total_length, len(skip)))
+    assert lengths[0] == lengths[1] == (5, 3, 5, 3)
+
+
+@pytest.mark.parametrize("dispatch_batches", [False, True])
+def test_prepared_loader_get_and_set_sampler_match_hf(dispatch_batches: bool) -> None:
+    from torch.utils.data import DataLoader, SequentialSampler
+
+    from accelerate import data_loader as hf_dl
+
+    from accelerate_ref import data_loader as ref_dl
+
+    class Reversed(SequentialSampler):
+        def __iter__(self):
+            return iter(range(len(self.data_source) - 1, -1, -1))
+
+    results = []
+    for module, state in zip((ref_dl, hf_dl), _both_states()):
+        state.PartialState(cpu=True)
+        loader = module.prepare_data_loader(DataLoader(list(range(6)), batch_size=2), dispatch_batches=dispatch_batches,
+                                            put_on_device=True)
+        before = type(loader.get_sampler()).__name__, type(module.get_sampler(loader)).__name__
+        loader.set_sampler(Reversed(list(range(6))))
+        results.append((before, type(loader.get_sampler()).__name__, [batch.tolist() for batch in loader]))
+        state.AcceleratorState._reset_state(True)
+        state.GradientState._reset_state()
+    assert results[0] == results[1]
+    assert results[0][1:] == ("Reversed", [[5, 4], [3, 2], [1, 0]])
