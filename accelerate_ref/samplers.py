@@ -62,7 +62,8 @@ class SeedableRandomSampler(RandomSampler):
     Catalog: data.seedable_sampler.
     """
 
-    def __init__(self, *args: Any, data_seed: Optional[int] = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        data_seed: Optional[int] = kwargs.pop("data_seed", None)  # a keyword in **kwargs, as HF 1.15's signature
         super().__init__(*args, **kwargs)
         self.initial_seed = data_seed if data_seed is not None else torch.initial_seed()
         self.epoch = 0

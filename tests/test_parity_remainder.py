@@ -481,3 +481,18 @@ def test_prepared_loader_get_and_set_sampler_match_hf(dispatch_batches: bool) ->
         state.GradientState._reset_state()
     assert results[0] == results[1]
     assert results[0][1:] == ("Reversed", [[5, 4], [3, 2], [1, 0]])
+
+
+@pytest.mark.parametrize("data_seed", [None, 5])
+def test_seedable_random_sampler_orders_match_hf(data_seed) -> None:
+    from accelerate import data_loader as hf_dl
+
+    from accelerate_ref import data_loader as ref_dl
+
+    orders = []
+    for module in (ref_dl, hf_dl):
+        torch.manual_seed(42)
+        sampler = module.SeedableRandomSampler(range(8), data_seed=data_seed)
+        orders.append([list(sampler), list(sampler), (sampler.set_epoch(0), list(sampler))[1]])
+    assert orders[0] == orders[1]
+    assert orders[0][0] != orders[0][1] and orders[0][0] == orders[0][2]
