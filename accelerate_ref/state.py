@@ -109,7 +109,7 @@ class PartialState(_SharedState):
         launch = LaunchEnv.from_environ()
         backend = kwargs.pop("backend", None)
         self._cpu = cpu
-        self.fork_launched = parse_flag_from_env("FORK_LAUNCHED")  # set by notebook_launcher's forked ranks
+        self.fork_launched = parse_flag_from_env("FORK_LAUNCHED")  # HF's notebook_launcher sets it in its forked ranks
         self.family: DeviceFamily = family
         self.debug = parse_flag_from_env("ACCELERATE_DEBUG_MODE")
         env_device = os.environ.get("ACCELERATE_TORCH_DEVICE")
