@@ -73,3 +73,8 @@ __all__ += ["debug_launcher", "notebook_launcher"]
 from .utils.dataclasses import DeepSpeedPlugin, FullyShardedDataParallelPlugin  # noqa: E402
 
 __all__ += ["DeepSpeedPlugin", "FullyShardedDataParallelPlugin"]
+
+# -- issue 13 follow-up: HF 1.15's top-level re-export of the RNG synchronisation --
+from .utils.random import synchronize_rng_states  # noqa: E402
+
+__all__ += ["synchronize_rng_states"]

@@ -28,6 +28,16 @@ from .state import AcceleratorState, GradientState, PartialState
 from .tracking import LOGGER_TYPE_TO_CLASS, TrackingMixin  # noqa: F401  (HF's accelerator module exposes LOGGER_TYPE_TO_CLASS)
 from .utils import operations
 from .utils.constants import PROFILE_PATTERN_NAME
+from .utils.constants import (  # noqa: F401  (HF's accelerator module exposes these file names)
+    MODEL_NAME,
+    SAFE_WEIGHTS_INDEX_NAME,
+    SAFE_WEIGHTS_NAME,
+    SAFE_WEIGHTS_PATTERN_NAME,
+    SCALER_NAME,
+    WEIGHTS_INDEX_NAME,
+    WEIGHTS_NAME,
+    WEIGHTS_PATTERN_NAME,
+)
 from .utils.dataclasses import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -241,6 +251,31 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
         return self.dataloader_config.use_seedable_sampler
 
     @property
+    def non_blocking(self) -> bool:
+        """``non_blocking`` of the `DataLoaderConfiguration` (batches moved to the device asynchronously)."""
+        return self.dataloader_config.non_blocking
+
+    @property
+    def use_stateful_dataloader(self) -> bool:
+        """``use_stateful_dataloader`` of the `DataLoaderConfiguration` (False where the configuration lacks it)."""
+        return getattr(self.dataloader_config, "use_stateful_dataloader", False)
+
+    @property
+    def multi_device(self) -> bool:
+        """Whether this run is distributed over several accelerator devices (not CPU or XLA ranks), as HF 1.15."""
+        multi_device_types = {
+            DistributedType.MULTI_GPU, DistributedType.MULTI_MLU, DistributedType.MULTI_SDAA, DistributedType.MULTI_MUSA,
+            DistributedType.MULTI_NPU, DistributedType.MULTI_XPU, DistributedType.MULTI_HPU, DistributedType.MULTI_NEURON,
+        }
+        return self.use_distributed and self.distributed_type in multi_device_types
+
+    @property
+    def should_save_model(self) -> bool:
+        """Whether this process writes the model in `save_model`: the local main process, as HF 1.15 without a
+        ParallelismConfig (accelerate_ref has none)."""
+        return self.state.is_local_main_process
+
+    @property
     def optimizer_step_was_skipped(self) -> bool:
         """Whether the last optimizer update was skipped because fp16 gradients overflowed.
 
@@ -290,7 +325,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
         """Catalog: ``process.on_local_main_process``."""
         return _partial_of(self, "on_local_main_process").on_local_main_process(function)
 
-    def on_last_process(self, function: F | None = None) -> F:
+    def on_last_process(self, function: F) -> F:
         """Catalog: ``process.on_last_process``."""
         return _partial_of(self, "on_last_process").on_last_process(function)
 

@@ -41,8 +41,10 @@ import torch
 
 from .checkpoint_store import CheckpointError
 from .utils.constants import (
+    MODEL_NAME,  # noqa: F401  (HF's checkpointing module exposes it)
     OPTIMIZER_NAME,
     RNG_STATE_NAME,
+    SAFE_MODEL_NAME,  # noqa: F401  (HF's checkpointing module exposes it)
     SAFE_WEIGHTS_NAME,
     SAMPLER_NAME,
     SCALER_NAME,

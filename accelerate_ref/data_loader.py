@@ -39,6 +39,8 @@ from .samplers import (
     SeedableRandomSampler,
     SkipBatchSampler,
     check_split_batch_size,
+    get_sampler,
+    set_sampler,
 )
 from .state import GradientState, PartialState
 from .utils.dataclasses import RNGType
@@ -181,7 +183,17 @@ def _mark_last(items: Iterable[Any]) -> Iterator[tuple[Any, bool]]:
 _NOTHING = object()
 
 
-class DataLoaderPositionMixin:
+class _SamplerAccessMixin:
+    """HF 1.15's ``get_sampler``/``set_sampler`` of the prepared loaders (see `samplers.get_sampler`)."""
+
+    def get_sampler(self) -> Any:
+        return get_sampler(self)
+
+    def set_sampler(self, sampler: Any) -> None:
+        set_sampler(self, sampler)
+
+
+class DataLoaderPositionMixin(_SamplerAccessMixin):
     """Where a prepared loader is in its epoch, so that a resumed run yields what an uninterrupted one would.
 
     Rules (catalog save_state.resume_data_order):

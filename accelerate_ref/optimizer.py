@@ -11,7 +11,35 @@ from typing import Any, Callable, Optional
 import torch
 
 from .state import AcceleratorState, GradientState
-from .utils.structures import send_to_device
+from .utils.structures import honor_type
+
+
+def move_to_device(state: Any, device: Any) -> Any:
+    """``state`` (an optimizer state dict, or any nest of lists, tuples and dicts) with every tensor on ``device``.
+
+    Rule (HF 1.15): containers keep their type (named tuples included);
+    anything not a tensor is returned as it is.
+    """
+    if isinstance(state, (list, tuple)):
+        return honor_type(state, (move_to_device(item, device) for item in state))
+    if isinstance(state, dict):
+        return type(state)({key: move_to_device(value, device) for key, value in state.items()})
+    return state.to(device) if isinstance(state, torch.Tensor) else state
+
+
+def patch_optimizer_step(accelerated_optimizer: Any, method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` (an optimizer's ``step``) that first records the call on ``accelerated_optimizer``.
+
+    Rule (HF 1.15): calling the result sets
+    ``accelerated_optimizer._accelerate_step_called = True`` and returns what
+    ``method`` returns; a gradient scaler that skips the step never calls it.
+    """
+
+    def patched_step(*args: Any, **kwargs: Any) -> Any:
+        accelerated_optimizer._accelerate_step_called = True
+        return method(*args, **kwargs)
+
+    return patched_step
 
 
 class AcceleratedOptimizer(torch.optim.Optimizer):
@@ -46,7 +74,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.gradient_state = GradientState()
         self._step_was_skipped = False
         if device_placement:
-            self.optimizer.load_state_dict(send_to_device(self.optimizer.state_dict(), self.accelerator_state.device))
+            self.optimizer.load_state_dict(move_to_device(self.optimizer.state_dict(), self.accelerator_state.device))
 
     # -- the wrapped optimizer's attributes ---------------------------------
 

@@ -62,7 +62,8 @@ class SeedableRandomSampler(RandomSampler):
     Catalog: data.seedable_sampler.
     """
 
-    def __init__(self, *args: Any, data_seed: Optional[int] = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        data_seed: Optional[int] = kwargs.pop("data_seed", None)  # a keyword in **kwargs, as HF 1.15's signature
         super().__init__(*args, **kwargs)
         self.initial_seed = data_seed if data_seed is not None else torch.initial_seed()
         self.epoch = 0
@@ -123,6 +124,11 @@ class BatchSamplerShard(BatchSampler):
     def sampler(self) -> Any:
         """The sampler of the wrapped batch sampler (where shuffling happens)."""
         return getattr(self.batch_sampler, "sampler", None)
+
+    @property
+    def total_length(self) -> int:
+        """Batches of the wrapped batch sampler, before sharding (HF 1.15)."""
+        return len(self.batch_sampler)  # type: ignore[arg-type]
 
     @property
     def total_batch_size(self) -> Optional[int]:
@@ -291,8 +297,35 @@ class SkipBatchSampler(BatchSampler):
         """The sampler of the wrapped batch sampler."""
         return getattr(self.batch_sampler, "sampler", None)
 
+    @property
+    def total_length(self) -> int:
+        """Batches of the wrapped batch sampler, skipped ones included (HF 1.15)."""
+        return len(self.batch_sampler)  # type: ignore[arg-type]
+
     def __iter__(self) -> Iterator[list[int]]:
         return itertools.islice(iter(self.batch_sampler), self.skip_batches, None)
 
     def __len__(self) -> int:
         return max(len(self.batch_sampler) - self.skip_batches, 0)  # type: ignore[arg-type]
+
+
+def get_sampler(dataloader: Any) -> Any:
+    """The sampler that orders ``dataloader``'s samples (the one its batch sampler draws from).
+
+    Rule (HF 1.15): where the loader's ``sampler`` is itself a BatchSampler,
+    that one's ``sampler``; else its ``batch_sampler``'s (None if absent).
+    """
+    owner = dataloader.sampler if isinstance(dataloader.sampler, BatchSampler) else dataloader.batch_sampler
+    return getattr(owner, "sampler", None)
+
+
+def set_sampler(dataloader: Any, sampler: Any) -> None:
+    """Make ``sampler`` the one `get_sampler` returns and the loader's batches are drawn from.
+
+    Where a batch sampler only shows the sampler of the one it wraps (a
+    read-only ``sampler``, as BatchSamplerShard's), the wrapped one is changed.
+    """
+    node = dataloader.sampler if isinstance(dataloader.sampler, BatchSampler) else dataloader.batch_sampler
+    while isinstance(getattr(type(node), "sampler", None), property) and hasattr(node, "batch_sampler"):
+        node = node.batch_sampler
+    node.sampler = sampler

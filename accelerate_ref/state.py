@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import builtins
 import os
+import threading
 import weakref
 from contextlib import contextmanager
 from functools import partial
@@ -55,6 +56,34 @@ class _SharedState:
         )
 
 
+def is_initialized() -> bool:
+    """Whether the `AcceleratorState` has been initialised (`AcceleratorState().initialized` without an instance)."""
+    return bool(AcceleratorState._shared_state)
+
+
+def do_nothing(*args: Any, **kwargs: Any) -> None:
+    """Accept anything, do nothing, return None (HF 1.15's placeholder callable)."""
+    return None
+
+
+class ThreadLocalSharedDict(threading.local):
+    """A descriptor holding one dict per thread, shared by every instance of the owning class.
+
+    Rule (HF 1.15): reading the attribute, on the class or an instance, gives
+    this thread's dict; assigning it on an instance replaces that dict. HF uses
+    it as `_shared_state` for XLA's multithreaded PJRT ranks.
+    """
+
+    def __init__(self, thread_local: bool = False) -> None:
+        self._storage: dict[str, Any] = {}
+
+    def __get__(self, obj: Any, objtype: Any = None) -> dict[str, Any]:
+        return self._storage
+
+    def __set__(self, obj: Any, value: dict[str, Any]) -> None:
+        self._storage = value
+
+
 class PartialState(_SharedState):
     """Launch topology and process control, usable without an `Accelerator`.
 
@@ -80,6 +109,7 @@ class PartialState(_SharedState):
         launch = LaunchEnv.from_environ()
         backend = kwargs.pop("backend", None)
         self._cpu = cpu
+        self.fork_launched = parse_flag_from_env("FORK_LAUNCHED")  # HF's notebook_launcher sets it in its forked ranks
         self.family: DeviceFamily = family
         self.debug = parse_flag_from_env("ACCELERATE_DEBUG_MODE")
         env_device = os.environ.get("ACCELERATE_TORCH_DEVICE")
@@ -221,7 +251,7 @@ class PartialState(_SharedState):
         """
         return self._only_if(function, lambda s: s.is_local_main_process)
 
-    def on_last_process(self, function: F | None = None) -> F:
+    def on_last_process(self, function: F) -> F:
         """Run the decorated function on the last rank only. Catalog: ``process.on_last_process``."""
         return self._only_if(function, lambda s: s.is_last_process)
 
@@ -258,8 +288,21 @@ class PartialState(_SharedState):
         calls it); a script that does not call it is torn down at interpreter
         exit all the same (catalog ``state.clean_exit``).
         """
+        if self.fork_launched and group is None:
+            return  # HF 1.15: the forked ranks' launcher owns the default group
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group(group)
+
+    def set_device(self) -> None:
+        """Set `device` from the launch when it is unset (``None``); a no-op otherwise, as in HF 1.15.
+
+        The device is the CPU with ``cpu=True``, else the family's device for
+        this rank's local index.
+        """
+        if self.device is not None:
+            return
+        self.device = (torch.device("cpu") if self._cpu
+                       else self.family.device(self.local_process_index, distributed=self.use_distributed))
 
 
 _teardown_registered = False
@@ -406,6 +449,42 @@ class AcceleratorState(_SharedState):
             plugin._unselect()
         plugins[name].select(_from_accelerator_state=True)
 
+    # -- HF 1.15's AcceleratorState members that act through the PartialState --
+
+    @property
+    def fork_launched(self) -> bool:
+        return PartialState().fork_launched
+
+    def wait_for_everyone(self) -> None:
+        """`PartialState.wait_for_everyone`. Catalog: ``sync.wait_for_everyone``."""
+        PartialState().wait_for_everyone()
+
+    @contextmanager
+    def split_between_processes(self, inputs: Splittable, apply_padding: bool = False) -> Iterator[Splittable]:
+        """`PartialState.split_between_processes`. Catalog: ``split.doc_example``."""
+        with PartialState().split_between_processes(inputs, apply_padding=apply_padding) as split:
+            yield split
+
+    @contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """`PartialState.main_process_first`."""
+        with PartialState().main_process_first():
+            yield
+
+    @contextmanager
+    def local_main_process_first(self) -> Iterator[None]:
+        """`PartialState.local_main_process_first`."""
+        with PartialState().local_main_process_first():
+            yield
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """`PartialState.print`: once per machine. Catalog: ``print.once_per_server``."""
+        PartialState().print(*args, **kwargs)
+
+    def destroy_process_group(self, group: Any = None) -> None:
+        """`PartialState.destroy_process_group` (nothing for the default group of forked ranks)."""
+        PartialState().destroy_process_group(group)
+
     @staticmethod
     def _reset_state(reset_partial_state: bool = False) -> None:
         """Forget the accelerator state, and the partial state too if asked."""
@@ -447,7 +526,17 @@ class GradientState(_SharedState):
             return
         self.plugin = gradient_accumulation_plugin or GradientAccumulationPlugin(num_steps=1)
         self.sync_gradients = True
+        self._is_xla_gradients_synced = False
         self._dataloader_references_ref: list[weakref.ref] = []
+
+    @property
+    def is_xla_gradients_synced(self) -> bool:
+        """Whether XLA gradients were reduced this step; always True under FSDP (``ACCELERATE_USE_FSDP``), as HF 1.15."""
+        return parse_flag_from_env("ACCELERATE_USE_FSDP") or self._is_xla_gradients_synced
+
+    @is_xla_gradients_synced.setter
+    def is_xla_gradients_synced(self, is_synced: bool) -> None:
+        self._is_xla_gradients_synced = is_synced
 
     # -- accumulation settings, from the plugin ----------------------------
 

@@ -114,12 +114,12 @@ def test_grad_scaler_kwargs_erratum():
 
 
 def test_init_process_group_kwargs():
-    """kwargs.init_process_group: the documented example and defaults."""
+    """kwargs.init_process_group: the documented example and defaults (timeout by backend, as HF 1.15)."""
     default = InitProcessGroupKwargs()
-    assert (default.backend, default.init_method, default.timeout) == ("nccl", None, timedelta(seconds=1800))
+    assert (default.backend, default.init_method, default.timeout) == ("nccl", None, timedelta(seconds=600))
     kwargs = InitProcessGroupKwargs(timeout=timedelta(seconds=800))
     assert kwargs.to_kwargs() == {"timeout": timedelta(seconds=800)}
-    assert InitProcessGroupKwargs(backend="gloo").to_kwargs() == {"backend": "gloo"}
+    assert InitProcessGroupKwargs(backend="gloo").to_kwargs() == {"backend": "gloo", "timeout": timedelta(seconds=1800)}
     with pytest.raises(ValueError, match="timeout"):
         InitProcessGroupKwargs(timeout=800)
 

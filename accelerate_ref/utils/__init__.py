@@ -236,3 +236,12 @@ from .deepspeed import (  # noqa: E402  (HF re-exports these only where deepspee
     get_active_deepspeed_plugin,
     map_pytorch_optim_to_deepspeed,
 )
+
+# Issue 13 follow-up: HF 1.15's remaining constants re-exported by `accelerate.utils`.
+from .constants import (  # noqa: E402
+    MITA_PROFILING_AVAILABLE_PYTORCH_VERSION,
+    TORCH_DISTRIBUTED_OPERATION_TYPES,
+    XPU_PROFILING_AVAILABLE_PYTORCH_VERSION,
+)
+from .operations import GatheredParameters  # noqa: E402
+from .environment import check_cuda_p2p_ib_support, get_gpu_info, set_numa_affinity  # noqa: E402

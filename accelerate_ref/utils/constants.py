@@ -42,3 +42,33 @@ STR_OPERATION_TO_FUNC: dict[str, Callable[[Any, Any], bool]] = {
     "<=": operator.le,
     "<": operator.lt,
 }
+
+# Torch versions from which the XPU and MTIA profilers exist (HF 1.15's names, MITA spelling kept).
+XPU_PROFILING_AVAILABLE_PYTORCH_VERSION = "2.4.0"
+MITA_PROFILING_AVAILABLE_PYTORCH_VERSION = "2.1.0"
+
+# DistributedType values (as strings) that run torch.distributed on CUDA, and all that run
+# torch.distributed collectives at all (HF 1.15's lists; `utils.operations` and `utils.random`
+# re-export them).
+CUDA_DISTRIBUTED_TYPES = ["DEEPSPEED", "MULTI_GPU", "FSDP", "MEGATRON_LM", "TP"]
+TORCH_DISTRIBUTED_OPERATION_TYPES = CUDA_DISTRIBUTED_TYPES + [
+    "MULTI_NPU",
+    "MULTI_MLU",
+    "MULTI_SDAA",
+    "MULTI_MUSA",
+    "MULTI_XPU",
+    "MULTI_CPU",
+    "MULTI_HPU",
+    "MULTI_NEURON",
+]
+
+
+def _upcastable_layers() -> tuple[type, ...]:
+    import torch
+
+    nn = torch.nn
+    return (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d, nn.Linear)
+
+
+# Layer classes whose weights layerwise casting upcasts for compute (HF 1.15's tuple).
+SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING = _upcastable_layers()

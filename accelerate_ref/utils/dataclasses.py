@@ -17,6 +17,10 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from .constants import (  # noqa: F401  (HF's utils.dataclasses exposes them)
+    MITA_PROFILING_AVAILABLE_PYTORCH_VERSION,
+    XPU_PROFILING_AVAILABLE_PYTORCH_VERSION,
+)
 from .environment import clear_environment, parse_flag_from_env, str_to_bool
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -26,7 +30,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 # --------------------------------------------------------------------------
 # Enums
 # --------------------------------------------------------------------------
-class _EnumWithContains(enum.EnumMeta):
+class EnumWithContains(enum.EnumMeta):
     """Metaclass letting `value in SomeEnum` test values (not only members)."""
 
     def __contains__(cls, item: object) -> bool:
@@ -37,7 +41,7 @@ class _EnumWithContains(enum.EnumMeta):
         return True
 
 
-class _CheckedEnum(enum.Enum, metaclass=_EnumWithContains):
+class _CheckedEnum(enum.Enum, metaclass=EnumWithContains):
     """Enum whose failed lookups name the bad value and every valid one."""
 
     @classmethod
@@ -347,17 +351,20 @@ class GradScalerKwargs(KwargsHandler):
 class InitProcessGroupKwargs(KwargsHandler):
     """Arguments for `torch.distributed.init_process_group`.
 
-    Rule: `backend`, `init_method` and `timeout` (a `datetime.timedelta`,
-    1800 s by default as the utilities reference documents); a timeout that
-    is not a positive timedelta is a ValueError.
+    Rule: `backend`, `init_method` and `timeout` (a `datetime.timedelta`);
+    a timeout left None becomes HF 1.15's default for the backend (600 s for
+    "nccl", 1800 s for any other); a timeout that is not a positive timedelta
+    is a ValueError.
     Catalog: kwargs.init_process_group.
     """
 
     backend: Optional[str] = "nccl"
     init_method: Optional[str] = None
-    timeout: timedelta = timedelta(seconds=1800)
+    timeout: Optional[timedelta] = None
 
     def __post_init__(self) -> None:
+        if self.timeout is None:
+            self.timeout = timedelta(seconds=600 if self.backend == "nccl" else 1800)
         _check(
             isinstance(self.timeout, timedelta) and self.timeout.total_seconds() > 0,
             f"timeout must be a positive datetime.timedelta, got {self.timeout!r}",

@@ -242,3 +242,123 @@ def get_current_device_type() -> tuple[str, str]:
         if check():
             return device, f"MULTI_{device.upper()}"
     return "cuda", "MULTI_GPU"
+
+
+# -- NVIDIA GPUs seen through nvidia-smi (HF 1.15's helpers; they never initialise CUDA) --------------
+
+
+def _nvidia_smi() -> str:
+    """The nvidia-smi command: on PATH, or on Windows its default install path when it is not."""
+    import platform
+    import shutil
+
+    if platform.system() == "Windows" and shutil.which("nvidia-smi") is None:
+        return f"{os.environ['systemdrive']}\\Program Files\\NVIDIA Corporation\\NVSMI\\nvidia-smi.exe"
+    return "nvidia-smi"
+
+
+def _query_gpus(field: str) -> list[str]:
+    """One line of ``nvidia-smi --query-gpu=<field>`` per GPU (nvidia-smi's own errors propagate)."""
+    import subprocess
+
+    output = subprocess.check_output(
+        [_nvidia_smi(), f"--query-gpu={field}", "--format=csv,noheader"], universal_newlines=True)
+    return output.strip().split(os.linesep)
+
+
+def get_gpu_info() -> tuple[list[str], int]:
+    """``(names, count)`` of the machine's NVIDIA GPUs, from nvidia-smi, as HF 1.15."""
+    gpus = _query_gpus("count,name")
+    return [gpu.split(",")[1].strip() for gpu in gpus], len(gpus)
+
+
+def get_driver_version() -> str:
+    """The NVIDIA driver version (of the first GPU), from nvidia-smi, as HF 1.15."""
+    return _query_gpus("driver_version")[0]
+
+
+#: Consumer GPUs whose P2P/InfiniBand transfers need a fixed driver, and the first such driver.
+_P2P_IB_UNSUPPORTED = ("RTX 40",)
+_P2P_IB_FIXED_DRIVER = "550.40.07"
+
+
+def check_cuda_p2p_ib_support() -> bool:
+    """Whether NCCL may use P2P and InfiniBand on these GPUs.
+
+    Rule (HF 1.15): False only with several GPUs of which one is an RTX 40xx
+    and a driver older than 550.40.07; True otherwise, and True when
+    nvidia-smi cannot answer.
+    """
+    from packaging.version import parse
+
+    try:
+        names, count = get_gpu_info()
+        if count > 1 and any(bad in name for name in names for bad in _P2P_IB_UNSUPPORTED):
+            return parse(get_driver_version()) >= parse(_P2P_IB_FIXED_DRIVER)
+    except Exception:  # noqa: BLE001  (HF: any failure to ask means "supported")
+        pass
+    return True
+
+
+def _parse_cpu_list(cpu_list: str) -> list[int]:
+    """CPUs of a sysfs list such as ``"0-3,8"``."""
+    cpus: list[int] = []
+    for part in filter(None, (p.strip() for p in cpu_list.split(","))):
+        first, _, last = part.partition("-")
+        cpus.extend(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+def _gpu_cpu_affinity(local_process_index: int) -> list[int]:
+    """The CPUs nearest to GPU ``local_process_index`` (amdsmi on ROCm, NVML on CUDA)."""
+    import math
+
+    from .imports import is_amdsmi_available, is_pynvml_available, is_rocm_available
+
+    if is_rocm_available():
+        if not is_amdsmi_available():
+            raise ImportError("To set CPU affinity on ROCm GPUs the `amdsmi` package must be available (it ships with ROCm).")
+        import amdsmi
+
+        amdsmi.amdsmi_init()
+        try:
+            node = amdsmi.amdsmi_topo_get_numa_node_number(amdsmi.amdsmi_get_processor_handles()[local_process_index])
+            if node is None or node < 0:
+                return list(os.sched_getaffinity(0))
+            with open(f"/sys/devices/system/node/node{node}/cpulist") as cpulist:
+                return _parse_cpu_list(cpulist.read())
+        finally:
+            amdsmi.amdsmi_shut_down()
+    if not is_pynvml_available():
+        raise ImportError("To set CPU affinity on CUDA GPUs the `nvidia-ml-py` package must be available "
+                          "(`pip install nvidia-ml-py`).")
+    import pynvml
+
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(local_process_index)
+    words = pynvml.nvmlDeviceGetCpuAffinity(handle, math.ceil(os.cpu_count() / 64))  # 64-bit masks, CPU 0 first
+    return [64 * w + bit for w, mask in enumerate(words) for bit in range(64) if (mask >> bit) & 1]
+
+
+def override_numa_affinity(local_process_index: int, verbose: bool | None = None) -> None:
+    """Pin this process to the CPUs nearest its GPU (recomputed on each call).
+
+    Rule (HF 1.15): a no-op without CUDA; `verbose` (default: debug mode)
+    logs the CPUs assigned.
+    """
+    import torch
+
+    if verbose is None:
+        verbose = parse_flag_from_env("ACCELERATE_DEBUG_MODE", False)
+    if not torch.cuda.is_available():
+        return
+    os.sched_setaffinity(0, _gpu_cpu_affinity(local_process_index))
+    if verbose:
+        cores = os.sched_getaffinity(0)
+        logging.getLogger(__name__).info(f"Assigning {len(cores)} cpu cores to process {local_process_index}: {cores}")
+
+
+@functools.lru_cache
+def set_numa_affinity(local_process_index: int, verbose: bool | None = None) -> None:
+    """`override_numa_affinity`, done once per arguments (cached), as HF 1.15."""
+    override_numa_affinity(local_process_index=local_process_index, verbose=verbose)

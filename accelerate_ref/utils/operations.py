@@ -17,12 +17,15 @@ broadcast_object_list.in_place, debug.shape_mismatch.
 
 from __future__ import annotations
 
+import functools
 import warnings
-from typing import Any
+from contextlib import contextmanager, nullcontext
+from typing import Any, Callable, Iterator
 
 import torch
 
 from .collectives import Collectives, collectives_for
+from .constants import TORCH_DISTRIBUTED_OPERATION_TYPES  # noqa: F401  (HF's utils.operations exposes it)
 from .structures import (
     ConvertOutputsToFp32,
     apply_to_leaves,
@@ -83,16 +86,21 @@ def _tensor_collectives(data: Any, operation: str, same_shapes: bool) -> Collect
     state = PartialState()
     collectives = collectives_for(state)
     if same_shapes and state.debug and state.use_distributed:
-        described = recursively_apply(_describe_leaf, data, test_type=_accept_any)
-        everyone = collectives.all_gather_object(described)
-        if any(description != everyone[0] for description in everyone):
-            per_rank = "\n".join(f"  - Process {rank}: {description}" for rank, description in enumerate(everyone))
-            raise DistributedOperationException(
-                f"Cannot apply `{operation}` across processes: the input shapes differ between processes "
-                f"(they must be equal on every process).\nInput shapes:\n{per_rank}"
-            )
+        _check_same_shapes(data, operation, collectives)
     apply_to_leaves(_describe_leaf, data, reject_others_in=operation)
     return collectives
+
+
+def _check_same_shapes(data: Any, operation: str, collectives: Collectives) -> None:
+    """Raise DistributedOperationException on every rank when the ranks' inputs differ in shape."""
+    described = recursively_apply(_describe_leaf, data, test_type=_accept_any)
+    everyone = collectives.all_gather_object(described)
+    if any(description != everyone[0] for description in everyone):
+        per_rank = "\n".join(f"  - Process {rank}: {description}" for rank, description in enumerate(everyone))
+        raise DistributedOperationException(
+            f"Cannot apply `{operation}` across processes: the input shapes differ between processes "
+            f"(they must be equal on every process).\nInput shapes:\n{per_rank}"
+        )
 
 
 def _check_process_index(from_process: int, collectives: Collectives) -> None:
@@ -266,6 +274,118 @@ def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
         shape, dtype = described[0]
         tensor = torch.zeros(shape, dtype=dtype, device=state.device)
     return reduce(tensor, reduction="sum")
+
+
+#: dtype <-> the integer code `gather_tensor_shape` sends with a shape (HF 1.15's codes).
+TENSOR_TYPE_TO_INT = {
+    torch.float: 1,
+    torch.double: 2,
+    torch.half: 3,
+    torch.bfloat16: 4,
+    torch.uint8: 5,
+    torch.int8: 6,
+    torch.int16: 7,
+    torch.int32: 8,
+    torch.int64: 9,
+    torch.bool: 10,
+}
+TENSOR_INT_TO_DTYPE = {code: dtype for dtype, code in TENSOR_TYPE_TO_INT.items()}
+
+#: Room for the shape plus its dtype code that `gather_tensor_shape` reduces across processes.
+_SHAPE_SLOTS = 2**20
+
+
+def verify_operation(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate a collective so that, in debug mode, ranks with mismatched inputs fail on every rank.
+
+    Rule (HF 1.15): outside debug mode (`PartialState().debug`) or without
+    several processes the call goes straight through; otherwise the input (the
+    `tensor` keyword, else the first argument) must be on the state's device
+    type, and every rank's input shapes must match, else every rank raises
+    DistributedOperationException naming the operation. Catalog: debug.shape_mismatch.
+    """
+    from ..state import PartialState
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        state = PartialState()
+        if not (state.debug and state.use_distributed):
+            return function(*args, **kwargs)
+        operation = f"{function.__module__}.{function.__name__}"
+        tensor = kwargs["tensor"] if "tensor" in kwargs else args[0]
+        if find_device(tensor).type != state.device.type:
+            raise DistributedOperationException(
+                f"One or more of the tensors passed to {operation} were not on {state.device.type}, the device "
+                f"the `Accelerator` is configured for; move them there before calling {operation}."
+            )
+        _check_same_shapes(tensor, operation, collectives_for(state))
+        return function(*args, **kwargs)
+
+    return wrapper
+
+
+def chained_operation(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate a function so a DistributedOperationException from within is re-raised naming it.
+
+    Rule (HF 1.15): the new exception says "Error found while calling
+    `<module>.<name>`" and chains the original as its cause.
+    """
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except DistributedOperationException as error:
+            operation = f"{function.__module__}.{function.__name__}"
+            raise DistributedOperationException(
+                f"Error found while calling `{operation}`. Please see the earlier error for more details."
+            ) from error
+
+    return wrapper
+
+
+def gather_tensor_shape(tensor: torch.Tensor | None) -> tuple[torch.Tensor, int]:
+    """The shape and dtype code of the tensor only one process holds (the others pass None).
+
+    Rule (HF 1.15): returns ``(shape, code)`` on every process: ``shape`` the
+    holder's non-zero dimensions as an int tensor of shape ``(ndim, 1)``, and
+    ``code`` its dtype's key in TENSOR_INT_TO_DTYPE; both reach the others
+    through a sum-reduce of a zero-filled buffer.
+    """
+    from ..state import PartialState
+
+    buffer = torch.zeros(_SHAPE_SLOTS, dtype=torch.int, device=PartialState().device)
+    if tensor is not None:
+        encoded = list(tensor.shape) + [TENSOR_TYPE_TO_INT[tensor.dtype]]
+        buffer[: len(encoded)] = torch.tensor(encoded, dtype=torch.int)
+    buffer = reduce(buffer, reduction="sum")
+    filled = buffer[buffer.nonzero()]
+    return filled[:-1], int(filled[-1, 0])
+
+
+@contextmanager
+def GatheredParameters(  # noqa: N802  (HF 1.15's name)
+    params: Any, modifier_rank: int | None = None, fwd_module: Any = None, enabled: bool = True
+) -> Iterator[None]:
+    """DeepSpeed's `zero.GatheredParameters` under ZeRO-3 init, a no-op context otherwise.
+
+    Rule (HF 1.15): the parameters are gathered only when the state runs
+    DeepSpeed and its plugin (if any) enables ZeRO-3 init (`zero3_init_flag`).
+    """
+    from ..state import AcceleratorState
+    from .dataclasses import DistributedType
+
+    state = AcceleratorState()
+    plugin = state.deepspeed_plugin
+    if state.distributed_type != DistributedType.DEEPSPEED or (plugin is not None and not plugin.zero3_init_flag):
+        context = nullcontext()
+    else:
+        import deepspeed
+
+        context = deepspeed.zero.GatheredParameters(
+            params, modifier_rank=modifier_rank, fwd_module=fwd_module, enabled=enabled)
+    with context:
+        yield
 
 
 __all__ = [

@@ -15,7 +15,7 @@ import sys
 import torch
 
 # `save`, `load` and `clean_state_dict_for_safetensors` live in `serialization`; HF's path is here.
-from .serialization import clean_state_dict_for_safetensors, load, save  # noqa: F401
+from .serialization import TORCH_SAFE_GLOBALS, clean_state_dict_for_safetensors, load, save  # noqa: F401
 
 #: Attribute under which a mixed-precision forward wrapper keeps the forward it wraps.
 ORIGINAL_FORWARD = "_original_forward"
@@ -45,7 +45,7 @@ def _distributed_containers() -> tuple[type, ...]:
 
 
 def extract_model_from_parallel(
-    model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
+    model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True, recursive: bool = False
 ) -> torch.nn.Module:
     """The user's module inside ``model``, without the containers `prepare` added.
 
@@ -54,7 +54,9 @@ def extract_model_from_parallel(
     unwrapped module) unless ``keep_torch_compile=False``. With
     ``keep_fp32_wrapper=False`` the mixed-precision forward wrapper is
     removed: ``forward`` is the user's own again and returns what it
-    computes, in whatever dtype.
+    computes, in whatever dtype. With ``recursive=True`` every submodule
+    with a ``.module`` (a wrapped sublayer, as under FSDPv2 on XLA) is
+    replaced by what it wraps, at every depth, as HF 1.15.
     Catalog: prepare.unwrap, unwrap.keep_fp32_wrapper.
     """
     compiled = model if is_compiled_module(model) else None
@@ -63,12 +65,23 @@ def extract_model_from_parallel(
     containers = _distributed_containers()
     while isinstance(model, containers):
         model = model.module
+    if recursive:
+        model = _unwrap_sublayers(model)
     if not keep_fp32_wrapper and ORIGINAL_FORWARD in model.__dict__:
         model.forward = model.__dict__.pop(ORIGINAL_FORWARD)
     if compiled is not None and keep_torch_compile:
         compiled._orig_mod = model
         return compiled
     return model
+
+
+def _unwrap_sublayers(module: torch.nn.Module) -> torch.nn.Module:
+    """``module`` with every wrapper (anything with a ``.module``) replaced by what it wraps, at every depth."""
+    while hasattr(module, "module"):
+        module = module.module
+    for name, child in list(module.named_children()):
+        setattr(module, name, _unwrap_sublayers(child))
+    return module
 
 
 def has_device_map(model: torch.nn.Module) -> bool:

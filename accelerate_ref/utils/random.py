@@ -19,6 +19,7 @@ from typing import Callable, Optional, Union
 import numpy as np
 import torch
 
+from .constants import CUDA_DISTRIBUTED_TYPES  # noqa: F401  (HF's utils.random exposes it)
 from .dataclasses import RNGType
 
 StateAccessors = tuple[Callable[[], torch.Tensor], Callable[[torch.Tensor], None]]

@@ -131,13 +131,32 @@ def save(obj: Any, f: PathOrFile, save_on_each_node: bool = False, safe_serializ
         write_object(obj, f, safe_serialization=safe_serialization)
 
 
+def _torch_safe_globals() -> list[Any]:
+    import codecs
+
+    import numpy as np
+
+    numpy_core = getattr(np, "_core", None) or np.core
+    allowed: list[Any] = [numpy_core.multiarray._reconstruct, np.ndarray, codecs.encode, np.dtype]
+    if hasattr(np, "dtypes"):  # numpy >= 1.25
+        allowed.append(np.dtypes.UInt32DType)
+    return allowed
+
+
+#: What `load` lets `torch.load(weights_only=True)` rebuild beyond tensors: numpy arrays (RNG states among
+#: them) and their dtypes, as HF 1.15's list.
+TORCH_SAFE_GLOBALS = _torch_safe_globals()
+
+
 def load(f: PathOrFile, map_location: Any = None, **kwargs: Any) -> Any:
     """``torch.load`` that never runs code from the file: ``weights_only=True`` unless the caller says otherwise.
 
-    Rule: tensors, numbers, strings, None and containers of them load; a
-    pickled object of any other class is refused by torch with an error
-    naming it. Pass ``weights_only=False`` only for files you trust.
+    Rule: tensors, numbers, strings, None, numpy arrays (TORCH_SAFE_GLOBALS,
+    allowed for this call only) and containers of them load; a pickled object
+    of any other class is refused by torch with an error naming it. Pass
+    ``weights_only=False`` only for files you trust.
     Catalog: save.array_example, save_state.roundtrip.
     """
     kwargs.setdefault("weights_only", True)
-    return torch.load(f, map_location=map_location, **kwargs)
+    with torch.serialization.safe_globals(TORCH_SAFE_GLOBALS):
+        return torch.load(f, map_location=map_location, **kwargs)
