@@ -4,36 +4,43 @@ Names and import paths mirror the real library, so a script switches by
 changing one import: ``from accelerate_ref import Accelerator``.
 """
 
-from .accelerator import Accelerator
-from .data_loader import skip_first_batches
-from .state import AcceleratorState, GradientState, PartialState
-from .utils.dataclasses import (
-    AutocastKwargs,
-    DataLoaderConfiguration,
-    DistributedDataParallelKwargs,
-    DistributedType,
-    GradientAccumulationPlugin,
-    GradScalerKwargs,
-    InitProcessGroupKwargs,
-    ProfileKwargs,
-    ProjectConfiguration,
-)
-from .utils.memory import find_executable_batch_size
-from .utils.modeling import load_checkpoint_in_model
-from .big_modeling import (  # big-model inference (issue 10)
-    cpu_offload,
-    cpu_offload_with_hook,
-    disk_offload,
-    dispatch_model,
-    init_empty_weights,
-    init_on_device,
-    load_checkpoint_and_dispatch,
-)
-from .utils.modeling import infer_auto_device_map
-from .inference import prepare_pippy  # pipeline-parallel inference (issue 13)
+from ._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
+#: Public name -> (module, attribute), imported on first use (see accelerate_ref._lazy).
+_EXPORTS = {
+    "Accelerator": (".accelerator", "Accelerator"),
+    "skip_first_batches": (".data_loader", "skip_first_batches"),
+    "AcceleratorState": (".state", "AcceleratorState"),
+    "GradientState": (".state", "GradientState"),
+    "PartialState": (".state", "PartialState"),
+    "AutocastKwargs": (".utils.dataclasses", "AutocastKwargs"),
+    "DataLoaderConfiguration": (".utils.dataclasses", "DataLoaderConfiguration"),
+    "DistributedDataParallelKwargs": (".utils.dataclasses", "DistributedDataParallelKwargs"),
+    "DistributedType": (".utils.dataclasses", "DistributedType"),
+    "GradientAccumulationPlugin": (".utils.dataclasses", "GradientAccumulationPlugin"),
+    "GradScalerKwargs": (".utils.dataclasses", "GradScalerKwargs"),
+    "InitProcessGroupKwargs": (".utils.dataclasses", "InitProcessGroupKwargs"),
+    "ProfileKwargs": (".utils.dataclasses", "ProfileKwargs"),
+    "ProjectConfiguration": (".utils.dataclasses", "ProjectConfiguration"),
+    "find_executable_batch_size": (".utils.memory", "find_executable_batch_size"),
+    "load_checkpoint_in_model": (".utils.modeling", "load_checkpoint_in_model"),
+    "cpu_offload": (".big_modeling", "cpu_offload"),
+    "cpu_offload_with_hook": (".big_modeling", "cpu_offload_with_hook"),
+    "disk_offload": (".big_modeling", "disk_offload"),
+    "dispatch_model": (".big_modeling", "dispatch_model"),
+    "init_empty_weights": (".big_modeling", "init_empty_weights"),
+    "init_on_device": (".big_modeling", "init_on_device"),
+    "load_checkpoint_and_dispatch": (".big_modeling", "load_checkpoint_and_dispatch"),
+    "infer_auto_device_map": (".utils.modeling", "infer_auto_device_map"),
+    "prepare_pippy": (".inference", "prepare_pippy"),
+    "debug_launcher": (".launchers", "debug_launcher"),
+    "notebook_launcher": (".launchers", "notebook_launcher"),
+    "DeepSpeedPlugin": (".utils.dataclasses", "DeepSpeedPlugin"),
+    "FullyShardedDataParallelPlugin": (".utils.dataclasses", "FullyShardedDataParallelPlugin"),
+    "synchronize_rng_states": (".utils.random", "synchronize_rng_states"),
+}
 __all__ = [
     "Accelerator",
     "AcceleratorState",
@@ -51,9 +58,7 @@ __all__ = [
     "find_executable_batch_size",
     "load_checkpoint_in_model",
     "skip_first_batches",
-    # pipeline-parallel inference (issue 13)
     "prepare_pippy",
-    # big-model inference (issue 10)
     "cpu_offload",
     "cpu_offload_with_hook",
     "disk_offload",
@@ -62,19 +67,10 @@ __all__ = [
     "init_empty_weights",
     "init_on_device",
     "load_checkpoint_and_dispatch",
+    "debug_launcher",
+    "notebook_launcher",
+    "DeepSpeedPlugin",
+    "FullyShardedDataParallelPlugin",
+    "synchronize_rng_states",
 ]
-
-# -- launching (issue 11) --
-from .launchers import debug_launcher, notebook_launcher  # noqa: E402
-
-__all__ += ["debug_launcher", "notebook_launcher"]
-
-# Engine plugins (catalog "Plugins and engines").
-from .utils.dataclasses import DeepSpeedPlugin, FullyShardedDataParallelPlugin  # noqa: E402
-
-__all__ += ["DeepSpeedPlugin", "FullyShardedDataParallelPlugin"]
-
-# -- issue 13 follow-up: HF 1.15's top-level re-export of the RNG synchronisation --
-from .utils.random import synchronize_rng_states  # noqa: E402
-
-__all__ += ["synchronize_rng_states"]
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

@@ -1,0 +1,36 @@
+"""Package attributes that import their module on first use (PEP 562).
+
+A package's ``__init__`` lists what it re-exports and from where; nothing is
+imported until a name is asked for, so ``accelerate-ref launch`` (which needs
+``accelerate_ref.commands`` only) does not pay for the Accelerator, FSDP and
+the rest at start-up (issue 11's start-up goal). ``from pkg import name``,
+``pkg.name``, ``dir(pkg)`` and ``from pkg import *`` behave as with eager
+imports, and so does ``pkg.submodule`` for a submodule nobody imported yet.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import Any, Callable
+
+
+def lazy_exports(package: str, namespace: dict[str, Any], exports: dict[str, tuple[str, str]]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """``__getattr__`` and ``__dir__`` for ``package``: ``exports`` maps a public name to
+    (relative module, attribute there); a loaded value is kept in ``namespace``."""
+
+    def __getattr__(name: str) -> Any:
+        if name in exports:
+            module_name, attribute = exports[name]
+            value = getattr(importlib.import_module(module_name, package), attribute)
+        elif not name.startswith("__") and importlib.util.find_spec(f"{package}.{name}") is not None:
+            value = importlib.import_module(f"{package}.{name}")
+        else:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        namespace[name] = value
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted(set(namespace) | set(exports))
+
+    return __getattr__, __dir__
