@@ -15,18 +15,23 @@ import importlib.util
 from typing import Any, Callable
 
 
-def lazy_exports(package: str, namespace: dict[str, Any], exports: dict[str, tuple[str, str]]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """``__getattr__`` and ``__dir__`` for ``package``: ``exports`` maps a public name to
-    (relative module, attribute there); a loaded value is kept in ``namespace``."""
+def lazy_exports(
+    module: str, namespace: dict[str, Any], exports: dict[str, tuple[str, str]]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """``__getattr__`` and ``__dir__`` for ``module`` (its globals are ``namespace``): ``exports``
+    maps a public name to (module relative to the package, attribute there); a loaded value is
+    kept in ``namespace``. A package also gives its submodules by name."""
+    anchor = namespace["__package__"]
+    is_package = "__path__" in namespace
 
     def __getattr__(name: str) -> Any:
         if name in exports:
-            module_name, attribute = exports[name]
-            value = getattr(importlib.import_module(module_name, package), attribute)
-        elif not name.startswith("__") and importlib.util.find_spec(f"{package}.{name}") is not None:
-            value = importlib.import_module(f"{package}.{name}")
+            source, attribute = exports[name]
+            value = getattr(importlib.import_module(source, anchor), attribute)
+        elif is_package and not name.startswith("__") and importlib.util.find_spec(f"{module}.{name}") is not None:
+            value = importlib.import_module(f"{module}.{name}")
         else:
-            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
         namespace[name] = value
         return value
 

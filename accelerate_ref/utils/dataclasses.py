@@ -21,6 +21,7 @@ from .constants import (  # noqa: F401  (HF's utils.dataclasses exposes them)
     MITA_PROFILING_AVAILABLE_PYTORCH_VERSION,
     XPU_PROFILING_AVAILABLE_PYTORCH_VERSION,
 )
+from .._lazy import lazy_exports
 from .environment import clear_environment, parse_flag_from_env, str_to_bool
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -542,12 +543,14 @@ class TorchDynamoPlugin(KwargsHandler):
         return fields
 
 
-# Engine plugins live in their own module; HF users import them from here.
-from .engine_plugins import (  # noqa: E402  (needs KwargsHandler above)
-    BnbQuantizationConfig,
-    DeepSpeedPlugin,
-    FP8RecipeKwargs,
-    FullyShardedDataParallelPlugin,
-    MegatronLMPlugin,
-    get_module_class_from_name,
+# Engine plugins live in their own module, which imports this one; HF users import them from here,
+# so they load on first use (PEP 562): importing either module first works.
+_ENGINE_PLUGINS = (
+    "BnbQuantizationConfig",
+    "DeepSpeedPlugin",
+    "FP8RecipeKwargs",
+    "FullyShardedDataParallelPlugin",
+    "MegatronLMPlugin",
+    "get_module_class_from_name",
 )
+__getattr__, __dir__ = lazy_exports(__name__, globals(), {name: (".engine_plugins", name) for name in _ENGINE_PLUGINS})

@@ -153,6 +153,11 @@ def _load_copy(name: str) -> ModuleType:
     sys.modules[name] = module
     try:
         copy_spec.loader.exec_module(module)
+        # The package loads its re-exports on first use; a copy loads them all now, so that
+        # `replace` and `remove` find every binding a module of the copy will ever hold.
+        for package in (module, importlib.import_module(f"{name}.utils")):
+            for key in package._EXPORTS:
+                getattr(package, key)
     except BaseException:
         sys.modules.pop(name, None)
         raise
