@@ -19,6 +19,8 @@ Catalog: tracking.init_log_end.
 
 from __future__ import annotations
 
+import importlib
+
 import os
 from typing import Any, Optional, Union
 
@@ -310,106 +312,78 @@ class DVCLiveTracker(GeneralTracker):
         self.live.end()
 
 
-class SwanLabTracker(GeneralTracker):
+class _PackageRunTracker(GeneralTracker):
+    """A run that the package ``name`` starts with ``<name>.init(project=run_name, **kwargs)`` and
+    configures through ``<name>.config`` (SwanLab, Trackio).
+
+    Rules: `store_init_configuration` updates the package's config; `log` is
+    ``run.log(values, step=step, **kwargs)``; `finish` finishes the run. As in
+    🤗 Accelerate its ``main_process_only`` is False. Catalog:
+    tracking.init_log_end.
+    """
+
+    requires_logging_directory = False
+    main_process_only = False
+
+    def __init__(self, run_name: str, **kwargs: Any) -> None:
+        super().__init__()
+        require_package(self.name)
+        self.run_name = run_name
+        self.init_kwargs = kwargs
+        self.run: Any = None
+
+    @property
+    def tracker(self) -> Any:
+        """The run (None before `start`)."""
+        return self.run
+
+    def _package(self) -> Any:
+        return importlib.import_module(self.name)
+
+    @on_main_process
+    def start(self) -> None:
+        self.run = self._package().init(project=self.run_name, **self.init_kwargs)
+
+    @on_main_process
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        self._package().config.update(values, allow_val_change=True)
+
+    @on_main_process
+    def log(self, values: dict[str, Any], step: Optional[int] = None, **kwargs: Any) -> None:
+        """``run.log(values, step=step, **kwargs)``."""
+        self.run.log(values, step=step, **kwargs)
+
+    @on_main_process
+    def finish(self) -> None:
+        self.run.finish()
+
+
+class SwanLabTracker(_PackageRunTracker):
     """SwanLab, through the ``swanlab`` package: ``swanlab.init(project=run_name, **kwargs)``.
 
-    Rules: `start` also records ``FRAMEWORK`` in the run's config (as 🤗
-    Accelerate does, with its own name); `store_init_configuration` updates
-    the config; `log` is ``run.log(values, step=step, **kwargs)``;
-    `log_images` logs each list of images as ``swanlab.Image``s; `finish`
-    finishes the run. As in 🤗 Accelerate its ``main_process_only`` is False.
+    Rules: those of the package-run trackers; `start` also records
+    ``FRAMEWORK`` in the run's config (as 🤗 Accelerate does, with its own
+    name); `log_images` logs each list of images as ``swanlab.Image``s.
     Catalog: tracking.init_log_end.
     """
 
     name = "swanlab"
-    requires_logging_directory = False
-    main_process_only = False
-
-    def __init__(self, run_name: str, **kwargs: Any) -> None:
-        super().__init__()
-        require_package(self.name)
-        self.run_name = run_name
-        self.init_kwargs = kwargs
-        self.run: Any = None
-
-    @property
-    def tracker(self) -> Any:
-        """The SwanLab run (None before `start`)."""
-        return self.run
 
     @on_main_process
     def start(self) -> None:
-        import swanlab
-
-        self.run = swanlab.init(project=self.run_name, **self.init_kwargs)
-        swanlab.config["FRAMEWORK"] = "accelerate_ref"
-
-    @on_main_process
-    def store_init_configuration(self, values: dict[str, Any]) -> None:
-        import swanlab
-
-        swanlab.config.update(values, allow_val_change=True)
-
-    @on_main_process
-    def log(self, values: dict[str, Any], step: Optional[int] = None, **kwargs: Any) -> None:
-        """``run.log(values, step=step, **kwargs)``."""
-        self.run.log(values, step=step, **kwargs)
+        super().start()
+        self._package().config["FRAMEWORK"] = "accelerate_ref"
 
     @on_main_process
     def log_images(self, values: dict[str, Any], step: Optional[int] = None, **kwargs: Any) -> None:
         """Log each list of images of ``values`` (arrays or PIL images) as ``swanlab.Image``s."""
-        import swanlab
-
+        image = self._package().Image
         for key, images in values.items():
-            self.log({key: [swanlab.Image(image) for image in images]}, step=step, **kwargs)
-
-    @on_main_process
-    def finish(self) -> None:
-        self.run.finish()
+            self.log({key: [image(each) for each in images]}, step=step, **kwargs)
 
 
-class TrackioTracker(GeneralTracker):
-    """Trackio, through the ``trackio`` package: ``trackio.init(project=run_name, **kwargs)``.
-
-    Rules: `store_init_configuration` updates ``trackio.config``; `log` is
-    ``run.log(values, step=step, **kwargs)``; `finish` finishes the run. As
-    in 🤗 Accelerate its ``main_process_only`` is False. Catalog:
-    tracking.init_log_end.
-    """
+class TrackioTracker(_PackageRunTracker):
+    """Trackio, through the ``trackio`` package: ``trackio.init(project=run_name, **kwargs)``, with the
+    rules of the package-run trackers. Catalog: tracking.init_log_end."""
 
     name = "trackio"
-    requires_logging_directory = False
-    main_process_only = False
-
-    def __init__(self, run_name: str, **kwargs: Any) -> None:
-        super().__init__()
-        require_package(self.name)
-        self.run_name = run_name
-        self.init_kwargs = kwargs
-        self.run: Any = None
-
-    @property
-    def tracker(self) -> Any:
-        """The Trackio run (None before `start`)."""
-        return self.run
-
-    @on_main_process
-    def start(self) -> None:
-        import trackio
-
-        self.run = trackio.init(project=self.run_name, **self.init_kwargs)
-
-    @on_main_process
-    def store_init_configuration(self, values: dict[str, Any]) -> None:
-        import trackio
-
-        trackio.config.update(values, allow_val_change=True)
-
-    @on_main_process
-    def log(self, values: dict[str, Any], step: Optional[int] = None, **kwargs: Any) -> None:
-        """``run.log(values, step=step, **kwargs)``."""
-        self.run.log(values, step=step, **kwargs)
-
-    @on_main_process
-    def finish(self) -> None:
-        self.run.finish()
