@@ -245,15 +245,11 @@ _FSDP_CHECKPOINT_FILES = {
 }
 
 
-def _fsdp_save_state_resume(impl: Any, world: Any, state_dict_type: str) -> dict:
-    """Adam under FSDP: 2 steps, save_state, 2 steps (the uninterrupted run), a perturbing step,
-    load_state, the same 2 steps again (the resumed run)."""
-    acc = impl.Accelerator(fsdp_plugin=impl.utils.FullyShardedDataParallelPlugin(state_dict_type=state_dict_type))
-    model = acc.prepare(_net())
-    optimizer = acc.prepare(torch.optim.Adam(model.parameters(), lr=0.01))
+def _save_state_resume(acc: Any, model: Any, optimizer: Any, world: Any, directory: str) -> dict:
+    """2 steps, save_state into ``directory``, 2 steps (the uninterrupted run), a perturbing step,
+    load_state, the same 2 steps again (the resumed run): the full state dict at each of those points."""
     steps = [_rank_batch(world, step) for step in range(5)]
     _train(acc, model, optimizer, steps[:2])
-    directory = os.path.join(world.shared_dir, f"save_state_{state_dict_type.lower()}")
     acc.save_state(directory)
     saved = _plain(acc.get_state_dict(model))
     _train(acc, model, optimizer, steps[2:4])
@@ -263,6 +259,16 @@ def _fsdp_save_state_resume(impl: Any, world: Any, state_dict_type: str) -> dict
     restored = _plain(acc.get_state_dict(model))
     _train(acc, model, optimizer, steps[2:4])
     resumed = _plain(acc.get_state_dict(model))
+    return {"saved": saved, "restored": restored, "uninterrupted": uninterrupted, "resumed": resumed}
+
+
+def _fsdp_save_state_resume(impl: Any, world: Any, state_dict_type: str) -> dict:
+    """Adam under FSDP through `_save_state_resume`; a sharded save is also merged with merge_fsdp_weights."""
+    acc = impl.Accelerator(fsdp_plugin=impl.utils.FullyShardedDataParallelPlugin(state_dict_type=state_dict_type))
+    model = acc.prepare(_net())
+    optimizer = acc.prepare(torch.optim.Adam(model.parameters(), lr=0.01))
+    directory = os.path.join(world.shared_dir, f"save_state_{state_dict_type.lower()}")
+    states = _save_state_resume(acc, model, optimizer, world, directory)
     merged = None
     if state_dict_type == "SHARDED_STATE_DICT" and acc.is_main_process:
         from safetensors.torch import load_file
@@ -276,8 +282,7 @@ def _fsdp_save_state_resume(impl: Any, world: Any, state_dict_type: str) -> dict
     acc.wait_for_everyone()
     files = sorted(os.listdir(directory))
     local = sum(_local_numel(p) for p in model.parameters())
-    return {"saved": saved, "restored": restored, "uninterrupted": uninterrupted, "resumed": resumed, "merged": merged,
-            "files": files, "local": local, "total": 180}
+    return {**states, "merged": merged, "files": files, "local": local, "total": 180}
 
 
 def _expect_identical(got: dict, expected: dict, what: str) -> None:

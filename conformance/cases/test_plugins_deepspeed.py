@@ -35,6 +35,7 @@ from .test_plugins import (
     _plain,
     _rank_batch,
     _replay,
+    _save_state_resume,
     _train,
     case,
 )
@@ -150,28 +151,16 @@ def _deepspeed_accumulation_check(values, world):
 
 
 def _deepspeed_resume(impl: Any, world: Any, stage: int) -> dict:
-    """Adam under ZeRO ``stage``: 2 steps, save_state, 2 steps (the uninterrupted run), a perturbing step,
-    load_state, the same 2 steps again (the resumed run)."""
+    """Adam under ZeRO ``stage`` through `_save_state_resume`."""
     _require_deepspeed()
     config = _deepspeed_config(train_micro_batch_size_per_gpu=BATCH, gradient_clipping=0.0)
     acc = impl.Accelerator(deepspeed_plugin=impl.utils.DeepSpeedPlugin(hf_ds_config=config, zero_stage=stage))
     model = _net()
     model, optimizer = acc.prepare(model, torch.optim.Adam(model.parameters(), lr=0.01))
-    steps = [_rank_batch(world, step) for step in range(5)]
-    _train(acc, model, optimizer, steps[:2])
     directory = os.path.join(world.shared_dir, f"deepspeed_save_state_zero{stage}")
-    acc.save_state(directory)
-    saved = _plain(acc.get_state_dict(model))
-    _train(acc, model, optimizer, steps[2:4])
-    uninterrupted = _plain(acc.get_state_dict(model))
-    _train(acc, model, optimizer, steps[4:])  # moves the weights and Adam's moments and step count away
-    acc.load_state(directory)
-    restored = _plain(acc.get_state_dict(model))
-    _train(acc, model, optimizer, steps[2:4])
-    resumed = _plain(acc.get_state_dict(model))
+    states = _save_state_resume(acc, model, optimizer, world, directory)
     acc.wait_for_everyone()
-    return {"saved": saved, "restored": restored, "uninterrupted": uninterrupted, "resumed": resumed,
-            "files": sorted(os.listdir(directory)), "type": type(model).__name__}
+    return {**states, "files": sorted(os.listdir(directory)), "type": type(model).__name__}
 
 
 def _check_deepspeed_resume(values: list[dict], stage: int) -> None:
