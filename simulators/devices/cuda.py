@@ -64,11 +64,9 @@ import torch
 import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 
-from simulators.devices import backend, machine
+from simulators.devices import backend
 from simulators.devices.memory import DeviceMemory
-from simulators.devices.replicas import replicas
-from simulators.devices.runtime import DeviceRuntime
-from simulators.devices.tensor import DeviceTensor
+from simulators.devices.runtime import DeviceRuntime, RuntimeTensor
 
 #: The version the stand-in reports (the torch release whose ``torch.cuda`` API it follows).
 VERSION = "2.13.0+sim"
@@ -78,12 +76,7 @@ HIDDEN_NAME = "cuda_sim"
 NCCL_STAND_IN = "nccl_sim"
 
 
-def device_count() -> int:
-    """GPUs a rank sees: ``SIMULATORS_CUDA_DEVICE_COUNT``, else one per rank of the simulated machine."""
-    return machine.device_count("cuda", replicas().local_world_size)
-
-
-class CudaTensor(DeviceTensor):
+class CudaTensor(RuntimeTensor):
     """A tensor on the mock ``cuda`` device."""
 
     device_type = "cuda"
@@ -92,25 +85,6 @@ class CudaTensor(DeviceTensor):
     @property
     def is_cuda(self) -> bool:
         return True
-
-    @classmethod
-    def device_count(cls) -> int:
-        return device_count()
-
-    @classmethod
-    def current_index(cls) -> int:
-        return RUNTIME.current
-
-    @classmethod
-    def generator_for(cls, index: int) -> torch.Generator:
-        return RUNTIME.generator(index)
-
-    def __tensor_flatten__(self) -> tuple[list[str], int]:
-        return ["_payload"], self.device_index
-
-    @staticmethod
-    def __tensor_unflatten__(inner: dict[str, torch.Tensor], index: int, size: object, stride: object) -> CudaTensor:
-        return CudaTensor.wrap(inner["_payload"], index)
 
 
 #: ``torch.cuda``'s device API in this process.

@@ -31,47 +31,19 @@ from __future__ import annotations
 
 from types import ModuleType
 
-import torch
-
-from simulators.devices import backend, machine
+from simulators.devices import backend
 from simulators.devices.memory import DeviceMemory
-from simulators.devices.replicas import replicas
-from simulators.devices.runtime import DeviceRuntime
-from simulators.devices.tensor import DeviceTensor
+from simulators.devices.runtime import DeviceRuntime, RuntimeTensor
 
 #: The version the stand-in reports.
 VERSION = "2.13.0+sim"
 
 
-def device_count() -> int:
-    """NPUs a rank sees: ``SIMULATORS_NPU_DEVICE_COUNT``, else one per rank of the simulated machine."""
-    return machine.device_count("npu", replicas().local_world_size)
-
-
-class NpuTensor(DeviceTensor):
+class NpuTensor(RuntimeTensor):
     """A tensor on the mock ``npu`` device."""
 
     device_type = "npu"
     memory = DeviceMemory("npu")
-
-    @classmethod
-    def device_count(cls) -> int:
-        return device_count()
-
-    @classmethod
-    def current_index(cls) -> int:
-        return RUNTIME.current
-
-    @classmethod
-    def generator_for(cls, index: int) -> torch.Generator:
-        return RUNTIME.generator(index)
-
-    def __tensor_flatten__(self) -> tuple[list[str], int]:
-        return ["_payload"], self.device_index
-
-    @staticmethod
-    def __tensor_unflatten__(inner: dict[str, torch.Tensor], index: int, size: object, stride: object) -> NpuTensor:
-        return NpuTensor.wrap(inner["_payload"], index)
 
 
 #: ``torch.npu``'s device API in this process (current NPU, generators, memory queries).

@@ -31,16 +31,47 @@ from typing import Any, Iterator
 
 import torch
 
+from simulators.devices import machine
+from simulators.devices.replicas import replicas
 from simulators.devices.tensor import DeviceTensor
 
 DeviceArg = int | str | torch.device | None
 
 
+class RuntimeTensor(DeviceTensor):
+    """A tensor of a family served by a :class:`DeviceRuntime` (``cuda``, ``npu``): its current device
+    and generators are the runtime's; a rank sees ``SIMULATORS_<FAMILY>_DEVICE_COUNT`` devices, else one
+    per rank of its simulated machine."""
+
+    #: Set by the family's :class:`DeviceRuntime`.
+    runtime: "DeviceRuntime"
+
+    @classmethod
+    def device_count(cls) -> int:
+        return machine.device_count(cls.device_type, replicas().local_world_size)
+
+    @classmethod
+    def current_index(cls) -> int:
+        return cls.runtime.current
+
+    @classmethod
+    def generator_for(cls, index: int) -> torch.Generator:
+        return cls.runtime.generator(index)
+
+    def __tensor_flatten__(self) -> tuple[list[str], int]:
+        return ["_payload"], self.device_index
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner: dict[str, torch.Tensor], index: int, size: object, stride: object) -> "RuntimeTensor":
+        return cls.wrap(inner["_payload"], index)
+
+
 class DeviceRuntime:
     """One family's ``torch.<device>`` API (see the module docstring); its methods are the module's functions."""
 
-    def __init__(self, tensor_class: type[DeviceTensor]) -> None:
+    def __init__(self, tensor_class: type[RuntimeTensor]) -> None:
         self.tensor_class = tensor_class
+        tensor_class.runtime = self
         self.current = 0
         self.generators: dict[int, torch.Generator] = {}
 
