@@ -117,15 +117,13 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
     ) -> None:
         legacy = {name: engines.pop(name, _NOT_GIVEN) for name in V027_DATALOADER_KEYWORDS[1:]}
         dataloader_config = _dataloader_configuration(dataloader_config, {"split_batches": split_batches, **legacy})
-        self._engines = resolve_engines(
-            engines, mixed_precision, _index_handlers(kwargs_handlers or []), dynamo_backend, dynamo_plugin
-        )
+        handlers = _index_handlers(kwargs_handlers or [])
+        self._engines = resolve_engines(engines, mixed_precision, handlers, dynamo_backend, dynamo_plugin)
         if gradient_accumulation_plugin is not None and gradient_accumulation_steps != 1:
             raise ValueError(  # HF's words; catalog accumulate.plugin
                 "You can only pass one of `gradient_accumulation_steps` and `gradient_accumulation_plugin`. "
                 "Please only pass in the created `GradientAccumulationPlugin` object."
             )
-        handlers = _index_handlers(kwargs_handlers or [])
         init_kwargs = handlers.get(InitProcessGroupKwargs)
         self.state = AcceleratorState(
             mixed_precision=mixed_precision,
@@ -257,8 +255,8 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
 
     @property
     def use_stateful_dataloader(self) -> bool:
-        """``use_stateful_dataloader`` of the `DataLoaderConfiguration` (False where the configuration lacks it)."""
-        return getattr(self.dataloader_config, "use_stateful_dataloader", False)
+        """``use_stateful_dataloader`` of the `DataLoaderConfiguration`."""
+        return self.dataloader_config.use_stateful_dataloader
 
     @property
     def multi_device(self) -> bool:
