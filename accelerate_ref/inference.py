@@ -54,13 +54,13 @@ from .utils import (
 )
 
 
-def _units(model: nn.Module, share: float, no_split: list[str]) -> list[tuple[str, int]]:
-    """The model's submodules a stage boundary may fall before, in order, with their sizes in bytes.
+def _units(model: nn.Module, sizes: dict[str, int], share: float, no_split: list[str]) -> list[tuple[str, int]]:
+    """The model's submodules a stage boundary may fall before, in order, with their sizes in bytes
+    (``sizes``: `compute_module_sizes` of ``model``).
 
     A child is a unit when it is a leaf, a ``no_split`` class, or no larger
     than ``share``; otherwise its own children are looked at in its place.
     """
-    sizes = compute_module_sizes(model)
     units: list[tuple[str, int]] = []
 
     def visit(prefix: str, module: nn.Module) -> None:
@@ -97,8 +97,9 @@ def generate_device_map(
             model, max_memory=max_memory, no_split_module_classes=no_split_module_classes, clean_result=False
         )
     no_split = list(no_split_module_classes or [])
-    total = compute_module_sizes(model)[""]
-    units = _units(model, total / num_processes, no_split)
+    sizes = compute_module_sizes(model)
+    total = sizes[""]
+    units = _units(model, sizes, total / num_processes, no_split)
     if len(units) < num_processes:
         raise ValueError(
             f"the model has {len(units)} submodules to split between, fewer than the {num_processes} pipeline stages"
