@@ -12,8 +12,9 @@ A manifest is a TOML file with one ``[[deviation]]`` table per deviation::
 
 A result matching a deviation becomes XFAIL. A matching case that passes is
 an unexpected pass (a warning; an error with ``--strict``). Deviations that
-match no case of the run are warned about, except those of backends the run
-did not use (a ``sim-xla`` deviation in a ``sim`` run).
+match no case of the run are warned about, except those of backends or worlds
+the run did not use (a ``sim-xla`` deviation in a ``sim`` run, a ``worlds =
+["4"]`` deviation in a run at worlds 1 and 2).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class Manifest:
     deviations: list[Deviation] = field(default_factory=list)
     _used: set[int] = field(default_factory=set)
     _backends: set[str] = field(default_factory=set)
+    _worlds: set[str] = field(default_factory=set)
 
     @classmethod
     def load(cls, path: str | Path) -> "Manifest":
@@ -104,6 +106,7 @@ class Manifest:
         general entry also lists); otherwise the first one in the file.
         """
         self._backends.add(result.backend)
+        self._worlds.add(result.world)
         matching = [index for index, deviation in enumerate(self.deviations) if deviation.matches(result)]
         if not matching:
             return result
@@ -119,8 +122,10 @@ class Manifest:
         return result
 
     def unused(self) -> list[Deviation]:
-        """Deviations that matched no result so far, among those of the backends results came from."""
+        """Deviations that matched no result so far, among those of the backends and worlds results came from."""
         return [
             d for i, d in enumerate(self.deviations)
-            if i not in self._used and (not d.backends or self._backends.intersection(d.backends))
+            if i not in self._used
+            and (not d.backends or self._backends.intersection(d.backends))
+            and (not d.worlds or self._worlds.intersection(d.worlds))
         ]

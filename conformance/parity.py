@@ -16,8 +16,9 @@ under the same path, with the top-level package renamed (``accelerate.utils.x``
 * ``missing``: absent, or its module does not exist.
 
 An exclusion file (``accelerate_ref/PARITY.toml`` for the reference) lists the
-names left out on purpose with their reason (``[excluded]``) and those another
-open issue will supply (``[pending."issue N"]``). A gap not listed is
+names left out on purpose with their reason (``[excluded]``: a key and its
+reason, or a group ``[excluded."title"]`` with one ``reason`` for its
+``names``) and those another open issue will supply (``[pending."issue N"]``). A gap not listed is
 *unexplained*; a listed name that is present and compatible (or that the
 reference no longer has) is *stale*. The check passes when neither exists.
 """
@@ -99,7 +100,12 @@ class Exclusions:
             data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as error:
             raise ParityUsageError(f"{path}: not valid TOML: {error}") from error
-        excluded = {str(k): str(v) for k, v in data.get("excluded", {}).items()}
+        excluded: dict[str, str] = {}
+        for key, value in data.get("excluded", {}).items():
+            if isinstance(value, dict):  # a group: one reason for many names
+                excluded.update({str(name): str(value.get("reason", key)) for name in value.get("names", [])})
+            else:
+                excluded[str(key)] = str(value)
         pending: dict[str, str] = {}
         for issue, section in data.get("pending", {}).items():
             for name in section.get("names", []):

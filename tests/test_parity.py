@@ -92,6 +92,18 @@ def test_an_exclusion_explains_a_gap_and_a_stale_one_is_reported(tmp_path, monke
     assert "accelerate.utils.versions:no_such_name" in _fixture_check(tmp_path, monkeypatch, "", gone).stale
 
 
+def test_an_exclusion_group_gives_its_reason_to_each_name(tmp_path) -> None:
+    path = tmp_path / "PARITY.toml"
+    path.write_text(
+        '[excluded]\n"accelerate:one" = "its own reason"\n'
+        '[excluded."engine not run here"]\nreason = "needs CUDA"\nnames = ["accelerate:two", "accelerate:three"]\n'
+    )
+    exclusions = parity.Exclusions.load(path)
+    assert exclusions.excluded == {
+        "accelerate:one": "its own reason", "accelerate:two": "needs CUDA", "accelerate:three": "needs CUDA"
+    }
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [

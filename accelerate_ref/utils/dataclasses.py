@@ -550,7 +550,10 @@ _ENGINE_PLUGINS = (
     "DeepSpeedPlugin",
     "FP8RecipeKwargs",
     "FullyShardedDataParallelPlugin",
-    "MegatronLMPlugin",
     "get_module_class_from_name",
 )
-__getattr__, __dir__ = lazy_exports(__name__, globals(), {name: (".engine_plugins", name) for name in _ENGINE_PLUGINS})
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    globals(),
+    {name: (".engine_plugins", name) for name in _ENGINE_PLUGINS} | {"MegatronLMPlugin": (".megatron_plugin", "MegatronLMPlugin")},
+)

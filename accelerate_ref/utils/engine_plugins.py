@@ -1,8 +1,9 @@
-"""Engine plugins and recipes passed to the Accelerator: FSDP, DeepSpeed, Megatron-LM, FP8, bitsandbytes.
+"""Engine plugins and recipes passed to the Accelerator: FSDP, DeepSpeed, FP8, bitsandbytes.
 
 Re-exported by `accelerate_ref.utils.dataclasses` (where HF keeps them). Each
 class validates its fields at construction, naming the bad field; whether the
 engine is installed is checked by the Accelerator (`engines.refuse_missing`).
+Megatron-LM's plugin has its own module, `megatron_plugin`.
 
 Catalog: plugin.fsdp, plugin.fsdp_strategies, plugin.fsdp_state_dict,
 plugin.fsdp_wrap_policy, plugin.deepspeed_config, plugin.unavailable_engines,
@@ -273,32 +274,6 @@ def _load_deepspeed_config(config: Any) -> dict:
         raise ValueError(f"hf_ds_config {config!r} is not a JSON DeepSpeed config: {error}") from None
     _check(isinstance(loaded, dict), f"hf_ds_config {config!r} must hold a JSON object")
     return loaded
-
-
-@dataclass
-class MegatronLMPlugin:
-    """Megatron-LM parallelism: tensor/pipeline degrees, micro batches, sequence parallelism.
-
-    Rule: degrees and micro batch counts are positive ints; sequence
-    parallelism needs a tensor degree above 1. Catalog: plugin.unavailable_engines.
-    """
-
-    tp_degree: int = 1
-    pp_degree: int = 1
-    num_micro_batches: int = 1
-    gradient_clipping: float = 1.0
-    sequence_parallelism: bool = False
-    recompute_activations: bool = False
-    use_distributed_optimizer: bool = False
-    pipeline_model_parallel_split_rank: Optional[int] = None
-    num_layers_per_virtual_pipeline_stage: Optional[int] = None
-    other_megatron_args: dict = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        for name in ("tp_degree", "pp_degree", "num_micro_batches"):
-            value = getattr(self, name)
-            _check(isinstance(value, int) and value >= 1, f"{name} must be a positive int, got {value!r}")
-        _check(not self.sequence_parallelism or self.tp_degree > 1, "sequence_parallelism needs tp_degree > 1")
 
 
 #: FP8 backends and the package each needs.
