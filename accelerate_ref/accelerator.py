@@ -104,6 +104,10 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
         gradient_accumulation_steps: int = 1,
         cpu: bool = False,
         dataloader_config: DataLoaderConfiguration | None = None,
+        deepspeed_plugin: Any = None,
+        fsdp_plugin: Any = None,
+        torch_tp_plugin: Any = None,
+        megatron_lm_plugin: Any = None,
         rng_types: list[str] | None = None,
         log_with: Any = None,
         project_dir: str | os.PathLike | None = None,
@@ -113,11 +117,16 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
         kwargs_handlers: list[KwargsHandler] | None = None,
         dynamo_backend: str | None = None,
         dynamo_plugin: Any = None,
-        **engines: Any,
+        deepspeed_plugins: Any = None,
+        parallelism_config: Any = None,
+        **v027_keywords: Any,
     ) -> None:
-        legacy = {name: engines.pop(name, _NOT_GIVEN) for name in V027_DATALOADER_KEYWORDS[1:]}
+        legacy = {name: v027_keywords.pop(name, _NOT_GIVEN) for name in V027_DATALOADER_KEYWORDS[1:]}
         dataloader_config = _dataloader_configuration(dataloader_config, {"split_batches": split_batches, **legacy})
         handlers = _index_handlers(kwargs_handlers or [])
+        engines = dict(deepspeed_plugin=deepspeed_plugin, fsdp_plugin=fsdp_plugin, torch_tp_plugin=torch_tp_plugin,
+                       megatron_lm_plugin=megatron_lm_plugin, deepspeed_plugins=deepspeed_plugins,
+                       parallelism_config=parallelism_config, **v027_keywords)  # what is left of those: unknown
         self._engines = resolve_engines(engines, mixed_precision, handlers, dynamo_backend, dynamo_plugin)
         if gradient_accumulation_plugin is not None and gradient_accumulation_steps != 1:
             raise ValueError(  # HF's words; catalog accumulate.plugin

@@ -35,6 +35,7 @@ ENGINE_ARGUMENTS = {
     "fsdp_plugin": FullyShardedDataParallelPlugin,
     "megatron_lm_plugin": MegatronLMPlugin,
     "torch_tp_plugin": object,
+    "parallelism_config": object,
 }
 
 #: Engine argument -> (package import name, pip name, availability check).
@@ -105,6 +106,8 @@ def resolve_engines(
                 raise NotImplementedError(f"{name}: accelerate_ref does not drive {module} yet (it is installed)")
     if "torch_tp_plugin" in given:
         raise NotImplementedError("torch_tp_plugin: accelerate_ref does not provide tensor parallelism yet")
+    if "parallelism_config" in given:
+        raise NotImplementedError("parallelism_config: accelerate_ref does not provide N-D parallelism (ParallelismConfig) yet")
     if str(mixed_precision).lower() == "fp8" and handlers.get(FP8RecipeKwargs) is not None:
         _refuse_fp8(handlers[FP8RecipeKwargs])  # without a recipe, `precision.MixedPrecision` refuses naming every engine
     if dynamo_backend is not None and dynamo_plugin is not None:

@@ -376,7 +376,9 @@ class AcceleratorState(_SharedState):
         dynamo_plugin: Any = None,
         deepspeed_plugin: Any = None,
         fsdp_plugin: Any = None,
+        torch_tp_plugin: Any = None,
         megatron_lm_plugin: Any = None,
+        parallelism_config: Any = None,
         _from_accelerator: bool = False,
         **kwargs: Any,
     ) -> None:
@@ -396,6 +398,8 @@ class AcceleratorState(_SharedState):
         self.deepspeed_plugins = deepspeed_plugin
         self.fsdp_plugin = fsdp_plugin
         self.megatron_lm_plugin = megatron_lm_plugin
+        self.torch_tp_plugin = torch_tp_plugin
+        self.parallelism_config = parallelism_config
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_") or not self._shared_state:
