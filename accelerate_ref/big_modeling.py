@@ -2,12 +2,14 @@
 
 Catalog: section "Big-model inference" (bigmodel.init_empty_weights,
 bigmodel.dispatch_model, bigmodel.load_checkpoint_and_dispatch,
-bigmodel.cpu_offload, bigmodel.cpu_offload_with_hook).
+bigmodel.cpu_offload, bigmodel.cpu_offload_with_hook), and layerwise casting
+(`attach_layerwise_casting_hooks`, HF 1.15's, outside the seed documents).
 """
 
 from __future__ import annotations
 
 import os
+import re
 from contextlib import contextmanager
 from collections.abc import Mapping
 from typing import Iterator, Optional, Union
@@ -18,11 +20,13 @@ from torch import nn
 from .hooks import (
     AlignDevicesHook,
     CpuOffload,
+    LayerwiseCastingHook,
     UserCpuOffloadHook,
     add_hook_to_module,
     attach_align_device_hook,
     attach_align_device_hook_on_blocks,
 )
+from .utils.constants import SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
 from .utils.environment import parse_flag_from_env
 from .utils.modeling import (
     check_device_map,
@@ -266,3 +270,34 @@ def load_checkpoint_and_dispatch(
         model, device_map, offload_dir=offload_folder, offload_buffers=offload_buffers, skip_keys=skip_keys,
         preload_module_classes=preload_module_classes, force_hooks=force_hooks,
     )
+
+
+def attach_layerwise_casting_hooks(
+    module: nn.Module,
+    storage_dtype: torch.dtype,
+    compute_dtype: torch.dtype,
+    skip_modules_pattern: Optional[Union[str, tuple[str, ...]]] = None,
+    skip_modules_classes: Optional[tuple[type[nn.Module], ...]] = None,
+    non_blocking: bool = False,
+) -> None:
+    """Store the weights of ``module``'s layers in ``storage_dtype``, upcast to ``compute_dtype`` per forward.
+
+    Rule (HF 1.15's): walking the tree by qualified name, a submodule whose
+    name matches a ``skip_modules_pattern`` regex (searched, not anchored) or
+    whose class is in ``skip_modules_classes`` is left alone with its
+    children; a layer of `SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING` gets a
+    `LayerwiseCastingHook` appended to its hooks; other modules are walked
+    into. ``module`` itself is the first node, with the name "".
+    """
+    pending = [("", module)]
+    while pending:
+        name, node = pending.pop()
+        skipped = (skip_modules_classes is not None and isinstance(node, skip_modules_classes)) or (
+            skip_modules_pattern is not None and any(re.search(pattern, name) for pattern in skip_modules_pattern)
+        )
+        if skipped:
+            continue
+        if isinstance(node, SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING):
+            add_hook_to_module(node, LayerwiseCastingHook(storage_dtype, compute_dtype, non_blocking), append=True)
+            continue
+        pending.extend((f"{name}.{child}" if name else child, sub) for child, sub in node.named_children())

@@ -125,6 +125,34 @@ def remove_hook_from_module(module: nn.Module, recurse: bool = False) -> nn.Modu
     return module
 
 
+class LayerwiseCastingHook(ModelHook):
+    """Keep a layer's weights in ``storage_dtype`` and run its forward in ``compute_dtype``.
+
+    Rule: attached, the layer is cast to the storage dtype; before each
+    forward it is cast up to the compute dtype and after it back down, so
+    only the running layer holds full-precision weights. The casts are kept
+    out of torch.compile graphs, as HF's are.
+    """
+
+    def __init__(self, storage_dtype: torch.dtype, compute_dtype: torch.dtype, non_blocking: bool) -> None:
+        self.storage_dtype = storage_dtype
+        self.compute_dtype = compute_dtype
+        self.non_blocking = non_blocking
+
+    def init_hook(self, module: nn.Module) -> nn.Module:
+        return module.to(dtype=self.storage_dtype, non_blocking=self.non_blocking)
+
+    @torch.compiler.disable
+    def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
+        module.to(dtype=self.compute_dtype, non_blocking=self.non_blocking)
+        return args, kwargs
+
+    @torch.compiler.disable
+    def post_forward(self, module: nn.Module, output: Any) -> Any:
+        module.to(dtype=self.storage_dtype, non_blocking=self.non_blocking)
+        return output
+
+
 class AlignDevicesHook(ModelHook):
     """Run a module on ``execution_device``: its inputs go there, and offloaded weights come there for the forward.
 
