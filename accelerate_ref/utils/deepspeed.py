@@ -15,11 +15,14 @@ Rules (HF accelerate 1.15's):
   optimizer or scheduler given both in the config and in code is refused.
 * The plugin's config gets its "auto" values from that call:
   ``train_micro_batch_size_per_gpu`` from the smallest batch size of the
-  call's data loaders (divided by the processes with ``split_batches``), ``gradient_accumulation_steps`` from the Accelerator,
+  call's data loaders (the largest with ``is_train_batch_min=False``;
+  divided by the processes with ``split_batches``), ``gradient_accumulation_steps`` from the Accelerator,
   ``train_batch_size`` = micro batch x accumulation steps x processes; a
   value the config sets that contradicts them is refused by key
   (`DeepSpeedPlugin.deepspeed_config_process`). The user's torch optimizer
-  is DeepSpeed's client optimizer (``zero_allow_untested_optimizer``).
+  is DeepSpeed's client optimizer (``zero_allow_untested_optimizer``). The
+  classes the plugin's ``transformer_moe_cls_names`` names become the
+  model's ZeRO-3 leaf modules (`DeepSpeedPlugin.set_moe_leaf_modules`).
 * The model comes back as deepspeed's ``DeepSpeedEngine``; the optimizer
   as a `DeepSpeedOptimizerWrapper` whose ``step``/``zero_grad`` do nothing;
   a scheduler the engine drives as a `DeepSpeedSchedulerWrapper` whose
@@ -268,14 +271,21 @@ def is_deepspeed_engine(model: Any) -> bool:
     return engine_module is not None and isinstance(model, engine_module.DeepSpeedEngine)
 
 
+#: What `prepare` puts where the config says "auto" and nothing prepared decides (HF's values).
+PREPARE_DEFAULTS = {"gradient_clipping": 1.0, "zero_optimization.stage3_gather_16bit_weights_on_model_save": False}
+
+
 def fill_config(plugin: Any, batch_size: Any, gradient_accumulation_steps: int, num_processes: int, **values: Any) -> dict:
     """The plugin's config with its "auto" values filled from the prepared objects (see the module docstring).
 
     ``values`` (dotted keys) fill the optimizer and scheduler sections for
-    `DummyOptim` / `DummyScheduler`. A client torch optimizer needs
+    `DummyOptim` / `DummyScheduler`; an "auto" clipping is 1.0 and an "auto"
+    16-bit save off (`PREPARE_DEFAULTS`). A client torch optimizer needs
     ``zero_allow_untested_optimizer``. Catalog: plugin.deepspeed_config.
     """
     config = plugin.deepspeed_config
+    for key, value in PREPARE_DEFAULTS.items():  # HF's defaults fill only "auto" values
+        plugin.fill_match(key, must_match=False, **{key: value})
     values["gradient_accumulation_steps"] = gradient_accumulation_steps
     if batch_size is not None:
         values["train_micro_batch_size_per_gpu"] = batch_size
@@ -406,7 +416,8 @@ def prepare_deepspeed(accelerator: Any, args: list[Any]) -> list[Any]:
     sizes = [obj.batch_size for obj in args if isinstance(obj, torch.utils.data.DataLoader) and obj.batch_size is not None]
     if accelerator.split_batches:
         sizes = [size // accelerator.num_processes for size in sizes]
-    batch_size = min(sizes) if sizes else None
+    batch_size = (min(sizes) if plugin.is_train_batch_min else max(sizes)) if sizes else None
+    plugin.set_moe_leaf_modules(model)
     dummy_values = _dummy_values(optimizer, scheduler, accelerator.num_processes, accelerator.split_batches)
     config = fill_config(plugin, batch_size, accelerator.gradient_accumulation_steps, accelerator.num_processes, **dummy_values)
     engine, engine_optimizer, _, engine_scheduler = deepspeed.initialize(
