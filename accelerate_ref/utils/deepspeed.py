@@ -445,6 +445,32 @@ def prepare_deepspeed(accelerator: Any, args: list[Any]) -> list[Any]:
     return prepared
 
 
+def deepspeed_ulysses_dl_adapter(accelerator: Any, dl: Any, model: Any) -> Any:
+    """``dl`` unchanged without sequence parallelism; else DeepSpeed's ``UlyssesSPDataLoaderAdapter``
+    over it, on the sequence-parallel group DeepSpeed's engine set up.
+
+    Rules (HF's): the sequence-parallel size is the Accelerator's
+    ``parallelism_config.sp_size`` (1 without a parallelism config; accelerate_ref has
+    none yet, so the loader comes back as given); the adapter gathers one batch per
+    sequence-parallel rank and hands each rank its slice of every batch's sequence,
+    on ``model.device``. For a loader prepared apart from its model, after
+    ``prepare(model)``. Catalog: plugin.deepspeed_config.
+    """
+    parallelism_config = getattr(accelerator, "parallelism_config", None)
+    if (parallelism_config.sp_size if parallelism_config else 1) == 1:
+        return dl
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPDataLoaderAdapter
+    from deepspeed.utils import groups
+
+    return UlyssesSPDataLoaderAdapter(
+        dl,
+        sp_rank=groups._get_sequence_parallel_rank(),
+        sp_group=groups._get_sequence_parallel_group(),
+        sp_world_size=groups._get_sequence_parallel_world_size(),
+        device=model.device,
+    )
+
+
 def engine_state_dict(engine: Any) -> dict[str, torch.Tensor]:
     """The full state dict of the engine's module on every rank (ZeRO-3 partitions gathered), on the CPU.
 
