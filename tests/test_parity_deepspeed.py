@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
-import os
 import types
 import warnings
 from typing import Any
@@ -253,7 +252,7 @@ def test_set_deepspeed_weakref_names_transformers_where_it_is_missing():
 @needs_deepspeed
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers is not installed")
 def test_zero3_weakref_and_context_manager_match_hf(monkeypatch):
-    from transformers.integrations import is_deepspeed_zero3_enabled
+    from transformers.integrations import is_deepspeed_zero3_enabled, unset_hf_deepspeed_config
 
     seen = []
     for plugin in _both("DeepSpeedPlugin", monkeypatch, {}, zero_stage=3):
@@ -263,6 +262,7 @@ def test_zero3_weakref_and_context_manager_match_hf(monkeypatch):
             states.append((is_deepspeed_zero3_enabled(), plugin.is_zero3_init_enabled(), plugin.dschf.config))
         states.append((is_deepspeed_zero3_enabled(), plugin.is_zero3_init_enabled(), plugin.dschf.config))
         seen.append(states)
+        unset_hf_deepspeed_config()  # later tests load transformers models without ZeRO-3
     assert seen[1] == seen[0] and seen[0][1][1] is False and seen[0][2][1] is True
 
 

@@ -55,10 +55,6 @@ _CONFIG_FILE_REPLACES = (
 )
 
 
-def _env_default(name: str, default: str) -> str:
-    return os.environ.get(name, default)
-
-
 @dataclass
 class DeepSpeedPlugin:
     """A DeepSpeed configuration: a config (dict, JSON file or text) and the plugin's own fields.
@@ -121,22 +117,22 @@ class DeepSpeedPlugin:
     def _fill_from_environment(self) -> None:
         """Unset fields from the launcher's environment, else HF's defaults."""
         if self.gradient_accumulation_steps is None:
-            steps = _env_default("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "auto")
+            steps = os.environ.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "auto")
             self.gradient_accumulation_steps = int(steps) if steps.isdigit() else steps
         if self.gradient_clipping is None:
-            clipping = _env_default("ACCELERATE_GRADIENT_CLIPPING", "auto")
+            clipping = os.environ.get("ACCELERATE_GRADIENT_CLIPPING", "auto")
             self.gradient_clipping = clipping if clipping == "auto" else float(clipping)
         if self.zero_stage is None:
-            self.zero_stage = int(_env_default("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2"))
+            self.zero_stage = int(os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2"))
         for name in ("offload_optimizer_device", "offload_param_device", "offload_optimizer_nvme_path", "offload_param_nvme_path"):
             if getattr(self, name) is None:
-                setattr(self, name, _env_default(f"ACCELERATE_DEEPSPEED_{name.upper()}", "none"))
+                setattr(self, name, os.environ.get(f"ACCELERATE_DEEPSPEED_{name.upper()}", "none"))
         if self.zero3_save_16bit_model is None:
-            self.zero3_save_16bit_model = _env_default("ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL", "false").lower() == "true"
+            self.zero3_save_16bit_model = os.environ.get("ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL", "false").lower() == "true"
         if self.enable_msamp is None:
             self.enable_msamp = os.environ.get("ACCELERATE_FP8_BACKEND") == "MSAMP"
         if self.msamp_opt_level is None:
-            self.msamp_opt_level = _env_default("ACCELERATE_FP8_OPT_LEVEL", "O1")
+            self.msamp_opt_level = os.environ.get("ACCELERATE_FP8_OPT_LEVEL", "O1")
 
     def _take_config(self, config_class: type, given: set[str]) -> None:
         """Read ``hf_ds_config``, fill its "auto" values from the fields, then the fields from its set values."""
