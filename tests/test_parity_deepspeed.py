@@ -280,9 +280,31 @@ class MoeNet(torch.nn.Module):
         super().__init__()
         self.experts = torch.nn.ModuleList([Expert(), Expert()])
         self.head = torch.nn.Linear(4, 1)
+        self.config = types.SimpleNamespace(hidden_size=4)  # as a transformers model has
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(sum(expert(x) for expert in self.experts))
+
+
+def test_auto_bucket_sizes_follow_the_models_hidden_size():
+    from accelerate_ref.utils.deepspeed import hidden_size_values
+
+    zero = {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+            "stage3_param_persistence_threshold": "auto"}
+    plugin = DeepSpeedPlugin(hf_ds_config={"zero_optimization": zero})
+    model = MoeNet()
+    assert hidden_size_values(model, plugin) == {"zero_optimization.reduce_bucket_size": 16,
+                                                 "zero_optimization.stage3_prefetch_bucket_size": 14,
+                                                 "zero_optimization.stage3_param_persistence_threshold": 40}
+    model.config = types.SimpleNamespace(hidden_sizes=[3, 10, 5])
+    assert hidden_size_values(model, plugin)["zero_optimization.reduce_bucket_size"] == 100
+    partly = DeepSpeedPlugin(hf_ds_config={"zero_optimization": {**zero, "reduce_bucket_size": 7}})
+    assert set(hidden_size_values(model, partly)) == {"zero_optimization.stage3_prefetch_bucket_size",
+                                                      "zero_optimization.stage3_param_persistence_threshold"}
+    del model.config
+    with pytest.raises(ValueError, match="model.config.*reduce_bucket_size"):
+        hidden_size_values(model, plugin)
+    assert hidden_size_values(model, DeepSpeedPlugin()) == {}
 
 
 @needs_deepspeed
@@ -328,7 +350,9 @@ def deepspeed_rank_checks() -> dict:
     """On each rank: prepare under DeepSpeed with the plugin's fields set, train a step, and shard a loader with Ulysses."""
     from deepspeed.utils import groups, z3_leaf_module
 
-    plugin = DeepSpeedPlugin(zero_stage=2, is_train_batch_min=False, transformer_moe_cls_names="Expert")
+    config = {"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto", "gradient_accumulation_steps": "auto",
+              "gradient_clipping": "auto", "zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"}}
+    plugin = DeepSpeedPlugin(hf_ds_config=config, is_train_batch_min=False, transformer_moe_cls_names="Expert")
     accelerator = accelerate_ref.Accelerator(deepspeed_plugin=plugin, mixed_precision="bf16")
     small = torch.utils.data.DataLoader(torch.randn(8, 4), batch_size=2)
     large = torch.utils.data.DataLoader(torch.randn(8, 4), batch_size=4)
@@ -351,6 +375,7 @@ def deepspeed_rank_checks() -> dict:
         "engine": type(engine).__name__,
         "micro_batch": engine.train_micro_batch_size_per_gpu(),
         "clipping": engine.gradient_clipping(),
+        "reduce_bucket_size": engine.zero_reduce_bucket_size(),
         "bf16": engine.bfloat16_enabled(),
         "param_dtype": str(next(engine.module.parameters()).dtype),
         "leaf": [z3_leaf_module(module) for module in engine.module.experts] + [z3_leaf_module(engine.module.head)],
@@ -369,6 +394,7 @@ def test_plugin_fields_take_effect_in_deepspeeds_engine():
         assert report["engine"] == "DeepSpeedEngine"
         assert report["micro_batch"] == 4, "is_train_batch_min=False: the largest loader's batch size"
         assert report["clipping"] == 1.0, "an 'auto' gradient_clipping is 1.0 at prepare, as HF"
+        assert report["reduce_bucket_size"] == 16, "an 'auto' reduce_bucket_size is hidden_size squared"
         assert report["bf16"] and report["param_dtype"] == "torch.bfloat16", "mixed_precision='bf16' reaches DeepSpeed's config"
         assert report["leaf"] == [True, True, False], "transformer_moe_cls_names marks ZeRO-3 leaf modules"
         assert report["stage"] == 2 and report["plain_is_loader"]

@@ -17,7 +17,8 @@ Rules (HF accelerate 1.15's):
   ``train_micro_batch_size_per_gpu`` from the smallest batch size of the
   call's data loaders (the largest with ``is_train_batch_min=False``;
   divided by the processes with ``split_batches``), ``gradient_accumulation_steps`` from the Accelerator,
-  ``train_batch_size`` = micro batch x accumulation steps x processes; a
+  ``train_batch_size`` = micro batch x accumulation steps x processes, the
+  ZeRO bucket sizes from ``model.config``'s hidden size (`hidden_size_values`); a
   value the config sets that contradicts them is refused by key
   (`DeepSpeedPlugin.deepspeed_config_process`). The user's torch optimizer
   is DeepSpeed's client optimizer (``zero_allow_untested_optimizer``). The
@@ -351,6 +352,41 @@ def _dummy_values(optimizer: Any, scheduler: Any, num_processes: int, split_batc
     return values
 
 
+#: Config keys whose "auto" HF derives from the model's hidden size h: h*h, 0.9*h*h and 10*h.
+HIDDEN_SIZE_KEYS = (
+    "zero_optimization.reduce_bucket_size",
+    "zero_optimization.stage3_prefetch_bucket_size",
+    "zero_optimization.stage3_param_persistence_threshold",
+)
+
+
+def hidden_size_values(model: Any, plugin: Any) -> dict[str, int]:
+    """Values for the `HIDDEN_SIZE_KEYS` the plugin's config leaves "auto", from ``model.config``.
+
+    Rules (HF's): the hidden size is ``config.hidden_size``, else the largest
+    of ``config.hidden_sizes``; a model without either, where one of those
+    keys is "auto", is a ValueError naming the keys. Catalog: plugin.deepspeed_config.
+    """
+    auto_keys = [key for key in HIDDEN_SIZE_KEYS if plugin.is_auto(key)]
+    if not auto_keys:
+        return {}
+    reason = (
+        "therefore it's not possible to automatically fill out the following `auto` entries in the DeepSpeed config "
+        f"file: {auto_keys}. You can fix that by replacing `auto` values for these keys with an integer value of your choice."
+    )
+    config = getattr(model, "config", None)
+    if config is None:
+        raise ValueError("Can't find `model.config` entry, " + reason)
+    if hasattr(config, "hidden_size"):
+        hidden = config.hidden_size
+    elif hasattr(config, "hidden_sizes"):
+        hidden = max(config.hidden_sizes)
+    else:
+        raise ValueError("Can find neither `model.config.hidden_size` nor `model.config.hidden_sizes`, " + reason)
+    values = dict(zip(HIDDEN_SIZE_KEYS, (hidden * hidden, int(0.9 * hidden * hidden), 10 * hidden)))
+    return {key: values[key] for key in auto_keys}  # a set value is the user's, never contradicted
+
+
 def _initialize_arguments(model: Any, optimizer: Any, scheduler: Any, config: dict) -> dict[str, Any]:
     """What ``deepspeed.initialize`` gets besides the config: the model, and the optimizer or the parameters
     the config's optimizer steps, and a scheduler the engine drives (a callable, or one of DeepSpeed's).
@@ -419,6 +455,7 @@ def prepare_deepspeed(accelerator: Any, args: list[Any]) -> list[Any]:
     batch_size = (min(sizes) if plugin.is_train_batch_min else max(sizes)) if sizes else None
     plugin.set_moe_leaf_modules(model)
     dummy_values = _dummy_values(optimizer, scheduler, accelerator.num_processes, accelerator.split_batches)
+    dummy_values.update(hidden_size_values(model, plugin))
     config = fill_config(plugin, batch_size, accelerator.gradient_accumulation_steps, accelerator.num_processes, **dummy_values)
     engine, engine_optimizer, _, engine_scheduler = deepspeed.initialize(
         **_initialize_arguments(model, optimizer, scheduler, config), config=config, dist_init_required=False
