@@ -348,6 +348,7 @@ class _SequenceParallelGroups:
 
 def deepspeed_rank_checks() -> dict:
     """On each rank: prepare under DeepSpeed with the plugin's fields set, train a step, and shard a loader with Ulysses."""
+    import accelerate.accelerator as hf_accelerator
     from deepspeed.utils import groups, z3_leaf_module
 
     config = {"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto", "gradient_accumulation_steps": "auto",
@@ -370,7 +371,9 @@ def deepspeed_rank_checks() -> dict:
     plain = accelerator.deepspeed_ulysses_dl_adapter(batches, engine)
     accelerator.parallelism_config = types.SimpleNamespace(sp_size=2)
     groups.mpu = _SequenceParallelGroups()
-    sharded = [batch["input_ids"].tolist() for batch in accelerator.deepspeed_ulysses_dl_adapter(batches, engine)]
+    sharded = [_listed(batch) for batch in accelerator.deepspeed_ulysses_dl_adapter(batches, engine)]
+    hf_self = types.SimpleNamespace(parallelism_config=accelerator.parallelism_config)  # all HF's method reads of self
+    hf_sharded = [_listed(batch) for batch in hf_accelerator.Accelerator.deepspeed_ulysses_dl_adapter(hf_self, batches, engine)]
     return {
         "engine": type(engine).__name__,
         "micro_batch": engine.train_micro_batch_size_per_gpu(),
@@ -382,7 +385,12 @@ def deepspeed_rank_checks() -> dict:
         "stage": active_stage(),
         "plain_is_loader": plain is batches,
         "sharded": sharded,
+        "hf_sharded": hf_sharded,
     }
+
+
+def _listed(batch: dict) -> dict:
+    return {key: value.tolist() for key, value in batch.items()}
 
 
 @needs_deepspeed
@@ -402,4 +410,5 @@ def test_plugin_fields_take_effect_in_deepspeeds_engine():
         expected = [[[10 * source + 2 * rank + i for i in range(2)]] for source in range(2)] + [
             [[100 + 10 * source + 2 * rank + i for i in range(2)]] for source in range(2)
         ]
-        assert report["sharded"] == expected
+        assert [batch["input_ids"] for batch in report["sharded"]] == expected
+        assert report["sharded"] == report["hf_sharded"], "the same micro batches as HF's method"
