@@ -185,6 +185,12 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
         """
         return self.state.deepspeed_plugin
 
+    def deepspeed_ulysses_dl_adapter(self, dl: Any, model: Any) -> Any:
+        """``dl`` sharded along the sequence for DeepSpeed's Ulysses (`utils.deepspeed.deepspeed_ulysses_dl_adapter`)."""
+        from .utils.deepspeed import deepspeed_ulysses_dl_adapter
+
+        return deepspeed_ulysses_dl_adapter(self, dl, model)
+
     @property
     def distributed_type(self) -> DistributedType:
         return self.state.distributed_type

@@ -117,16 +117,19 @@ def resolve_engines(
     fsdp_plugin = given.get("fsdp_plugin")
     if fsdp_plugin is not None and mixed_precision in ("fp16", "bf16"):
         fsdp_plugin.set_mixed_precision(mixed_precision)
-    return Engines(fsdp_plugin=fsdp_plugin, dynamo_plugin=dynamo_plugin, deepspeed_plugins=_deepspeed_plugins(given))
+    deepspeed_plugins = _deepspeed_plugins(given, mixed_precision)
+    return Engines(fsdp_plugin=fsdp_plugin, dynamo_plugin=dynamo_plugin, deepspeed_plugins=deepspeed_plugins)
 
 
-def _deepspeed_plugins(given: dict[str, Any]) -> Any:
+def _deepspeed_plugins(given: dict[str, Any], mixed_precision: Optional[str]) -> Any:
     """``deepspeed_plugin`` or ``deepspeed_plugins`` as given, the (first) plugin selected; None without DeepSpeed.
 
     Rules (HF's): every value of ``deepspeed_plugins`` is a `DeepSpeedPlugin`
-    (TypeError) and there is at least one; the first is the active one until
-    `AcceleratorState.select_deepspeed_plugin` picks another.
-    Catalog: plugin.deepspeed_config.
+    (TypeError) and there is at least one; each takes the Accelerator's mixed
+    precision (`DeepSpeedPlugin.set_mixed_precision`); the first is the active
+    one until `AcceleratorState.select_deepspeed_plugin` picks another. A plugin
+    with ``enable_msamp`` is refused (`deepspeed_plugin.refuse_msamp`).
+    Catalog: plugin.deepspeed_config, plugin.unavailable_engines.
     """
     plugins = given.get("deepspeed_plugin", given.get("deepspeed_plugins"))
     if plugins is None:
@@ -136,6 +139,12 @@ def _deepspeed_plugins(given: dict[str, Any]) -> Any:
             raise TypeError("deepspeed_plugins must map names to DeepSpeedPlugin objects (at least one)")
         for plugin in plugins.values():
             plugin._unselect()
+    from .state import _precision
+    from .utils.deepspeed_plugin import refuse_msamp
+
+    for plugin in plugins.values() if isinstance(plugins, dict) else [plugins]:
+        refuse_msamp(plugin)
+        plugin.set_mixed_precision(_precision(mixed_precision))
     first = next(iter(plugins.values())) if isinstance(plugins, dict) else plugins
     first.select(_from_accelerator_state=True)
     return plugins

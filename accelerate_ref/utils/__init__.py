@@ -230,6 +230,9 @@ _EXPORTS = {
     "check_cuda_p2p_ib_support": (".environment", "check_cuda_p2p_ib_support"),
     "get_gpu_info": (".environment", "get_gpu_info"),
     "set_numa_affinity": (".environment", "set_numa_affinity"),
+    # DeepSpeed parity (issue 13)
+    "DeepSpeedSequenceParallelConfig": (".dataclasses", "DeepSpeedSequenceParallelConfig"),
+    "deepspeed_required": (".imports", "deepspeed_required"),
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

@@ -548,6 +548,7 @@ class TorchDynamoPlugin(KwargsHandler):
 _ENGINE_PLUGINS = (
     "BnbQuantizationConfig",
     "DeepSpeedPlugin",
+    "DeepSpeedSequenceParallelConfig",
     "FP8RecipeKwargs",
     "FullyShardedDataParallelPlugin",
     "get_module_class_from_name",

@@ -15,11 +15,15 @@ Rules (HF accelerate 1.15's):
   optimizer or scheduler given both in the config and in code is refused.
 * The plugin's config gets its "auto" values from that call:
   ``train_micro_batch_size_per_gpu`` from the smallest batch size of the
-  call's data loaders (divided by the processes with ``split_batches``), ``gradient_accumulation_steps`` from the Accelerator,
-  ``train_batch_size`` = micro batch x accumulation steps x processes; a
+  call's data loaders (the largest with ``is_train_batch_min=False``;
+  divided by the processes with ``split_batches``), ``gradient_accumulation_steps`` from the Accelerator,
+  ``train_batch_size`` = micro batch x accumulation steps x processes, the
+  ZeRO bucket sizes from ``model.config``'s hidden size (`hidden_size_values`); a
   value the config sets that contradicts them is refused by key
   (`DeepSpeedPlugin.deepspeed_config_process`). The user's torch optimizer
-  is DeepSpeed's client optimizer (``zero_allow_untested_optimizer``).
+  is DeepSpeed's client optimizer (``zero_allow_untested_optimizer``). The
+  classes the plugin's ``transformer_moe_cls_names`` names become the
+  model's ZeRO-3 leaf modules (`DeepSpeedPlugin.set_moe_leaf_modules`).
 * The model comes back as deepspeed's ``DeepSpeedEngine``; the optimizer
   as a `DeepSpeedOptimizerWrapper` whose ``step``/``zero_grad`` do nothing;
   a scheduler the engine drives as a `DeepSpeedSchedulerWrapper` whose
@@ -268,14 +272,21 @@ def is_deepspeed_engine(model: Any) -> bool:
     return engine_module is not None and isinstance(model, engine_module.DeepSpeedEngine)
 
 
+#: What `prepare` puts where the config says "auto" and nothing prepared decides (HF's values).
+PREPARE_DEFAULTS = {"gradient_clipping": 1.0, "zero_optimization.stage3_gather_16bit_weights_on_model_save": False}
+
+
 def fill_config(plugin: Any, batch_size: Any, gradient_accumulation_steps: int, num_processes: int, **values: Any) -> dict:
     """The plugin's config with its "auto" values filled from the prepared objects (see the module docstring).
 
     ``values`` (dotted keys) fill the optimizer and scheduler sections for
-    `DummyOptim` / `DummyScheduler`. A client torch optimizer needs
+    `DummyOptim` / `DummyScheduler`; an "auto" clipping is 1.0 and an "auto"
+    16-bit save off (`PREPARE_DEFAULTS`). A client torch optimizer needs
     ``zero_allow_untested_optimizer``. Catalog: plugin.deepspeed_config.
     """
     config = plugin.deepspeed_config
+    for key, value in PREPARE_DEFAULTS.items():  # HF's defaults fill only "auto" values
+        plugin.fill_match(key, must_match=False, **{key: value})
     values["gradient_accumulation_steps"] = gradient_accumulation_steps
     if batch_size is not None:
         values["train_micro_batch_size_per_gpu"] = batch_size
@@ -339,6 +350,41 @@ def _dummy_values(optimizer: Any, scheduler: Any, num_processes: int, split_batc
             total = scheduler.total_num_steps
             values["scheduler.params.total_num_steps"] = total if split_batches else math.ceil(total / num_processes)
     return values
+
+
+#: Config keys whose "auto" HF derives from the model's hidden size h: h*h, 0.9*h*h and 10*h.
+HIDDEN_SIZE_KEYS = (
+    "zero_optimization.reduce_bucket_size",
+    "zero_optimization.stage3_prefetch_bucket_size",
+    "zero_optimization.stage3_param_persistence_threshold",
+)
+
+
+def hidden_size_values(model: Any, plugin: Any) -> dict[str, int]:
+    """Values for the `HIDDEN_SIZE_KEYS` the plugin's config leaves "auto", from ``model.config``.
+
+    Rules (HF's): the hidden size is ``config.hidden_size``, else the largest
+    of ``config.hidden_sizes``; a model without either, where one of those
+    keys is "auto", is a ValueError naming the keys. Catalog: plugin.deepspeed_config.
+    """
+    auto_keys = [key for key in HIDDEN_SIZE_KEYS if plugin.is_auto(key)]
+    if not auto_keys:
+        return {}
+    reason = (
+        "therefore it's not possible to automatically fill out the following `auto` entries in the DeepSpeed config "
+        f"file: {auto_keys}. You can fix that by replacing `auto` values for these keys with an integer value of your choice."
+    )
+    config = getattr(model, "config", None)
+    if config is None:
+        raise ValueError("Can't find `model.config` entry, " + reason)
+    if hasattr(config, "hidden_size"):
+        hidden = config.hidden_size
+    elif hasattr(config, "hidden_sizes"):
+        hidden = max(config.hidden_sizes)
+    else:
+        raise ValueError("Can find neither `model.config.hidden_size` nor `model.config.hidden_sizes`, " + reason)
+    values = dict(zip(HIDDEN_SIZE_KEYS, (hidden * hidden, int(0.9 * hidden * hidden), 10 * hidden)))
+    return {key: values[key] for key in auto_keys}  # a set value is the user's, never contradicted
 
 
 def _initialize_arguments(model: Any, optimizer: Any, scheduler: Any, config: dict) -> dict[str, Any]:
@@ -406,8 +452,10 @@ def prepare_deepspeed(accelerator: Any, args: list[Any]) -> list[Any]:
     sizes = [obj.batch_size for obj in args if isinstance(obj, torch.utils.data.DataLoader) and obj.batch_size is not None]
     if accelerator.split_batches:
         sizes = [size // accelerator.num_processes for size in sizes]
-    batch_size = min(sizes) if sizes else None
+    batch_size = (min(sizes) if plugin.is_train_batch_min else max(sizes)) if sizes else None
+    plugin.set_moe_leaf_modules(model)
     dummy_values = _dummy_values(optimizer, scheduler, accelerator.num_processes, accelerator.split_batches)
+    dummy_values.update(hidden_size_values(model, plugin))
     config = fill_config(plugin, batch_size, accelerator.gradient_accumulation_steps, accelerator.num_processes, **dummy_values)
     engine, engine_optimizer, _, engine_scheduler = deepspeed.initialize(
         **_initialize_arguments(model, optimizer, scheduler, config), config=config, dist_init_required=False
@@ -432,6 +480,32 @@ def prepare_deepspeed(accelerator: Any, args: list[Any]) -> list[Any]:
         accelerator._schedulers.append(wrapped_scheduler)
         prepared[schedulers[0]] = wrapped_scheduler
     return prepared
+
+
+def deepspeed_ulysses_dl_adapter(accelerator: Any, dl: Any, model: Any) -> Any:
+    """``dl`` unchanged without sequence parallelism; else DeepSpeed's ``UlyssesSPDataLoaderAdapter``
+    over it, on the sequence-parallel group DeepSpeed's engine set up.
+
+    Rules (HF's): the sequence-parallel size is the Accelerator's
+    ``parallelism_config.sp_size`` (1 without a parallelism config; accelerate_ref has
+    none yet, so the loader comes back as given); the adapter gathers one batch per
+    sequence-parallel rank and hands each rank its slice of every batch's sequence,
+    on ``model.device``. For a loader prepared apart from its model, after
+    ``prepare(model)``. Catalog: plugin.deepspeed_config.
+    """
+    parallelism_config = getattr(accelerator, "parallelism_config", None)
+    if (parallelism_config.sp_size if parallelism_config else 1) == 1:
+        return dl
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPDataLoaderAdapter
+    from deepspeed.utils import groups
+
+    return UlyssesSPDataLoaderAdapter(
+        dl,
+        sp_rank=groups._get_sequence_parallel_rank(),
+        sp_group=groups._get_sequence_parallel_group(),
+        sp_world_size=groups._get_sequence_parallel_world_size(),
+        device=model.device,
+    )
 
 
 def engine_state_dict(engine: Any) -> dict[str, torch.Tensor]:

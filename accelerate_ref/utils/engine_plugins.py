@@ -1,5 +1,7 @@
 """Engine plugins and recipes passed to the Accelerator: FSDP, DeepSpeed, FP8, bitsandbytes.
 
+DeepSpeed's dataclasses are defined in `deepspeed_plugin` and re-exported here.
+
 Re-exported by `accelerate_ref.utils.dataclasses` (where HF keeps them). Each
 class validates its fields at construction, naming the bad field; whether the
 engine is installed is checked by the Accelerator (`engines.refuse_missing`).
@@ -12,13 +14,12 @@ quantization.load_and_quantize.
 
 from __future__ import annotations
 
-import copy
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
 from .dataclasses import KwargsHandler, _check
+from .deepspeed_plugin import DeepSpeedPlugin, DeepSpeedSequenceParallelConfig  # noqa: F401  (re-exported)
 
 #: FSDP1's sharding strategies, by name and by their documented 1-based number.
 FSDP_SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
@@ -115,165 +116,6 @@ def get_module_class_from_name(module: Any, name: str) -> Optional[type]:
         if found is not None:
             return found
     return None
-
-
-#: DeepSpeedPlugin field -> the dotted key of the DeepSpeed config it sets.
-DEEPSPEED_PLUGIN_KEYS = {
-    "gradient_accumulation_steps": "gradient_accumulation_steps",
-    "gradient_clipping": "gradient_clipping",
-    "zero_stage": "zero_optimization.stage",
-    "offload_optimizer_device": "zero_optimization.offload_optimizer.device",
-    "offload_param_device": "zero_optimization.offload_param.device",
-    "zero3_save_16bit_model": "zero_optimization.stage3_gather_16bit_weights_on_model_save",
-}
-
-
-@dataclass
-class DeepSpeedPlugin:
-    """A DeepSpeed configuration: a config (dict or JSON file path) and the plugin's own fields.
-
-    Rules: ``hf_ds_config`` that does not parse is a ValueError naming the
-    file; without one a config is built from the fields, with
-    ``train_batch_size`` and ``train_micro_batch_size_per_gpu`` "auto". A
-    plugin field that contradicts a non-"auto" config value is a ValueError
-    naming the key; a config "auto" takes the field's value.
-    `deepspeed_config_process(**values)` fills every remaining "auto" key
-    from ``values`` (dotted keys) and refuses, naming them, keys whose set
-    value differs. Catalog: plugin.deepspeed_config.
-    """
-
-    hf_ds_config: Any = None
-    gradient_accumulation_steps: Any = None
-    gradient_clipping: Any = None
-    zero_stage: Optional[int] = None
-    is_train_batch_min: bool = True
-    offload_optimizer_device: Optional[str] = None
-    offload_param_device: Optional[str] = None
-    zero3_init_flag: Optional[bool] = None
-    zero3_save_16bit_model: Optional[bool] = None
-    #: Whether this is the plugin `prepare` uses (one of ``Accelerator(deepspeed_plugins=...)``); see `select`.
-    _selected: bool = field(default=False, init=False, repr=False, compare=False)
-
-    @property
-    def selected(self) -> bool:
-        """Whether `AcceleratorState.select_deepspeed_plugin` made this the active plugin. Catalog: plugin.deepspeed_config."""
-        return self._selected
-
-    def select(self, _from_accelerator_state: bool = False) -> None:
-        """Make this the active plugin; only `AcceleratorState.select_deepspeed_plugin` may (HF's rule and words)."""
-        if not _from_accelerator_state:
-            raise ValueError(
-                "A `DeepSpeedPlugin` object must be enabled manually by calling "
-                "`AcceleratorState().enable_deepspeed_plugin(plugin_key)`."
-            )
-        self._selected = True
-
-    def _unselect(self) -> None:
-        self._selected = False
-
-    def __post_init__(self) -> None:
-        if self.zero_stage is not None:
-            _check(self.zero_stage in (0, 1, 2, 3), f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
-        for name in ("offload_optimizer_device", "offload_param_device"):
-            value = getattr(self, name)
-            _check(value in (None, "none", "cpu", "nvme"), f"{name} must be none, cpu or nvme, got {value!r}")
-        if self.hf_ds_config is not None:
-            self.deepspeed_config = _load_deepspeed_config(self.hf_ds_config)
-            self.deepspeed_config.setdefault("gradient_accumulation_steps", 1)
-            _check("zero_optimization" in self.deepspeed_config, "the DeepSpeed config needs a zero_optimization section")
-            mismatches: list[str] = []
-            for name, key in DEEPSPEED_PLUGIN_KEYS.items():
-                if getattr(self, name) is not None:
-                    self.fill_match(key, mismatches, **{key: getattr(self, name)})
-            _raise_mismatches(mismatches)
-            for name, key in DEEPSPEED_PLUGIN_KEYS.items():
-                value = self.get_value(key)
-                if value is not None and value != "auto":
-                    setattr(self, name, value)
-        else:
-            self.zero_stage = 2 if self.zero_stage is None else self.zero_stage
-            self.gradient_accumulation_steps = self.gradient_accumulation_steps or 1
-            self.deepspeed_config = {
-                "train_batch_size": "auto",
-                "train_micro_batch_size_per_gpu": "auto",
-                "gradient_accumulation_steps": self.gradient_accumulation_steps,
-                "zero_optimization": {
-                    "stage": self.zero_stage,
-                    "offload_optimizer": {"device": self.offload_optimizer_device or "none"},
-                    "offload_param": {"device": self.offload_param_device or "none"},
-                    "stage3_gather_16bit_weights_on_model_save": bool(self.zero3_save_16bit_model),
-                },
-            }
-            if self.gradient_clipping:
-                self.deepspeed_config["gradient_clipping"] = self.gradient_clipping
-        if self.zero3_init_flag is None:
-            self.zero3_init_flag = self.get_value("zero_optimization.stage") == 3
-
-    def _node(self, dotted_key: str) -> tuple[Optional[dict], str]:
-        """The dict holding the last part of ``dotted_key`` (None where a parent is missing), and that part."""
-        *parents, leaf = dotted_key.split(".")
-        node: Any = self.deepspeed_config
-        for part in parents:
-            node = node.get(part) if isinstance(node, dict) else None
-        return (node if isinstance(node, dict) else None), leaf
-
-    def get_value(self, dotted_key: str, default: Any = None) -> Any:
-        """The config value at ``dotted_key`` ("zero_optimization.stage"), or ``default``."""
-        node, leaf = self._node(dotted_key)
-        return default if node is None else node.get(leaf, default)
-
-    def is_auto(self, dotted_key: str) -> bool:
-        """Whether the config value at ``dotted_key`` is "auto"."""
-        return self.get_value(dotted_key) == "auto"
-
-    def fill_match(self, dotted_key: str, mismatches: Optional[list[str]] = None, must_match: bool = True, **values: Any) -> None:
-        """Fill "auto" at ``dotted_key`` from ``values``; record a set value that differs in ``mismatches``."""
-        node, leaf = self._node(dotted_key)
-        if node is None or leaf not in node:
-            return
-        if node[leaf] == "auto":
-            _check(dotted_key in values, f"the DeepSpeed config key {dotted_key} is 'auto' and no value was given for it")
-            node[leaf] = values[dotted_key]
-        elif must_match and dotted_key in values and node[leaf] != values[dotted_key]:
-            if mismatches is None:
-                raise ValueError(f"DeepSpeed config {dotted_key}={node[leaf]!r} contradicts {values[dotted_key]!r}")
-            mismatches.append(f"{dotted_key}: config {node[leaf]!r} vs {values[dotted_key]!r}")
-
-    def deepspeed_config_process(self, must_match: bool = True, **values: Any) -> None:
-        """Fill every "auto" config value from ``values`` (dotted keys); refuse contradictions by key."""
-        mismatches: list[str] = []
-        for key in _dotted_keys(self.deepspeed_config):
-            self.fill_match(key, mismatches, must_match=must_match, **values)
-        _raise_mismatches(mismatches)
-
-
-def _dotted_keys(config: dict, prefix: str = "") -> list[str]:
-    keys = []
-    for key, value in config.items():
-        keys += _dotted_keys(value, f"{prefix}{key}.") if isinstance(value, dict) else [prefix + key]
-    return keys
-
-
-def _raise_mismatches(mismatches: list[str]) -> None:
-    if mismatches:
-        raise ValueError("DeepSpeed config values contradict the given values (set them to 'auto'): " + "; ".join(mismatches))
-
-
-def _load_deepspeed_config(config: Any) -> dict:
-    """A deep copy of a config dict, or the parsed JSON file (or JSON text) ``config``; ValueError naming it if unparseable."""
-    if isinstance(config, dict):
-        return copy.deepcopy(config)
-    config = os.fspath(config)
-    try:
-        if os.path.exists(config):
-            with open(config, encoding="utf-8") as handle:
-                loaded = json.load(handle)
-        else:
-            loaded = json.loads(config)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"hf_ds_config {config!r} is not a JSON DeepSpeed config: {error}") from None
-    _check(isinstance(loaded, dict), f"hf_ds_config {config!r} must hold a JSON object")
-    return loaded
 
 
 #: FP8 backends and the package each needs.

@@ -454,3 +454,27 @@ def is_torchdata_stateful_dataloader_available() -> bool:
     if not _is_package_available("torchdata"):
         return False
     return parse(metadata.version("torchdata")) >= parse("0.8.0")
+
+
+def deepspeed_required(func: Any) -> Any:
+    """Decorator: ``func`` runs only where the Accelerator drives DeepSpeed.
+
+    Rule (HF's): once an `AcceleratorState` exists, a call while it has no
+    `DeepSpeedPlugin` is a ValueError (HF's words); before any state exists
+    the call goes through. Catalog: plugin.deepspeed_config.
+    """
+    import functools
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from ..state import AcceleratorState
+
+        shared = AcceleratorState._shared_state
+        if shared and shared.get("deepspeed_plugins") is None:
+            raise ValueError(
+                "DeepSpeed is not enabled, please make sure that an `Accelerator` is configured for `deepspeed` "
+                "before calling this function."
+            )
+        return func(*args, **kwargs)
+
+    return wrapper

@@ -7,14 +7,14 @@ Caught by ``plugin.deepspeed_config``.
 from broken_impls._wrap import BrokenCopy
 
 ref = BrokenCopy(__name__)
-original = ref.get("utils.engine_plugins.DeepSpeedPlugin.fill_match")
+original = ref.get("utils.deepspeed_plugin.DeepSpeedPlugin.fill_match")
 
 
-def fill_match(self, dotted_key, mismatches=None, must_match=True, **values):
-    if dotted_key == "train_micro_batch_size_per_gpu" and self.is_auto(dotted_key):
+def fill_match(self, ds_key_long, mismatches=None, must_match=True, **kwargs):
+    if ds_key_long == "train_micro_batch_size_per_gpu" and self.is_auto(ds_key_long):
         return None
-    return original(self, dotted_key, mismatches, must_match, **values)
+    return original(self, ds_key_long, mismatches, must_match, **kwargs)
 
 
-ref.replace("utils.engine_plugins.DeepSpeedPlugin.fill_match", fill_match)
+ref.replace("utils.deepspeed_plugin.DeepSpeedPlugin.fill_match", fill_match)
 ref.export(globals())
