@@ -28,6 +28,7 @@ from .state import AcceleratorState, GradientState, PartialState
 from .tracking import LOGGER_TYPE_TO_CLASS, TrackingMixin  # noqa: F401  (HF's accelerator module exposes LOGGER_TYPE_TO_CLASS)
 from .utils import operations
 from .utils.constants import PROFILE_PATTERN_NAME
+from .utils.constants import FSDP2_PYTORCH_VERSION, FSDP_PYTORCH_VERSION  # noqa: F401  (HF's accelerator module exposes them)
 from .utils.constants import (  # noqa: F401  (HF's accelerator module exposes these file names)
     MODEL_NAME,
     SAFE_WEIGHTS_INDEX_NAME,
@@ -133,6 +134,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
             **(init_kwargs.to_kwargs() if init_kwargs else {}),
         )
         self.state.deepspeed_plugins = self._engines.deepspeed_plugins  # the latest Accelerator's plugins
+        self.state.fsdp_plugin = self._engines.fsdp_plugin
         if gradient_accumulation_plugin is None:
             steps = int(os.environ.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", gradient_accumulation_steps))
             gradient_accumulation_plugin = GradientAccumulationPlugin(num_steps=steps)
@@ -179,6 +181,10 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
     @property
     def distributed_type(self) -> DistributedType:
         return self.state.distributed_type
+
+    @property
+    def is_fsdp2(self) -> bool:
+        return self.state.is_fsdp2
 
     @property
     def num_processes(self) -> int:
