@@ -1,12 +1,20 @@
 """FSDP through torch's own ``fully_shard`` (FSDP2) on a device mesh: sharding, wrapping, state dicts, merging.
 
 `Accelerator.prepare_model` calls `shard_model` when a
-`FullyShardedDataParallelPlugin` was given. FSDP1's strategies map onto
-FSDP2: FULL_SHARD / SHARD_GRAD_OP shard over every rank (resharding after
-forward or not), NO_SHARD replicates (a mesh whose shard dimension is 1),
-HYBRID_SHARD / HYBRID_SHARD_ZERO2 replicate across machines and shard within
-one (a 2-D mesh machines x ranks per machine). Sharded state dicts go through
-``torch.distributed.checkpoint`` (one file per rank plus metadata).
+`FullyShardedDataParallelPlugin` was given; both ``fsdp_version`` values run
+on ``fully_shard``. FSDP1's strategies map onto it: FULL_SHARD / SHARD_GRAD_OP
+shard over every rank (resharding after forward or not), NO_SHARD replicates
+(a mesh whose shard dimension is 1), HYBRID_SHARD / HYBRID_SHARD_ZERO2
+replicate across machines and shard within one (a 2-D mesh machines x ranks
+per machine). ``fsdp_version=1`` keeps FSDP1's rules where they differ from
+HF's FSDP2 path: its wrap policy recursion, ``param_init_fn`` and
+``sync_module_states`` before sharding, and ``forward_prefetch`` /
+``backward_prefetch`` as explicit prefetching between consecutive units.
+``limit_all_gathers`` and ``use_orig_params`` have no ``fully_shard``
+counterpart (it never floods all-gathers and always keeps the original
+parameters): they are validated, as HF's, and change nothing. Sharded state
+dicts go through ``torch.distributed.checkpoint`` (one file per rank plus
+metadata) or per-rank ``torch.save`` files.
 
 Catalog: plugin.fsdp, plugin.fsdp_strategies, plugin.fsdp_state_dict, plugin.fsdp_wrap_policy.
 """
