@@ -13,12 +13,14 @@ Catalog: plugin.fsdp, plugin.dynamo, plugin.unavailable_engines, plugin.deepspee
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
 
 from .utils import imports
+from .utils.fsdp_plugin import MIXED_PRECISION_DTYPES
 from .utils.dataclasses import (
     DeepSpeedPlugin,
     DynamoBackend,
@@ -112,8 +114,9 @@ def resolve_engines(
     if dynamo_plugin is None:
         dynamo_plugin = TorchDynamoPlugin(backend=dynamo_backend)
     fsdp_plugin = given.get("fsdp_plugin")
-    if fsdp_plugin is not None and mixed_precision in ("fp16", "bf16"):
-        fsdp_plugin.set_mixed_precision(mixed_precision)
+    precision = str(mixed_precision if mixed_precision is not None else os.environ.get("ACCELERATE_MIXED_PRECISION", "no")).lower()
+    if fsdp_plugin is not None and precision in MIXED_PRECISION_DTYPES:  # HF's rule: any precision but "no" (fp8: bf16)
+        fsdp_plugin.set_mixed_precision(precision)
     return Engines(fsdp_plugin=fsdp_plugin, dynamo_plugin=dynamo_plugin, deepspeed_plugins=_deepspeed_plugins(given))
 
 

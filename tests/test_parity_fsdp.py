@@ -354,3 +354,16 @@ def test_world2_load_full_state_dict_as_hf(world2: list[dict]) -> None:
     for report in world2:
         loaded = report["load_full_state_dict"]
         assert loaded["ref"] == loaded["hf"] == loaded["expected"]
+
+
+@pytest.mark.parametrize(("argument", "env"), [("bf16", {}), (None, {"ACCELERATE_MIXED_PRECISION": "fp16"})])
+def test_accelerator_mixed_precision_sets_the_policy_as_hf(fresh_accelerate_state, argument, env) -> None:
+    """HF's AcceleratorState gives an FSDP plugin its mixed precision (argument or environment) unless it has one."""
+    import accelerate_ref
+
+    hf_plugin = _build(HFPlugin, {}, {})
+    hf_plugin.set_mixed_precision(argument or env["ACCELERATE_MIXED_PRECISION"])
+    with mock.patch.dict(os.environ, env):
+        accelerator = accelerate_ref.Accelerator(mixed_precision=argument, fsdp_plugin=_build(RefPlugin, {}, {}))
+    assert _normal(accelerator.state.fsdp_plugin.mixed_precision_policy) == _normal(hf_plugin.mixed_precision_policy)
+    assert accelerator.state.fsdp_plugin.mixed_precision_policy is not None
