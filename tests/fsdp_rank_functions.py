@@ -187,6 +187,83 @@ def load_full_state_dict(_: str) -> dict:
     return results
 
 
+class _Layer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.lin(x))
+
+
+class _Base(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed_tokens = torch.nn.Embedding(16, WIDTH)
+        self.layers = torch.nn.ModuleList([_Layer(), _Layer()])
+        self.norm = torch.nn.LayerNorm(WIDTH)
+        self.register_buffer("scale", torch.tensor(2.0), persistent=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(ids)
+        for layer in self.layers:
+            x = layer(x)
+        return self.norm(x) * self.scale
+
+
+class TiedLM(torch.nn.Module):
+    """The shape of a transformers causal LM: tied embeddings, a final norm, a non-persistent buffer."""
+
+    _no_split_modules = ["_Layer"]
+    base_model_prefix = "model"
+    _tied_weights_keys = ["lm_head.weight"]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = _Base()
+        self.lm_head = torch.nn.Linear(WIDTH, 16, bias=False)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        self.lm_head.weight = self.model.embed_tokens.weight
+
+    def get_input_embeddings(self) -> torch.nn.Module:
+        return self.model.embed_tokens
+
+    def get_output_embeddings(self) -> torch.nn.Module:
+        return self.lm_head
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.model(ids))
+
+
+def tied_language_model(_: str) -> dict:
+    """FSDP2 on a transformers-shaped model (bf16): HF's embedding and tail units; with cpu_ram_efficient_loading
+    (rank 1 starting from other weights) the tie, the non-persistent buffer and rank 0's weights survive."""
+    from torch.distributed.fsdp import FSDPModule
+
+    found = {}
+    for ram_efficient in (False, True):
+        torch.manual_seed(int(os.environ["RANK"]) if ram_efficient else 0)
+        model = TiedLM()
+        acc = _fresh(fsdp_version=2, auto_wrap_policy="transformer_based_wrap", cpu_ram_efficient_loading=ram_efficient, mixed_precision="bf16")
+        os.environ.pop("FSDP_CPU_RAM_EFFICIENT_LOADING", None)
+        model = acc.prepare(model)
+        optimizer = acc.prepare(torch.optim.SGD(model.parameters(), lr=0.1))
+        ids = torch.randint(0, 16, (2, 6), generator=torch.Generator().manual_seed(0))
+        with acc.autocast():
+            loss = torch.nn.functional.cross_entropy(model(ids).flatten(0, 1).float(), ids.flatten())
+        acc.backward(loss)
+        optimizer.step()
+        found[str(ram_efficient)] = {
+            "loss": loss.item(),
+            "units": sorted(name for name, module in model.named_modules() if isinstance(module, FSDPModule)),
+            "tied": model.lm_head.weight is model.model.embed_tokens.weight,
+            "scale": model.model.scale.item(),
+        }
+    return found
+
+
 def all_checks(folder: str) -> dict:
     """Every check above in one launch (each rank starts torch and a process group once)."""
     return {
@@ -194,4 +271,5 @@ def all_checks(folder: str) -> dict:
         "unit_layout": unit_layout(folder),
         "roundtrips": roundtrips(folder),
         "load_full_state_dict": load_full_state_dict(folder),
+        "tied_language_model": tied_language_model(folder),
     }

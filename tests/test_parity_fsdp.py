@@ -367,3 +367,13 @@ def test_accelerator_mixed_precision_sets_the_policy_as_hf(fresh_accelerate_stat
         accelerator = accelerate_ref.Accelerator(mixed_precision=argument, fsdp_plugin=_build(RefPlugin, {}, {}))
     assert _normal(accelerator.state.fsdp_plugin.mixed_precision_policy) == _normal(hf_plugin.mixed_precision_policy)
     assert accelerator.state.fsdp_plugin.mixed_precision_policy is not None
+
+
+def test_world2_fsdp2_on_a_transformers_shaped_model(world2: list[dict]) -> None:
+    runs = [report["tied_language_model"] for report in world2]
+    for run in runs:
+        for found in run.values():
+            assert found["units"] == ["", "lm_head", "model.embed_tokens", "model.layers.0", "model.layers.1", "model.norm"]
+            assert (found["tied"], found["scale"]) == (True, 2.0)
+    losses = {found["loss"] for run in runs for found in run.values()}
+    assert len(losses) == 1, f"rank 0's weights reach every rank with cpu_ram_efficient_loading: {losses}"
