@@ -234,6 +234,8 @@ def test_wrap_targets_follow_fsdp1_and_fsdp2_rules() -> None:
     """FSDP1's size policy counts the parameters a wrapped child does not already hold; HF's FSDP2 rule counts all."""
     sized = {"auto_wrap_policy": "size_based_wrap", "min_num_params": 50}
     assert ref_fsdp.wrap_targets(net(0), _build(RefPlugin, sized, {})) == ["blocks.0.linear", "blocks.1.linear"]
+    ignoring = {**sized, "min_num_params": 5, "ignored_modules": r"blocks\.0.*"}  # FSDP1 wraps no ignored module
+    assert ref_fsdp.wrap_targets(net(0), _build(RefPlugin, ignoring, {})) == ["blocks.1.linear", "head"]
     assert ref_fsdp.wrap_targets(net(0), _build(RefPlugin, {**sized, "fsdp_version": 2}, {})) == [
         "blocks.0.linear", "blocks.0", "blocks.1.linear", "blocks.1", "blocks",
     ]

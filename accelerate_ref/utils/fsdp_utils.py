@@ -73,8 +73,9 @@ def fsdp2_prepare_auto_wrap_policy(fsdp2_plugin: FullyShardedDataParallelPlugin,
     return None
 
 
-def _fsdp1_wrap_modules(model: torch.nn.Module, plugin: FullyShardedDataParallelPlugin, ignored: set[torch.nn.Parameter]) -> list[torch.nn.Module]:
-    """The modules FSDP1 would wrap: torch's own recursion over the bound policy (``(module, recurse, nonwrapped_numel)``)."""
+def _fsdp1_wrap_modules(model: torch.nn.Module, plugin: FullyShardedDataParallelPlugin, device: Any) -> list[torch.nn.Module]:
+    """The modules FSDP1 would wrap: torch's own recursion over the bound policy (``(module, recurse, nonwrapped_numel)``),
+    ``ignored_modules`` left out."""
     from torch.distributed.fsdp.wrap import _recursive_wrap
 
     if plugin.auto_wrap_policy is None:
@@ -85,15 +86,17 @@ def _fsdp1_wrap_modules(model: torch.nn.Module, plugin: FullyShardedDataParallel
         chosen.append(module)
         return module
 
-    _recursive_wrap(model, plugin.auto_wrap_policy, record, ignored_modules=set(), ignored_params=ignored, only_wrap_children=True)
+    ignored = _matching_modules(plugin.ignored_modules, model, device)
+    ignored_params = {parameter for module in ignored for parameter in module.parameters()}
+    _recursive_wrap(model, plugin.auto_wrap_policy, record, ignored_modules=set(ignored), ignored_params=ignored_params, only_wrap_children=True)
     return chosen
 
 
-def _wrap_modules(model: torch.nn.Module, plugin: FullyShardedDataParallelPlugin, ignored: set[torch.nn.Parameter]) -> list[torch.nn.Module]:
+def _wrap_modules(model: torch.nn.Module, plugin: FullyShardedDataParallelPlugin, device: Any = "cpu") -> list[torch.nn.Module]:
     """The submodules the plugin shards as units of their own (root excluded), children before parents."""
     plugin.set_auto_wrap_policy(model)
     if plugin.fsdp_version == 1:
-        return _fsdp1_wrap_modules(model, plugin, ignored)
+        return _fsdp1_wrap_modules(model, plugin, device)
     policy = fsdp2_prepare_auto_wrap_policy(plugin, model)
     return [] if policy is None else [module for module in get_module_children_bottom_up(model)[:-1] if policy(module)]
 
@@ -110,7 +113,7 @@ def wrap_targets(model: torch.nn.Module, plugin: FullyShardedDataParallelPlugin)
     Catalog: plugin.fsdp_wrap_policy.
     """
     names = {id(module): name for name, module in model.named_modules()}
-    return [names[id(module)] for module in _wrap_modules(model, plugin, set())]
+    return [names[id(module)] for module in _wrap_modules(model, plugin)]
 
 
 def _checkpoint_layers(model: torch.nn.Module, plugin: FullyShardedDataParallelPlugin, fsdp2: bool) -> torch.nn.Module:
@@ -317,16 +320,12 @@ def shard_model(
     Catalog: plugin.fsdp, plugin.fsdp_strategies, plugin.fsdp_wrap_policy.
     """
     before = dict(model.named_parameters())
-    units = _wrap_modules(model, plugin, _shard_ignored(plugin, model, state))
+    units = _wrap_modules(model, plugin, state.device)
     if plugin.activation_checkpointing:
         model = _checkpoint_layers(model, plugin, fsdp2=plugin.fsdp_version == 2)
     model = _fully_shard(model, plugin, state, units)
     after = fsdp2_canonicalize_names(dict(model.named_parameters()))
     return model, {id(before[name]): parameter for name, parameter in after.items() if name in before}
-
-
-def _shard_ignored(plugin: FullyShardedDataParallelPlugin, model: torch.nn.Module, state: Any) -> set[torch.nn.Parameter]:
-    return get_parameters_from_modules(plugin.ignored_modules, model, state.device)
 
 
 def fsdp2_prepare_model(accelerator: Any, model: torch.nn.Module) -> torch.nn.Module:
@@ -337,7 +336,7 @@ def fsdp2_prepare_model(accelerator: Any, model: torch.nn.Module) -> torch.nn.Mo
     if isinstance(model, FSDPModule) or (is_compiled_module(model) and isinstance(model._orig_mod, FSDPModule)):
         return model
     plugin = accelerator.state.fsdp_plugin
-    return _fully_shard(model, plugin, accelerator.state, _wrap_modules(model, plugin, _shard_ignored(plugin, model, accelerator.state)))
+    return _fully_shard(model, plugin, accelerator.state, _wrap_modules(model, plugin, accelerator.state.device))
 
 
 def fsdp2_load_full_state_dict(accelerator: Any, model: torch.nn.Module, full_sd: dict, cpu_offload: bool = False) -> torch.nn.Module:
@@ -399,12 +398,17 @@ def get_fsdp2_grad_scaler(**kwargs: Any) -> Any:
 def get_parameters_from_modules(modules: Union[Iterable[torch.nn.Module], str, None], model: torch.nn.Module, device: Any) -> set[torch.nn.Parameter]:
     """The parameters of ``modules``: modules, or a regular expression matched (fullmatch) against ``model``'s module
     names, whose matches move to ``device``. None gives an empty set. Catalog: plugin.fsdp."""
+    return {parameter for module in _matching_modules(modules, model, device) for parameter in module.parameters()}
+
+
+def _matching_modules(modules: Union[Iterable[torch.nn.Module], str, None], model: torch.nn.Module, device: Any) -> list[torch.nn.Module]:
+    """``modules`` as a list: none for None; for a regular expression, ``model``'s modules whose name it fullmatches, moved to ``device``."""
     if modules is None:
-        return set()
+        return []
     if isinstance(modules, str):
         pattern = re.compile(modules)
-        modules = [module.to(device) for name, module in model.named_modules() if pattern.fullmatch(name)]
-    return {parameter for module in modules for parameter in module.parameters()}
+        return [module.to(device) for name, module in model.named_modules() if pattern.fullmatch(name)]
+    return list(modules)
 
 
 def ensure_weights_retied(param_init_fn: Any, model: torch.nn.Module, device: Any) -> Any:
