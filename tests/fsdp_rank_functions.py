@@ -118,6 +118,12 @@ def unit_layout(_: str) -> dict:
     optimizer = acc.prepare(torch.optim.SGD(model.parameters(), lr=0.1))
     _train_step(acc, model, optimizer)
     layout["without_ac"] = _full(model)
+    acc = _fresh(auto_wrap_policy="transformer_based_wrap", activation_checkpointing=True)  # FSDP1: torch's own AC recursion
+    model = acc.prepare(net(seed=0))
+    optimizer = acc.prepare(torch.optim.SGD(model.parameters(), lr=0.1))
+    _train_step(acc, model, optimizer)
+    layout["fsdp1_checkpointed"] = sorted(name for name, module in model.named_modules() if isinstance(module, CheckpointWrapper))
+    layout["fsdp1_after_ac"] = _full(model)
     return layout
 
 

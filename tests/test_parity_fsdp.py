@@ -332,6 +332,8 @@ def test_world2_fields_shape_the_sharded_model(world2: list[dict]) -> None:
         assert layout["checkpointed"] == ["blocks.0._checkpoint_wrapped_module", "blocks.1._checkpoint_wrapped_module"]
         assert layout["offloaded"] == ["blocks.0", "blocks.1"]
         assert layout["after_ac"] == layout["without_ac"]  # checkpointing recomputes; it does not change the step
+        assert layout["fsdp1_checkpointed"] == ["blocks.0", "blocks.1"]
+        assert layout["fsdp1_after_ac"] == layout["without_ac"]
 
 
 def test_world2_save_load_roundtrips_and_reads_hf_checkpoints(world2: list[dict]) -> None:
