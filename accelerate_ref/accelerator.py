@@ -28,6 +28,7 @@ from .state import AcceleratorState, GradientState, PartialState
 from .tracking import LOGGER_TYPE_TO_CLASS, TrackingMixin  # noqa: F401  (HF's accelerator module exposes LOGGER_TYPE_TO_CLASS)
 from .utils import operations
 from .utils.constants import PROFILE_PATTERN_NAME
+from .utils.constants import FSDP2_PYTORCH_VERSION, FSDP_PYTORCH_VERSION  # noqa: F401  (HF's accelerator module exposes them)
 from .utils.constants import (  # noqa: F401  (HF's accelerator module exposes these file names)
     MODEL_NAME,
     SAFE_WEIGHTS_INDEX_NAME,
@@ -50,7 +51,7 @@ from .utils.dataclasses import (
     ProfileKwargs,
     ProjectConfiguration,
 )
-from .engines import compile_model, prepare_with_engines, resolve_engines
+from .engines import EnginesMixin, compile_model, prepare_with_engines, resolve_engines
 from .utils.memory import release_memory
 from .utils.other import extract_model_from_parallel, has_device_map
 from .utils.structures import recursively_apply
@@ -86,7 +87,7 @@ def _dataloader_configuration(config: DataLoaderConfiguration | None, legacy: di
     return DataLoaderConfiguration(**given)
 
 
-class Accelerator(CheckpointingMixin, TrackingMixin):
+class Accelerator(CheckpointingMixin, TrackingMixin, EnginesMixin):
     """Creates the process state and exposes process control and collectives.
 
     Attributes (catalog ``state.attributes``): ``device``,
@@ -142,6 +143,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
             **(init_kwargs.to_kwargs() if init_kwargs else {}),
         )
         self.state.deepspeed_plugins = self._engines.deepspeed_plugins  # the latest Accelerator's plugins
+        self.state.fsdp_plugin = self._engines.fsdp_plugin
         if gradient_accumulation_plugin is None:
             steps = int(os.environ.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", gradient_accumulation_steps))
             gradient_accumulation_plugin = GradientAccumulationPlugin(num_steps=steps)
@@ -176,20 +178,6 @@ class Accelerator(CheckpointingMixin, TrackingMixin):
         self.deepspeed_engine_wrapped: Any = None
 
     # -- topology (catalog state.attributes) -----------------------------
-
-    @property
-    def deepspeed_plugin(self) -> Any:
-        """The active `DeepSpeedPlugin` (``state.select_deepspeed_plugin`` picks one of several), or None.
-
-        Catalog: plugin.deepspeed_config.
-        """
-        return self.state.deepspeed_plugin
-
-    def deepspeed_ulysses_dl_adapter(self, dl: Any, model: Any) -> Any:
-        """``dl`` sharded along the sequence for DeepSpeed's Ulysses (`utils.deepspeed.deepspeed_ulysses_dl_adapter`)."""
-        from .utils.deepspeed import deepspeed_ulysses_dl_adapter
-
-        return deepspeed_ulysses_dl_adapter(self, dl, model)
 
     @property
     def distributed_type(self) -> DistributedType:

@@ -13,12 +13,14 @@ Catalog: plugin.fsdp, plugin.dynamo, plugin.unavailable_engines, plugin.deepspee
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
 
 from .utils import imports
+from .utils.fsdp_plugin import MIXED_PRECISION_DTYPES
 from .utils.dataclasses import (
     DeepSpeedPlugin,
     DynamoBackend,
@@ -115,8 +117,9 @@ def resolve_engines(
     if dynamo_plugin is None:
         dynamo_plugin = TorchDynamoPlugin(backend=dynamo_backend)
     fsdp_plugin = given.get("fsdp_plugin")
-    if fsdp_plugin is not None and mixed_precision in ("fp16", "bf16"):
-        fsdp_plugin.set_mixed_precision(mixed_precision)
+    precision = str(mixed_precision if mixed_precision is not None else os.environ.get("ACCELERATE_MIXED_PRECISION", "no")).lower()
+    if fsdp_plugin is not None and precision in MIXED_PRECISION_DTYPES:  # HF's rule: any precision but "no" (fp8: bf16)
+        fsdp_plugin.set_mixed_precision(precision)
     deepspeed_plugins = _deepspeed_plugins(given, mixed_precision)
     return Engines(fsdp_plugin=fsdp_plugin, dynamo_plugin=dynamo_plugin, deepspeed_plugins=deepspeed_plugins)
 
@@ -181,3 +184,26 @@ def compile_model(model: torch.nn.Module, plugin: TorchDynamoPlugin) -> torch.nn
     if plugin.backend == DynamoBackend.NO or isinstance(model, torch._dynamo.eval_frame.OptimizedModule):
         return model
     return torch.compile(model, **plugin.to_kwargs())
+
+
+class EnginesMixin:
+    """The `Accelerator`'s engine-facing attributes: the active DeepSpeed plugin, FSDP2, Ulysses loaders.
+
+    Uses the Accelerator's ``state``. Catalog: plugin.deepspeed_config, plugin.fsdp.
+    """
+
+    @property
+    def deepspeed_plugin(self) -> Any:
+        """The active `DeepSpeedPlugin` (``state.select_deepspeed_plugin`` picks one of several), or None."""
+        return self.state.deepspeed_plugin
+
+    @property
+    def is_fsdp2(self) -> bool:
+        """Whether FSDP drives the model with ``fsdp_version=2`` (HF's property)."""
+        return self.state.is_fsdp2
+
+    def deepspeed_ulysses_dl_adapter(self, dl: Any, model: Any) -> Any:
+        """``dl`` sharded along the sequence for DeepSpeed's Ulysses (`utils.deepspeed.deepspeed_ulysses_dl_adapter`)."""
+        from .utils.deepspeed import deepspeed_ulysses_dl_adapter
+
+        return deepspeed_ulysses_dl_adapter(self, dl, model)

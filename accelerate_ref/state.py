@@ -414,6 +414,12 @@ class AcceleratorState(_SharedState):
         return self._mixed_precision
 
     @property
+    def is_fsdp2(self) -> bool:
+        """Whether an FSDP plugin with ``fsdp_version=2`` shards this run's models (several processes). Catalog: plugin.fsdp."""
+        plugin = getattr(self, "fsdp_plugin", None)
+        return plugin is not None and plugin.fsdp_version == 2 and self.use_distributed
+
+    @property
     def use_distributed(self) -> bool:
         return self._partial.use_distributed
 

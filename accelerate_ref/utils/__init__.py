@@ -233,6 +233,16 @@ _EXPORTS = {
     # DeepSpeed parity (issue 13)
     "DeepSpeedSequenceParallelConfig": (".dataclasses", "DeepSpeedSequenceParallelConfig"),
     "deepspeed_required": (".imports", "deepspeed_required"),
+    # FSDP helpers of HF 1.15 (issue 13's FSDP parity)
+    "disable_fsdp_ram_efficient_loading": (".fsdp_utils", "disable_fsdp_ram_efficient_loading"),
+    "enable_fsdp_ram_efficient_loading": (".fsdp_utils", "enable_fsdp_ram_efficient_loading"),
+    "ensure_weights_retied": (".fsdp_utils", "ensure_weights_retied"),
+    "fsdp2_apply_ac": (".fsdp_utils", "fsdp2_apply_ac"),
+    "fsdp2_canonicalize_names": (".fsdp_utils", "fsdp2_canonicalize_names"),
+    "fsdp2_load_full_state_dict": (".fsdp_utils", "fsdp2_load_full_state_dict"),
+    "fsdp2_prepare_model": (".fsdp_utils", "fsdp2_prepare_model"),
+    "fsdp2_switch_optimizer_parameters": (".fsdp_utils", "fsdp2_switch_optimizer_parameters"),
+    "get_fsdp2_grad_scaler": (".fsdp_utils", "get_fsdp2_grad_scaler"),
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

@@ -19,6 +19,16 @@ SCALER_NAME = "scaler.pt"
 RNG_STATE_NAME = "random_states"
 FSDP_MODEL_NAME = "pytorch_model_fsdp"
 
+# FSDP option names (HF 1.15's lists: the plugin and `accelerate config` take these, by name or 1-based index)
+# and the torch versions FSDP (1) and FSDP2 (``fully_shard``) need. Catalog: plugin.fsdp, plugin.fsdp_strategies.
+FSDP_SHARDING_STRATEGY = ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"]
+FSDP_AUTO_WRAP_POLICY = ["TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"]
+FSDP_BACKWARD_PREFETCH = ["BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"]
+FSDP_STATE_DICT_TYPE = ["FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT"]
+FSDP2_STATE_DICT_TYPE = ["SHARDED_STATE_DICT", "FULL_STATE_DICT"]
+FSDP_PYTORCH_VERSION = "2.1.0.a0+32f93b1"  # HF's value: 2.1.0, spelled as the pre-release MS-AMP's image ships
+FSDP2_PYTORCH_VERSION = "2.6.0"
+
 # Accelerator.save_model() file names (catalog save_model.default, save_model.sharded).
 WEIGHTS_NAME = f"{MODEL_NAME}.bin"
 WEIGHTS_PATTERN_NAME = MODEL_NAME + "{suffix}.bin"

@@ -21,6 +21,12 @@ from .constants import (  # noqa: F401  (HF's utils.dataclasses exposes them)
     MITA_PROFILING_AVAILABLE_PYTORCH_VERSION,
     XPU_PROFILING_AVAILABLE_PYTORCH_VERSION,
 )
+from .constants import (  # noqa: F401  (HF's utils.dataclasses exposes the FSDP option lists)
+    FSDP2_PYTORCH_VERSION,
+    FSDP_AUTO_WRAP_POLICY,
+    FSDP_BACKWARD_PREFETCH,
+    FSDP_SHARDING_STRATEGY,
+)
 from .._lazy import lazy_exports
 from .environment import clear_environment, parse_flag_from_env, str_to_bool
 

@@ -15,107 +15,12 @@ quantization.load_and_quantize.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Union
+from dataclasses import dataclass
+from typing import Any, Optional
 
 from .dataclasses import KwargsHandler, _check
 from .deepspeed_plugin import DeepSpeedPlugin, DeepSpeedSequenceParallelConfig  # noqa: F401  (re-exported)
-
-#: FSDP1's sharding strategies, by name and by their documented 1-based number.
-FSDP_SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
-FSDP_AUTO_WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
-FSDP_STATE_DICT_TYPES = ("FULL_STATE_DICT", "SHARDED_STATE_DICT")
-
-
-def _named_choice(value: Any, choices: tuple[str, ...], field_name: str) -> str:
-    """``value`` (a name in any case, an enum with a ``name``, or a 1-based index) as one of ``choices``."""
-    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= len(choices):
-        return choices[value - 1]
-    name = str(getattr(value, "name", value)).upper()
-    _check(name in choices, f"{field_name} must be one of {', '.join(choices)}; got {value!r}")
-    return name
-
-
-@dataclass
-class FullyShardedDataParallelPlugin:
-    """How `prepare_model` shards a model with torch's FSDP (``fully_shard`` on a device mesh).
-
-    Fields: ``sharding_strategy`` (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD,
-    HYBRID_SHARD, HYBRID_SHARD_ZERO2: a name, torch's ``ShardingStrategy``
-    or its number 1-5), ``auto_wrap_policy`` ("transformer_based_wrap" with
-    ``transformer_cls_names_to_wrap``, "size_based_wrap" with
-    ``min_num_params``, "no_wrap", or a callable ``(module) -> bool``),
-    ``state_dict_type`` (FULL_STATE_DICT / SHARDED_STATE_DICT),
-    ``cpu_offload``, ``mixed_precision_policy`` (a dict of
-    ``param_dtype``/``reduce_dtype``/``output_dtype`` or torch's
-    ``MixedPrecisionPolicy``), ``cpu_ram_efficient_loading``,
-    ``sync_module_states``, ``activation_checkpointing``, ``fsdp_version``
-    (1 or 2; both are served by FSDP2 here), ``reshard_after_forward``.
-    Rule: an unknown strategy, policy or state dict type is a ValueError
-    naming the field. Catalog: plugin.fsdp, plugin.fsdp_strategies,
-    plugin.fsdp_wrap_policy, plugin.fsdp_state_dict.
-    """
-
-    fsdp_version: int = 1
-    sharding_strategy: Any = "FULL_SHARD"
-    reshard_after_forward: Optional[bool] = None
-    auto_wrap_policy: Union[str, Callable, None] = None
-    transformer_cls_names_to_wrap: Optional[list[str]] = None
-    min_num_params: Optional[int] = None
-    state_dict_type: Any = "FULL_STATE_DICT"
-    cpu_offload: bool = False
-    mixed_precision_policy: Any = None
-    cpu_ram_efficient_loading: bool = False
-    sync_module_states: bool = True
-    activation_checkpointing: bool = False
-    use_orig_params: bool = True
-    backward_prefetch: Any = None
-    forward_prefetch: bool = False
-    limit_all_gathers: bool = True
-
-    def __post_init__(self) -> None:
-        _check(self.fsdp_version in (1, 2), f"fsdp_version must be 1 or 2, got {self.fsdp_version!r}")
-        self.sharding_strategy = _named_choice(self.sharding_strategy, FSDP_SHARDING_STRATEGIES, "sharding_strategy")
-        self.state_dict_type = _named_choice(self.state_dict_type, FSDP_STATE_DICT_TYPES, "state_dict_type")
-        if isinstance(self.auto_wrap_policy, str):
-            self.auto_wrap_policy = _named_choice(self.auto_wrap_policy, FSDP_AUTO_WRAP_POLICIES, "auto_wrap_policy").lower()
-        else:
-            _check(
-                self.auto_wrap_policy is None or callable(self.auto_wrap_policy),
-                f"auto_wrap_policy must be a policy name or a callable, got {self.auto_wrap_policy!r}",
-            )
-        if isinstance(self.transformer_cls_names_to_wrap, str):
-            self.transformer_cls_names_to_wrap = [n for n in self.transformer_cls_names_to_wrap.split(",") if n]
-        if self.min_num_params is not None:
-            _check(self.min_num_params >= 0, f"min_num_params must be >= 0, got {self.min_num_params}")
-        if self.reshard_after_forward is None:
-            self.reshard_after_forward = self.sharding_strategy in ("FULL_SHARD", "HYBRID_SHARD")
-        if isinstance(self.mixed_precision_policy, dict):
-            allowed = {"param_dtype", "reduce_dtype", "output_dtype", "buffer_dtype", "cast_forward_inputs"}
-            unknown = sorted(set(self.mixed_precision_policy) - allowed)
-            _check(not unknown, f"mixed_precision_policy has unknown key(s) {unknown}; allowed: {sorted(allowed)}")
-
-    def set_mixed_precision(self, mixed_precision: str) -> None:
-        """Fill an unset `mixed_precision_policy` from the Accelerator's ``mixed_precision`` (fp16/bf16)."""
-        import torch
-
-        dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16}
-        if self.mixed_precision_policy is None and mixed_precision in dtypes:
-            self.mixed_precision_policy = {"param_dtype": dtypes[mixed_precision], "reduce_dtype": dtypes[mixed_precision]}
-
-
-def get_module_class_from_name(module: Any, name: str) -> Optional[type]:
-    """The class named ``name`` among ``module`` (an ``nn.Module``) and its descendants, or None.
-
-    Catalog: plugin.fsdp_wrap_policy.
-    """
-    if type(module).__name__ == name:
-        return type(module)
-    for child in module.children():
-        found = get_module_class_from_name(child, name)
-        if found is not None:
-            return found
-    return None
+from .fsdp_plugin import FullyShardedDataParallelPlugin, get_module_class_from_name  # noqa: F401  (their own module; HF's are here)
 
 
 #: FP8 backends and the package each needs.

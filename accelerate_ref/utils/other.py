@@ -14,6 +14,8 @@ import sys
 
 import torch
 
+from .constants import FSDP_PYTORCH_VERSION  # noqa: F401  (HF's utils.other exposes it)
+
 # `save`, `load` and `clean_state_dict_for_safetensors` live in `serialization`; HF's path is here.
 from .serialization import TORCH_SAFE_GLOBALS, clean_state_dict_for_safetensors, load, save  # noqa: F401
 

@@ -17,9 +17,9 @@ ref = BrokenCopy(__name__)
 original = ref.get("utils.fsdp_utils.save_fsdp_model")
 
 
-def save_fsdp_model(fsdp_plugin, accelerator, model, output_dir, model_index=0):
-    if fsdp_plugin.state_dict_type != "SHARDED_STATE_DICT":
-        return original(fsdp_plugin, accelerator, model, output_dir, model_index)
+def save_fsdp_model(fsdp_plugin, accelerator, model, output_dir, model_index=0, adapter_only=False, use_dcp=True):
+    if fsdp_plugin.state_dict_type.name != "SHARDED_STATE_DICT":
+        return original(fsdp_plugin, accelerator, model, output_dir, model_index, adapter_only, use_dcp)
     state = {"model": get_model_state_dict(model)}  # every rank takes part in gathering the state ...
     if accelerator.is_main_process:  # ... but only rank 0 writes, without the others
         dcp.save(state, checkpoint_id=os.path.join(output_dir, f"pytorch_model_fsdp_{model_index}"), no_dist=True)
