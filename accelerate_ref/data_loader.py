@@ -13,6 +13,9 @@ of two loaders, both real `DataLoader` subclasses:
   iterates the user's loader; it broadcasts each global batch and every
   process keeps its slice.
 
+With ``use_stateful_dataloader`` both draw their batches through torchdata's
+`StatefulDataLoader` and keep its state (`DataLoaderAdapter`, their base).
+
 While a prepared loader is iterated it is registered in `GradientState`,
 with ``end_of_dataloader`` (True on its last batch) and ``remainder`` (the
 number of real samples in its last global batch), which
@@ -32,7 +35,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Union
 import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 
-from .data_loader_adapter import DataLoaderAdapter, _carried_arguments, uncount_prefetched
+from .data_loader_adapter import DataLoaderAdapter, carried_arguments, uncount_prefetched
 from .samplers import (
     BatchSamplerShard,
     IterableDatasetShard,
@@ -509,7 +512,9 @@ class SkipDataLoader(DataLoaderStateMixin, DataLoaderAdapter):
     """A plain `DataLoader` that leaves out its first ``skip_batches`` batches.
 
     Used by `skip_first_batches` for an unprepared loader over an iterable
-    dataset, whose batches cannot be skipped by index.
+    dataset, whose batches cannot be skipped by index. With
+    ``use_stateful_dataloader`` its state counts the skipped batches too (HF's)
+    and is marked finished with its last batch (HF's never is).
     Catalog: data.skip_first_batches.
     """
 
@@ -651,7 +656,7 @@ def prepare_data_loader(
         else {"batch_size": batch_size, "drop_last": dataloader.drop_last}
     )
     common = {"_drop_last": dataloader.drop_last, "_non_blocking": non_blocking, "use_stateful_dataloader": use_stateful_dataloader,
-              **_carried_arguments(dataloader)}
+              **carried_arguments(dataloader)}
     if dispatch_batches:
         return DataLoaderDispatcher(dataset, split_batches=split_batches, slice_fn=slice_fn_for_dispatch, **batching, **common)
 
@@ -736,7 +741,7 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
     if not isinstance(dataloader, DataLoader):
         raise TypeError(f"skip_first_batches takes a torch.utils.data.DataLoader, got {type(dataloader).__name__}")
     dataset = dataloader.dataset
-    carried = _carried_arguments(dataloader)
+    carried = carried_arguments(dataloader)
     by_loading = num_batches if isinstance(dataset, IterableDataset) else 0
     if isinstance(dataloader, DataLoaderDispatcher):
         return _continuing(dataloader, num_batches, DataLoaderDispatcher(

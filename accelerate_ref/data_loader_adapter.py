@@ -54,7 +54,7 @@ TORCHDATA_MISSING = "StatefulDataLoader is not available. Please install torchda
 _REBUILT_ARGUMENTS = frozenset({"self", "dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "drop_last"})
 
 
-def _carried_arguments(dataloader: DataLoader) -> dict[str, Any]:
+def carried_arguments(dataloader: DataLoader) -> dict[str, Any]:
     """The user's DataLoader arguments that a rebuilt loader keeps (workers, collate_fn, pin_memory, ...)."""
     names = inspect.signature(DataLoader.__init__).parameters
     return {name: getattr(dataloader, name) for name in names if name not in _REBUILT_ARGUMENTS and hasattr(dataloader, name)}
@@ -112,7 +112,7 @@ class DataLoaderAdapter(DataLoader):
             if isinstance(self.dataset, IterableDataset)
             else {"batch_sampler": self.batch_sampler}
         )
-        return DataLoader(self.dataset, **batching, **_carried_arguments(self))
+        return DataLoader(self.dataset, **batching, **carried_arguments(self))
 
     def __iter__(self) -> Iterator[Any]:
         return self._drawn_batches()
@@ -164,4 +164,4 @@ class DataLoaderAdapter(DataLoader):
             uncount_prefetched(self.dl_state_dict, state.num_processes - 1, self.batch_size)
 
 
-__all__ = ["DataLoaderAdapter", "TORCHDATA_MISSING", "uncount_prefetched"]
+__all__ = ["DataLoaderAdapter", "TORCHDATA_MISSING", "carried_arguments", "uncount_prefetched"]
