@@ -229,7 +229,7 @@ class DataLoaderPositionMixin(_SamplerAccessMixin):
         return next((s for s in samplers if isinstance(s, SeedableRandomSampler)), None)
 
     def _epoch_iterator(self, continuing: bool) -> Iterator[Any]:
-        """``DataLoader.__iter__``, which draws the epoch's base seed from torch's RNG (not again when continuing)."""
+        """The epoch's batches (`DataLoaderAdapter`), whose iterator draws a base seed from torch's RNG (not again when continuing)."""
         if not continuing:
             return self._drawn_batches()  # type: ignore[attr-defined]
         state = torch.get_rng_state()
