@@ -28,6 +28,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[test,hf,transformers,trackers]"
 	# bitsandbytes' CPU backend runs the 8-bit case; --no-deps, so pip never replaces torch (extra "bnb").
 	$(PY) -m pip install --quiet --no-deps "bitsandbytes>=0.45"
+	# torchdata's StatefulDataLoader backs use_stateful_dataloader; --no-deps: its metadata pins torch.
+	$(PY) -m pip install --quiet --no-deps "torchdata==0.11.0"
 	@touch $@
 
 # Every backend runs even when one fails; the matrix puts them side by side; the exit status is

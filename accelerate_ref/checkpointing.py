@@ -11,6 +11,8 @@ file                           content                                       wri
 ``optimizer.bin``              the optimizer's ``state_dict()``              main process
 ``scheduler.bin``              the scheduler's ``state_dict()``              main process
 ``sampler.bin``                the prepared data loader's position           main process
+``dl_state_dict.bin``          a ``use_stateful_dataloader`` loader's        main process
+                               ``state_dict()`` (instead of ``sampler.bin``)
 ``scaler.pt``                  the fp16 ``GradScaler``'s ``state_dict()``    main process
 ``custom_checkpoint_<i>.pkl``  a registered object's ``state_dict()``        main process
 ``random_states_<rank>.pkl``   that process's RNG states and ``step``        every process
@@ -57,6 +59,8 @@ from .utils.serialization import load, save, write_object
 #: Accelerator device types whose RNG states are saved when present (as ``torch_<type>_manual_seed``).
 _DEVICE_RNGS = ("cuda", "xpu", "npu", "mlu", "musa", "hpu")
 _CUSTOM_FILE = re.compile(r"custom_checkpoint_(\d+)\.pkl")
+#: HF 1.15's file for the state of a loader backed by torchdata's StatefulDataLoader (`data_loader_adapter`).
+STATEFUL_LOADER_NAME = "dl_state_dict.bin"
 
 
 def indexed_name(name: str, index: int) -> str:
@@ -141,7 +145,9 @@ def save_accelerator_state(
     ``random_states_<process_index>.pkl``. Model states are written with
     safetensors unless ``safe_serialization=False``. Every file is written
     atomically. A loader without ``state_dict`` (one that was not prepared)
-    has no position to save and is skipped.
+    has no position to save and is skipped; one with ``use_stateful_dataloader``
+    saves its StatefulDataLoader state to ``dl_state_dict.bin`` (HF's file),
+    which loading reads back only where it is there, as HF does.
     Catalog: save_state.roundtrip, save_state.file_names, save_state.resume_data_order.
     """
     directory = Path(output_dir)
@@ -157,7 +163,9 @@ def save_accelerator_state(
     for i, scheduler in enumerate(schedulers):
         shared(scheduler.state_dict(), indexed_name(f"{SCHEDULER_NAME}.bin", i))
     for i, dataloader in enumerate(dataloaders):
-        if hasattr(dataloader, "state_dict"):
+        if getattr(dataloader, "use_stateful_dataloader", False):
+            shared(dataloader.state_dict(), indexed_name(STATEFUL_LOADER_NAME, i))
+        elif hasattr(dataloader, "state_dict"):
             shared(dataloader.state_dict(), indexed_name(f"{SAMPLER_NAME}.bin", i))
     if scaler is not None:
         shared(scaler.state_dict(), SCALER_NAME)
@@ -229,7 +237,10 @@ def load_accelerator_state(
     for i, scheduler in enumerate(schedulers):
         scheduler.load_state_dict(read(indexed_name(f"{SCHEDULER_NAME}.bin", i)))
     for i, dataloader in enumerate(dataloaders):
-        if hasattr(dataloader, "load_state_dict"):
+        if getattr(dataloader, "use_stateful_dataloader", False):
+            if (directory / indexed_name(STATEFUL_LOADER_NAME, i)).is_file():  # HF loads it only when it is there
+                dataloader.load_state_dict(read(indexed_name(STATEFUL_LOADER_NAME, i)))
+        elif hasattr(dataloader, "load_state_dict"):
             dataloader.load_state_dict(read(indexed_name(f"{SAMPLER_NAME}.bin", i)))
     if scaler is not None:
         scaler.load_state_dict(read(SCALER_NAME))

@@ -13,6 +13,9 @@ of two loaders, both real `DataLoader` subclasses:
   iterates the user's loader; it broadcasts each global batch and every
   process keeps its slice.
 
+With ``use_stateful_dataloader`` both draw their batches through torchdata's
+`StatefulDataLoader` and keep its state (`DataLoaderAdapter`, their base).
+
 While a prepared loader is iterated it is registered in `GradientState`,
 with ``end_of_dataloader`` (True on its last batch) and ``remainder`` (the
 number of real samples in its last global batch), which
@@ -25,7 +28,6 @@ through `GradientState`.
 from __future__ import annotations
 
 import copy
-import inspect
 import itertools
 import math
 from typing import Any, Callable, Iterable, Iterator, Optional, Union
@@ -33,6 +35,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Union
 import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 
+from .data_loader_adapter import DataLoaderAdapter, carried_arguments, uncount_prefetched
 from .samplers import (
     BatchSamplerShard,
     IterableDatasetShard,
@@ -54,16 +57,6 @@ from .utils.operations import (
 )
 from .utils.random import synchronize_rng_states
 from .utils.samples import concatenate_samples, count_samples, slice_samples
-
-#: DataLoader arguments that prepared loaders set themselves; every other one is carried over.
-_REBUILT_ARGUMENTS = frozenset({"self", "dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "drop_last"})
-
-
-def _carried_arguments(dataloader: DataLoader) -> dict[str, Any]:
-    """The user's DataLoader arguments that a rebuilt loader keeps (workers, collate_fn, pin_memory, ...)."""
-    names = inspect.signature(DataLoader.__init__).parameters
-    return {name: getattr(dataloader, name) for name in names if name not in _REBUILT_ARGUMENTS and hasattr(dataloader, name)}
-
 
 def _batching_chain(dataloader: DataLoader) -> Iterator[Any]:
     """The loader's batch sampler, the batch samplers it wraps in turn, then its dataset."""
@@ -113,28 +106,11 @@ class DataLoaderStateMixin:
     end_of_dataloader: bool = False
     remainder: int = -1
     _drop_last: bool = False
-    #: torchdata's StatefulDataLoader is not supported (`prepare_data_loader` refuses it), as in HF's attribute.
-    use_stateful_dataloader: bool = False
 
     @property
     def gradient_state(self) -> GradientState:
         """The process's `GradientState`, which this loader tells where it is (HF's attribute)."""
         return GradientState()
-
-    @property
-    def base_dataloader(self) -> DataLoader:
-        """A plain `DataLoader` over this loader's dataset and batching, without placement or synchronisation.
-
-        HF wraps such a loader and keeps it here; this loader is itself a
-        `DataLoader` subclass, so its plain twin is built on request.
-        """
-        loader: DataLoader = self  # type: ignore[assignment]
-        batching = (
-            {"batch_size": loader.batch_size, "drop_last": loader.drop_last}
-            if isinstance(loader.dataset, IterableDataset)
-            else {"batch_sampler": loader.batch_sampler}
-        )
-        return DataLoader(loader.dataset, **batching, **_carried_arguments(loader))
 
     def reset(self) -> None:
         """Forget the previous epoch's end-of-data state."""
@@ -165,6 +141,8 @@ class DataLoaderStateMixin:
         """Yield ``batches`` with ``end_of_dataloader`` True while the last one is out."""
         for batch, is_last in _mark_last(batches):
             self.end_of_dataloader = is_last
+            if is_last:
+                self._finish_state()  # type: ignore[attr-defined]
             yield batch
 
 
@@ -251,12 +229,12 @@ class DataLoaderPositionMixin(_SamplerAccessMixin):
         return next((s for s in samplers if isinstance(s, SeedableRandomSampler)), None)
 
     def _epoch_iterator(self, continuing: bool) -> Iterator[Any]:
-        """``DataLoader.__iter__``, which draws the epoch's base seed from torch's RNG (not again when continuing)."""
+        """The epoch's batches (`DataLoaderAdapter`), whose iterator draws a base seed from torch's RNG (not again when continuing)."""
         if not continuing:
-            return DataLoader.__iter__(self)  # type: ignore[arg-type]
+            return self._drawn_batches()  # type: ignore[attr-defined]
         state = torch.get_rng_state()
         try:
-            return DataLoader.__iter__(self)  # type: ignore[arg-type]
+            return self._drawn_batches()  # type: ignore[attr-defined]
         finally:
             torch.set_rng_state(state)
 
@@ -283,8 +261,11 @@ class DataLoaderPositionMixin(_SamplerAccessMixin):
     def state_dict(self) -> dict[str, Any]:
         """The loader's position: epoch, whether it began, batches handed out, order generator state, sampler seed.
 
+        With ``use_stateful_dataloader``, the StatefulDataLoader's state (`DataLoaderAdapter.state_dict`).
         Catalog: save_state.resume_data_order.
         """
+        if self.use_stateful_dataloader:  # type: ignore[attr-defined]
+            return super().state_dict()  # type: ignore[misc]
         keeper, generator = self._keeper, self._order_generator()
         if keeper._epoch_started:
             generator_state = keeper._epoch_start_rng
@@ -300,7 +281,10 @@ class DataLoaderPositionMixin(_SamplerAccessMixin):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Position the loader where `state_dict` says (see the class rules). Catalog: save_state.resume_data_order."""
+        """Position the loader where `state_dict` says (see the class rules); with ``use_stateful_dataloader``, see
+        `DataLoaderAdapter.load_state_dict`. Catalog: save_state.resume_data_order."""
+        if self.use_stateful_dataloader:  # type: ignore[attr-defined]
+            return super().load_state_dict(state_dict)  # type: ignore[misc]
         generator, seedable = self._order_generator(), self._seedable_sampler()
         if generator is not None and state_dict["generator_state"] is not None:
             generator.set_state(state_dict["generator_state"])
@@ -313,7 +297,7 @@ class DataLoaderPositionMixin(_SamplerAccessMixin):
         self._restored = True
 
 
-class DataLoaderShard(DataLoaderPositionMixin, DataLoaderStateMixin, DataLoader):
+class DataLoaderShard(DataLoaderPositionMixin, DataLoaderStateMixin, DataLoaderAdapter):
     """A `DataLoader` over this process's shard that places batches and keeps shuffles in sync.
 
     Rule, for each epoch: first the generators in ``rng_types`` take process
@@ -334,12 +318,13 @@ class DataLoaderShard(DataLoaderPositionMixin, DataLoaderStateMixin, DataLoader)
         rng_types: Optional[list[Union[str, RNGType]]] = None,
         synchronized_generator: Optional[torch.Generator] = None,
         skip_batches: int = 0,
+        use_stateful_dataloader: bool = False,
         _drop_last: bool = False,
         _non_blocking: bool = False,
         iteration: int = 0,
         **kwargs: Any,
     ) -> None:
-        super().__init__(dataset, **kwargs)
+        super().__init__(dataset, use_stateful_dataloader=use_stateful_dataloader, **kwargs)
         self.device = device
         self.rng_types = rng_types
         self.synchronized_generator = synchronized_generator
@@ -366,6 +351,9 @@ class DataLoaderShard(DataLoaderPositionMixin, DataLoaderStateMixin, DataLoader)
     def __len__(self) -> int:
         return max(super().__len__() - self.skip_batches, 0)
 
+    def adjust_state_dict_for_prefetch(self) -> None:
+        """No correction: the state is taken before the batch drawn ahead (HF's rule for this loader)."""
+
     def set_epoch(self, epoch: int) -> None:
         """Make ``epoch`` the current epoch of the loader and of its samplers and dataset."""
         self.iteration = epoch
@@ -377,7 +365,7 @@ class DataLoaderShard(DataLoaderPositionMixin, DataLoaderStateMixin, DataLoader)
         return _total_batch_size(self)
 
 
-class DataLoaderDispatcher(DataLoaderPositionMixin, DataLoaderStateMixin, DataLoader):
+class DataLoaderDispatcher(DataLoaderPositionMixin, DataLoaderStateMixin, DataLoaderAdapter):
     """A `DataLoader` that only process 0 iterates; each global batch is broadcast and sliced.
 
     Rule: process 0 takes one batch of the underlying loader per step
@@ -401,13 +389,14 @@ class DataLoaderDispatcher(DataLoaderPositionMixin, DataLoaderStateMixin, DataLo
         dataset: Any,
         split_batches: bool = False,
         skip_batches: int = 0,
+        use_stateful_dataloader: bool = False,
         _drop_last: bool = False,
         _non_blocking: bool = False,
         slice_fn: Optional[Callable[..., Any]] = None,
         iteration: int = 0,
         **kwargs: Any,
     ) -> None:
-        super().__init__(dataset, **kwargs)
+        super().__init__(dataset, use_stateful_dataloader=use_stateful_dataloader, **kwargs)
         self.split_batches = split_batches
         self.skip_batches = skip_batches
         self._drop_last = _drop_last
@@ -421,6 +410,11 @@ class DataLoaderDispatcher(DataLoaderPositionMixin, DataLoaderStateMixin, DataLo
     def _batches_per_step(self) -> int:
         return 1 if self.split_batches else self.state.num_processes
 
+    def adjust_state_dict_for_prefetch(self) -> None:
+        """Uncount the rest of the next step, which process 0 drew ahead: ``num_processes - 1`` batches, none with
+        ``split_batches`` (HF 1.15 uncounts ``num_processes - 1`` there too, so it resumes a step early)."""
+        uncount_prefetched(self.dl_state_dict, self._batches_per_step - 1, self.batch_size)
+
     def __iter__(self) -> Iterator[Any]:
         continuing = self._continues_started_epoch()
         self.begin()
@@ -431,6 +425,8 @@ class DataLoaderDispatcher(DataLoaderPositionMixin, DataLoaderStateMixin, DataLo
             source = itertools.islice(self._padded_steps(self._epoch_iterator(continuing)), self.skip_batches, None)
         for batch, is_last in self._received_steps(source):
             self.end_of_dataloader = is_last
+            if is_last:
+                self._finish_state()
             self._count_batch()
             yield batch
         self.iteration += 1
@@ -512,16 +508,18 @@ def _repeat_from_start(batch: Any, count: int) -> Any:
     return slice_samples(concatenate_samples([batch] * repeats), slice(0, count))
 
 
-class SkipDataLoader(DataLoaderStateMixin, DataLoader):
+class SkipDataLoader(DataLoaderStateMixin, DataLoaderAdapter):
     """A plain `DataLoader` that leaves out its first ``skip_batches`` batches.
 
     Used by `skip_first_batches` for an unprepared loader over an iterable
-    dataset, whose batches cannot be skipped by index.
+    dataset, whose batches cannot be skipped by index. With
+    ``use_stateful_dataloader`` its state counts the skipped batches too (HF's)
+    and is marked finished with its last batch (HF's never is).
     Catalog: data.skip_first_batches.
     """
 
-    def __init__(self, dataset: Any, skip_batches: int = 0, **kwargs: Any) -> None:
-        super().__init__(dataset, **kwargs)
+    def __init__(self, dataset: Any, skip_batches: int = 0, use_stateful_dataloader: bool = False, **kwargs: Any) -> None:
+        super().__init__(dataset, use_stateful_dataloader=use_stateful_dataloader, **kwargs)
         self.skip_batches = skip_batches
         self._drop_last = self.drop_last
 
@@ -532,6 +530,9 @@ class SkipDataLoader(DataLoaderStateMixin, DataLoader):
 
     def __len__(self) -> int:
         return max(super().__len__() - self.skip_batches, 0)
+
+    def adjust_state_dict_for_prefetch(self) -> None:
+        """No correction: nothing is drawn ahead (HF 1.15 uncounts ``num_processes - 1``, resuming early)."""
 
     @property
     def total_batch_size(self) -> Optional[int]:
@@ -619,6 +620,8 @@ def prepare_data_loader(
     * ``use_seedable_sampler`` replaces a `RandomSampler` with a
       `SeedableRandomSampler` (order = f(``data_seed`` or the torch seed, epoch));
     * batches go to ``device`` when ``put_on_device``;
+    * ``use_stateful_dataloader`` backs the loader with torchdata's
+      `StatefulDataLoader` (`DataLoaderAdapter`: ImportError without it);
     * anything but a `DataLoader` is a TypeError; a map-style loader
       without batches (``batch_size=None`` and no batch sampler) a ValueError.
 
@@ -630,8 +633,6 @@ def prepare_data_loader(
     """
     if not isinstance(dataloader, DataLoader):
         raise TypeError(f"prepare_data_loader takes a torch.utils.data.DataLoader, got {type(dataloader).__name__}")
-    if use_stateful_dataloader:
-        raise NotImplementedError("use_stateful_dataloader (torchdata's StatefulDataLoader) is not supported by accelerate_ref")
     state = PartialState()
     num_processes = state.num_processes if num_processes is None else num_processes
     process_index = state.process_index if process_index is None else process_index
@@ -654,7 +655,8 @@ def prepare_data_loader(
         if batch_sampler is not None
         else {"batch_size": batch_size, "drop_last": dataloader.drop_last}
     )
-    common = {"_drop_last": dataloader.drop_last, "_non_blocking": non_blocking, **_carried_arguments(dataloader)}
+    common = {"_drop_last": dataloader.drop_last, "_non_blocking": non_blocking, "use_stateful_dataloader": use_stateful_dataloader,
+              **carried_arguments(dataloader)}
     if dispatch_batches:
         return DataLoaderDispatcher(dataset, split_batches=split_batches, slice_fn=slice_fn_for_dispatch, **batching, **common)
 
@@ -739,7 +741,7 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
     if not isinstance(dataloader, DataLoader):
         raise TypeError(f"skip_first_batches takes a torch.utils.data.DataLoader, got {type(dataloader).__name__}")
     dataset = dataloader.dataset
-    carried = _carried_arguments(dataloader)
+    carried = carried_arguments(dataloader)
     by_loading = num_batches if isinstance(dataset, IterableDataset) else 0
     if isinstance(dataloader, DataLoaderDispatcher):
         return _continuing(dataloader, num_batches, DataLoaderDispatcher(
@@ -773,6 +775,7 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
 
 __all__ = [
     "BatchSamplerShard",
+    "DataLoaderAdapter",
     "DataLoaderDispatcher",
     "DataLoaderPositionMixin",
     "DataLoaderShard",

@@ -321,8 +321,6 @@ def test_prepare_refuses_what_it_cannot_prepare():
         prepare_data_loader(DataLoader(range(4), batch_size=3), num_processes=2, process_index=0, split_batches=True)
     with pytest.raises(ValueError, match="batched"):
         prepare_data_loader(DataLoader(range(4), batch_size=None))
-    with pytest.raises(NotImplementedError, match="StatefulDataLoader"):
-        prepare_data_loader(DataLoader(range(4), batch_size=2), use_stateful_dataloader=True)
 
 
 def test_batches_are_placed_on_the_device_only_when_asked():
