@@ -230,6 +230,12 @@ _EXPORTS = {
     "check_cuda_p2p_ib_support": (".environment", "check_cuda_p2p_ib_support"),
     "get_gpu_info": (".environment", "get_gpu_info"),
     "set_numa_affinity": (".environment", "set_numa_affinity"),
+    # Issue 13 (engine internals): regional compilation, the tensor parallel plugin.
+    "TorchTensorParallelPlugin": (".dataclasses", "TorchTensorParallelPlugin"),
+    "compile_regions": (".other", "compile_regions"),
+    "compile_regions_deepspeed": (".other", "compile_regions_deepspeed"),
+    "compile_regions_fsdp2": (".other", "compile_regions_fsdp2"),
+    "has_compiled_regions": (".other", "has_compiled_regions"),
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
