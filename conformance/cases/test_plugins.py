@@ -441,6 +441,32 @@ def plugin_dynamo_regional(impl, world):
     expect_true(not any(isinstance(sub, OptimizedModule) for sub in bare.modules()), "the unwrapped model has no compiled module")
 
 
+@case("plugin.dynamo", worlds=[2])
+def plugin_dynamo_regional_fsdp(impl, world):
+    """Under FSDP2, regional compilation compiles each block in place (FSDP's hooks still run); training matches DDP."""
+    torch._dynamo.reset()
+    plugin = impl.utils.TorchDynamoPlugin(backend="eager", use_regional_compilation=True)
+    acc = impl.Accelerator(fsdp_plugin=impl.utils.FullyShardedDataParallelPlugin(fsdp_version=2), dynamo_plugin=plugin)
+    model = _net()
+    total = sum(p.numel() for p in model.parameters())
+    loader = torch.utils.data.DataLoader(list(range(STEPS * BATCH * world.size)), batch_size=BATCH)
+    model = acc.prepare(model)
+    compiled = [name for name, sub in model.named_modules() if sub._compiled_call_impl is not None]
+    optimizer, loader = acc.prepare(torch.optim.SGD(model.parameters(), lr=LR), loader)
+    seen = _train(acc, model, optimizer, loader)
+    local = sum(_local_numel(p) for p in model.parameters())
+    state = acc.get_state_dict(model)
+    return {"indices": seen, "local": local, "total": total, "compiled": compiled,
+            "state": _plain(state) if acc.is_main_process else None}
+
+
+@plugin_dynamo_regional_fsdp.check
+def _plugin_dynamo_regional_fsdp_check(values, world):
+    for v in values:
+        expect_equal(v["compiled"], ["blocks.0", "blocks.1", "head"], "the modules compiled in place, one by one")
+    _check_fsdp_run(values, world.size, "FSDP2 with regional compilation")
+
+
 #: Hook kind -> the name torch gives the registered hook function.
 _HOOK_NAMES = {
     "FP16": "fp16_compress_hook",
