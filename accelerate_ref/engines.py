@@ -5,8 +5,10 @@
 ``deepspeed_plugins``) makes `prepare` go through `utils.deepspeed`. DeepSpeed (without its package), Megatron-LM and FP8
 engines are refused at construction, naming the argument and the package:
 where the package is not installed (ImportError), and where it is, because
-this reference does not drive it yet (NotImplementedError). Never a silent
-fallback to plain DDP.
+this reference does not drive it yet (NotImplementedError); so is a
+``torch_tp_plugin`` asking for tensor parallelism (``tp_size`` > 1). Never a
+silent fallback to plain DDP. `compile_model` compiles the prepared model
+(whole, or region by region with ``use_regional_compilation``).
 
 Catalog: plugin.fsdp, plugin.dynamo, plugin.unavailable_engines, plugin.deepspeed_zero, plugin.deepspeed_config.
 """

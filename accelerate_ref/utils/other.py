@@ -33,8 +33,8 @@ def is_compiled_module(module: torch.nn.Module) -> bool:
     it only to ask costs seconds, so it is looked up, not imported.
     Catalog: prepare.unwrap.
     """
-    dynamo = sys.modules.get("torch._dynamo")
-    return dynamo is not None and isinstance(module, dynamo.eval_frame.OptimizedModule)
+    wrapper = _optimized_module_class()
+    return wrapper is not None and isinstance(module, wrapper)
 
 
 def _optimized_module_class() -> type | None:
@@ -83,12 +83,11 @@ def compile_regions(module: torch.nn.Module, **compile_kwargs) -> torch.nn.Modul
     becomes a shallow copy of itself (same class, same parameters and
     buffers, its bound-method attributes rebound to the copy) whose children
     are compiled the same way, recursively; any other module is compiled
-    whole. The input is left as it was. The result keeps the input under
-    ``__dict__["_orig_mod"]`` (unless it is a `torch.compile` wrapper, which
-    has its own), so `extract_model_from_parallel` (``keep_torch_compile=False``)
-    gives it back. Identical blocks hit torch's compile cache, so a model of
-    N blocks costs about one block's compile. ``compile_kwargs`` go to
-    ``torch.compile``. Catalog: plugin.dynamo.
+    whole. The input is left as it was; the result keeps it under
+    ``__dict__["_orig_mod"]``, so `extract_model_from_parallel`
+    (``keep_torch_compile=False``) gives it back. Why: blocks of one class
+    reuse one compiled graph, which cuts torch.compile's cold start.
+    ``compile_kwargs`` go to ``torch.compile``. Catalog: plugin.dynamo.
     """
     compiled = _compile_region(module, compile_kwargs)
     compiled.__dict__.setdefault("_orig_mod", module)
