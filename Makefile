@@ -30,6 +30,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --no-deps "bitsandbytes>=0.45"
 	# torchdata's StatefulDataLoader backs use_stateful_dataloader; --no-deps: its metadata pins torch.
 	$(PY) -m pip install --quiet --no-deps "torchdata==0.11.0"
+	# lomo-optim (12 kB, pure Python) runs the LOMO route of backward; --no-deps for the same reason.
+	$(PY) -m pip install --quiet --no-deps "lomo-optim>=0.1.1"
 	@touch $@
 
 # Every backend runs even when one fails; the matrix puts them side by side; the exit status is

@@ -40,6 +40,8 @@ _EXPORTS = {
     "DeepSpeedPlugin": (".utils.dataclasses", "DeepSpeedPlugin"),
     "FullyShardedDataParallelPlugin": (".utils.dataclasses", "FullyShardedDataParallelPlugin"),
     "synchronize_rng_states": (".utils.random", "synchronize_rng_states"),
+    # Issue 13 (engine internals): HF exports the comm hook enum at the top level too.
+    "DDPCommunicationHookType": (".utils.dataclasses", "DDPCommunicationHookType"),
 }
 __all__ = [
     "Accelerator",
@@ -72,5 +74,6 @@ __all__ = [
     "DeepSpeedPlugin",
     "FullyShardedDataParallelPlugin",
     "synchronize_rng_states",
+    "DDPCommunicationHookType",
 ]
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

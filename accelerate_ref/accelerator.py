@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import torch
 
-from . import gradient_sync
+from . import gradient_sync, lomo
 from .data_loader import prepare_data_loader, skip_first_batches
 from .optimizer import AcceleratedOptimizer
 from .precision import MixedPrecision
@@ -583,6 +583,8 @@ class Accelerator(CheckpointingMixin, TrackingMixin, EnginesMixin):
             self.deepspeed_engine_wrapped.backward(loss, sync_gradients=self.sync_gradients, **kwargs)
             return
         loss = loss / self.gradient_accumulation_steps
+        if kwargs.get("learning_rate") is not None and lomo.has_lomo_optimizer(self._optimizers):
+            return self.lomo_backward(loss, kwargs["learning_rate"])  # LOMO updates inside its fused backward
         self._precision.scale_loss(loss).backward(**kwargs)
 
     @contextlib.contextmanager

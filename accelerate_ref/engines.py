@@ -5,8 +5,10 @@
 ``deepspeed_plugins``) makes `prepare` go through `utils.deepspeed`. DeepSpeed (without its package), Megatron-LM and FP8
 engines are refused at construction, naming the argument and the package:
 where the package is not installed (ImportError), and where it is, because
-this reference does not drive it yet (NotImplementedError). Never a silent
-fallback to plain DDP.
+this reference does not drive it yet (NotImplementedError); so is a
+``torch_tp_plugin`` asking for tensor parallelism (``tp_size`` > 1). Never a
+silent fallback to plain DDP. `compile_model` compiles the prepared model
+(whole, or region by region with ``use_regional_compilation``).
 
 Catalog: plugin.fsdp, plugin.dynamo, plugin.unavailable_engines, plugin.deepspeed_zero, plugin.deepspeed_config.
 """
@@ -14,6 +16,7 @@ Catalog: plugin.fsdp, plugin.dynamo, plugin.unavailable_engines, plugin.deepspee
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -28,6 +31,7 @@ from .utils.dataclasses import (
     FullyShardedDataParallelPlugin,
     MegatronLMPlugin,
     TorchDynamoPlugin,
+    TorchTensorParallelPlugin,
 )
 
 #: Accelerator arguments naming an engine, with the plugin class each takes.
@@ -36,7 +40,7 @@ ENGINE_ARGUMENTS = {
     "deepspeed_plugins": dict,
     "fsdp_plugin": FullyShardedDataParallelPlugin,
     "megatron_lm_plugin": MegatronLMPlugin,
-    "torch_tp_plugin": object,
+    "torch_tp_plugin": TorchTensorParallelPlugin,
     "parallelism_config": object,
 }
 
@@ -107,7 +111,7 @@ def resolve_engines(
             if not name.startswith("deepspeed_plugin"):  # `utils.deepspeed` drives DeepSpeed
                 raise NotImplementedError(f"{name}: accelerate_ref does not drive {module} yet (it is installed)")
     if "torch_tp_plugin" in given:
-        raise NotImplementedError("torch_tp_plugin: accelerate_ref does not provide tensor parallelism yet")
+        _check_tensor_parallel(given["torch_tp_plugin"])
     if "parallelism_config" in given:
         raise NotImplementedError("parallelism_config: accelerate_ref does not provide N-D parallelism (ParallelismConfig) yet")
     if str(mixed_precision).lower() == "fp8" and handlers.get(FP8RecipeKwargs) is not None:
@@ -153,6 +157,24 @@ def _deepspeed_plugins(given: dict[str, Any], mixed_precision: Optional[str]) ->
     return plugins
 
 
+def _check_tensor_parallel(plugin: TorchTensorParallelPlugin) -> None:
+    """Warn as HF 1.15 does (the plugin is deprecated); refuse a ``tp_size`` above 1, which would shard the model.
+
+    Catalog: plugin.unavailable_engines.
+    """
+    warnings.warn(
+        "`TorchTensorParallelPlugin` is deprecated and will be removed in a future version of Accelerate. "
+        "Please use the `ParallelismConfig` with `tp_size` instead.",
+        FutureWarning,
+        stacklevel=4,
+    )
+    if plugin.tp_size > 1:
+        raise NotImplementedError(
+            f"torch_tp_plugin: tp_size={plugin.tp_size} needs tensor parallelism (HF's ParallelismConfig and a "
+            "Transformers model loaded with tp_plan), which accelerate_ref does not provide; tp_size=1 runs without it"
+        )
+
+
 def _refuse_fp8(recipe: FP8RecipeKwargs) -> None:
     if not _FP8_CHECKS[recipe.backend]():
         raise ImportError(
@@ -179,15 +201,25 @@ def prepare_with_engines(model: torch.nn.Module, engines: Engines, state: Any, d
 def compile_model(model: torch.nn.Module, plugin: TorchDynamoPlugin) -> torch.nn.Module:
     """``torch.compile(model, **plugin.to_kwargs())`` unless the backend is NO or it is compiled already.
 
-    Catalog: plugin.dynamo.
+    Rule: with ``plugin.use_regional_compilation``, `utils.other.compile_regions`
+    instead (each repeated block compiled on its own); on a model FSDP2
+    sharded, its in-place variant `compile_regions_fsdp2`, so the hooks
+    ``fully_shard`` registered keep running. Catalog: plugin.dynamo.
     """
     if plugin.backend == DynamoBackend.NO or isinstance(model, torch._dynamo.eval_frame.OptimizedModule):
         return model
-    return torch.compile(model, **plugin.to_kwargs())
+    if not plugin.use_regional_compilation:
+        return torch.compile(model, **plugin.to_kwargs())
+    from torch.distributed.fsdp import FSDPModule
+
+    from .utils.other import compile_regions, compile_regions_fsdp2
+
+    regional = compile_regions_fsdp2 if isinstance(model, FSDPModule) else compile_regions
+    return regional(model, **plugin.to_kwargs())
 
 
 class EnginesMixin:
-    """The `Accelerator`'s engine-facing attributes: the active DeepSpeed plugin, FSDP2, Ulysses loaders.
+    """The `Accelerator`'s engine-facing attributes: the active DeepSpeed plugin, FSDP2, Ulysses loaders, LOMO.
 
     Uses the Accelerator's ``state``. Catalog: plugin.deepspeed_config, plugin.fsdp.
     """
@@ -207,3 +239,9 @@ class EnginesMixin:
         from .utils.deepspeed import deepspeed_ulysses_dl_adapter
 
         return deepspeed_ulysses_dl_adapter(self, dl, model)
+
+    def lomo_backward(self, loss: torch.Tensor, learning_rate: float) -> None:
+        """Backward and update through the prepared LOMO optimizers (`lomo.lomo_backward`). Catalog: backward.loss."""
+        from .lomo import lomo_backward
+
+        lomo_backward(self._optimizers, loss, learning_rate)

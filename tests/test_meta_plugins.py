@@ -56,6 +56,9 @@ BREAKS = [
     # By case name: the bf16 case of the ID is NOT_SUPPORTED on gloo (a torch limit).
     pbrk("plugin_comm_hook_not_registered", {"plugin_ddp_comm_hook": F}, "2", ("plugin_ddp_comm_hook",)),
     pbrk("plugin_dynamo_not_compiled", {"plugin.dynamo": F}, "1", SINGLE),
+    # Issue 13: regional compilation (TorchDynamoPlugin.use_regional_compilation) ignored.
+    pbrk("plugin_dynamo_regional_ignored", {"plugin_dynamo_regional": F}, "1", SINGLE),
+    pbrk("plugin_dynamo_regional_fsdp_wraps", {"plugin_dynamo_regional_fsdp": (F, E)}, "2", ("plugin_dynamo_regional_fsdp",)),
     pbrk("plugin_deepspeed_auto_unfilled", {"plugin_deepspeed_config": F}, "1", SINGLE),
 ]
 #: Breaks that show only where the deepspeed package is installed (without it the ZeRO cases are NOT_SUPPORTED).

@@ -243,6 +243,12 @@ _EXPORTS = {
     "fsdp2_prepare_model": (".fsdp_utils", "fsdp2_prepare_model"),
     "fsdp2_switch_optimizer_parameters": (".fsdp_utils", "fsdp2_switch_optimizer_parameters"),
     "get_fsdp2_grad_scaler": (".fsdp_utils", "get_fsdp2_grad_scaler"),
+    # Issue 13 (engine internals): regional compilation, the tensor parallel plugin.
+    "TorchTensorParallelPlugin": (".dataclasses", "TorchTensorParallelPlugin"),
+    "compile_regions": (".other", "compile_regions"),
+    "compile_regions_deepspeed": (".other", "compile_regions_deepspeed"),
+    "compile_regions_fsdp2": (".other", "compile_regions_fsdp2"),
+    "has_compiled_regions": (".other", "has_compiled_regions"),
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

@@ -298,10 +298,15 @@ class DistributedDataParallelKwargs(KwargsHandler):
             f"comm_wrapper must be no, fp16 or bf16, got {self.comm_wrapper.value!r}",
         )
 
-    def to_kwargs(self) -> dict[str, Any]:
-        """The DDP constructor's arguments: the comm hook fields are registered after wrapping instead."""
-        hook_fields = ("comm_hook", "comm_wrapper", "comm_state_option")
-        return {key: value for key, value in super().to_kwargs().items() if key not in hook_fields}
+    def to_dict(self, ignore_keys: tuple[str, ...] = ("comm_hook", "comm_wrapper", "comm_state_option")) -> dict[str, Any]:
+        """Every field but ``ignore_keys`` (deep-copied).
+
+        Rule (HF's): by default the comm hook fields are left out, so
+        `to_kwargs` gives the DDP constructor's arguments only (the hook is
+        registered after wrapping, `register_comm_hook`); ``ignore_keys=()``
+        gives every field. Catalog: kwargs.ddp, plugin.ddp_comm_hook.
+        """
+        return {key: value for key, value in super().to_dict().items() if key not in ignore_keys}
 
     def register_comm_hook(self, model: Any) -> None:
         """Register torch's DDP communication hook named by `comm_hook` on the DDP ``model``.
@@ -518,10 +523,14 @@ class TorchDynamoPlugin(KwargsHandler):
     """Arguments for `torch.compile` of the prepared model.
 
     Rule: unset fields come from the launcher's environment
-    (ACCELERATE_DYNAMO_BACKEND, _MODE, _USE_FULLGRAPH, _USE_DYNAMIC), else
-    backend "NO" and mode "default"; `backend` is converted to `DynamoBackend`
-    case-insensitively, an unknown name being a ValueError.
-    Catalog: plugin.dynamo.
+    (ACCELERATE_DYNAMO_BACKEND, _MODE, _USE_FULLGRAPH, _USE_DYNAMIC,
+    _USE_REGIONAL_COMPILATION), else backend "NO" and mode "default";
+    `backend` is converted to `DynamoBackend` case-insensitively, an unknown
+    name being a ValueError. ``use_regional_compilation`` makes `prepare`
+    compile each block of a repeated ``ModuleList`` (and the rest of the
+    model piece by piece) with `utils.other.compile_regions` instead of the
+    whole model; it is not a `torch.compile` argument, so `to_kwargs` leaves
+    it out. Catalog: plugin.dynamo.
     """
 
     backend: Optional[DynamoBackend] = None
@@ -530,6 +539,7 @@ class TorchDynamoPlugin(KwargsHandler):
     dynamic: Optional[bool] = None
     options: Any = None
     disable: bool = False
+    use_regional_compilation: Optional[bool] = None
 
     def __post_init__(self) -> None:
         prefix = "ACCELERATE_DYNAMO_"
@@ -539,6 +549,8 @@ class TorchDynamoPlugin(KwargsHandler):
             self.mode = os.environ.get(prefix + "MODE", "default")
         if self.fullgraph is None:
             self.fullgraph = parse_flag_from_env(prefix + "USE_FULLGRAPH")
+        if self.use_regional_compilation is None:
+            self.use_regional_compilation = parse_flag_from_env(prefix + "USE_REGIONAL_COMPILATION")
         if self.dynamic is None and prefix + "USE_DYNAMIC" in os.environ:
             self.dynamic = str_to_bool(os.environ[prefix + "USE_DYNAMIC"]) == 1
 
@@ -547,6 +559,29 @@ class TorchDynamoPlugin(KwargsHandler):
         fields = super().to_dict()
         fields["backend"] = self.backend.value.lower()
         return fields
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """`torch.compile`'s arguments: the non-default fields but ``use_regional_compilation``."""
+        kwargs = super().to_kwargs()
+        kwargs.pop("use_regional_compilation", None)
+        return kwargs
+
+
+@dataclass
+class TorchTensorParallelPlugin:
+    """``Accelerator(torch_tp_plugin=...)``: the tensor parallel degree (HF 1.15 deprecates it for ParallelismConfig).
+
+    Fields (HF's): ``tp_size`` (default 1) and ``torch_device_mesh`` (a
+    ``torch.distributed.DeviceMesh`` or None, which HF 1.15 does not read).
+    Rule: the Accelerator warns (FutureWarning) as HF does; ``tp_size`` 1 is
+    no tensor parallelism and trains as without the plugin; a larger
+    ``tp_size`` is refused (NotImplementedError): HF shards such models
+    through ``ParallelismConfig`` and Transformers' ``tp_plan``, which
+    accelerate_ref does not provide. Catalog: plugin.unavailable_engines.
+    """
+
+    tp_size: int = 1
+    torch_device_mesh: Optional["torch.distributed.DeviceMesh"] = None
 
 
 # Engine plugins live in their own module, which imports this one; HF users import them from here,

@@ -5,12 +5,17 @@ distributed container (`DistributedDataParallel`, `DataParallel`, FSDP), and
 the user's module, whose `forward` may be wrapped for mixed precision (the
 original kept as ``_original_forward``).
 
-Catalog: prepare.unwrap, prepare.verify_device_map, unwrap.keep_fp32_wrapper.
+Regional compilation (`compile_regions` and its in-place variants) lives here
+too, as in HF: a model whose repeated blocks were compiled one by one keeps
+its own class, with the uncompiled original under ``__dict__["_orig_mod"]``.
+
+Catalog: prepare.unwrap, prepare.verify_device_map, unwrap.keep_fp32_wrapper, plugin.dynamo.
 """
 
 from __future__ import annotations
 
 import sys
+from types import MethodType
 
 import torch
 
@@ -30,8 +35,113 @@ def is_compiled_module(module: torch.nn.Module) -> bool:
     it only to ask costs seconds, so it is looked up, not imported.
     Catalog: prepare.unwrap.
     """
+    wrapper = _optimized_module_class()
+    return wrapper is not None and isinstance(module, wrapper)
+
+
+def _optimized_module_class() -> type | None:
+    """torch.compile's wrapper class, or None while `torch._dynamo` was never imported (nothing is compiled)."""
     dynamo = sys.modules.get("torch._dynamo")
-    return dynamo is not None and isinstance(module, dynamo.eval_frame.OptimizedModule)
+    return None if dynamo is None else dynamo.eval_frame.OptimizedModule
+
+
+def has_compiled_regions(module: torch.nn.Module) -> bool:
+    """True when ``module`` has submodules and one of them (or itself) is a `torch.compile` wrapper.
+
+    Rule (HF's): a module without children is never "with compiled regions",
+    even when compiled itself (`is_compiled_module` says that). Modules
+    compiled in place (``module.compile()``) are not wrappers and do not count.
+    Catalog: plugin.dynamo.
+    """
+    wrapper = _optimized_module_class()
+    return wrapper is not None and bool(module._modules) and any(isinstance(sub, wrapper) for sub in module.modules())
+
+
+def is_repeated_blocks(module: torch.nn.Module) -> bool:
+    """True when ``module`` is a non-empty ``ModuleList`` whose items are all instances of its first item's class.
+
+    Catalog: plugin.dynamo.
+    """
+    return (
+        isinstance(module, torch.nn.ModuleList)
+        and len(module) > 0
+        and all(isinstance(block, type(module[0])) for block in module)
+    )
+
+
+def has_repeated_blocks(module: torch.nn.Module) -> bool:
+    """True when ``module`` or a module below it `is_repeated_blocks` (``module`` must have children).
+
+    Catalog: plugin.dynamo.
+    """
+    return bool(module._modules) and any(is_repeated_blocks(sub) for sub in module.modules())
+
+
+def compile_regions(module: torch.nn.Module, **compile_kwargs) -> torch.nn.Module:
+    """``module`` compiled region by region: each block of a repeated ``ModuleList`` on its own.
+
+    Rules (HF 1.15's): a repeated ``ModuleList`` becomes a new ``ModuleList``
+    of ``torch.compile(block)``; a module with repeated blocks below it
+    becomes a shallow copy of itself (same class, same parameters and
+    buffers, its bound-method attributes rebound to the copy) whose children
+    are compiled the same way, recursively; any other module is compiled
+    whole. The input is left as it was; the result keeps it under
+    ``__dict__["_orig_mod"]``, so `extract_model_from_parallel`
+    (``keep_torch_compile=False``) gives it back. Why: blocks of one class
+    reuse one compiled graph, which cuts torch.compile's cold start.
+    ``compile_kwargs`` go to ``torch.compile``. Catalog: plugin.dynamo.
+    """
+    compiled = _compile_region(module, compile_kwargs)
+    compiled.__dict__.setdefault("_orig_mod", module)
+    return compiled
+
+
+def _compile_region(module: torch.nn.Module, compile_kwargs: dict) -> torch.nn.Module:
+    if is_repeated_blocks(module):
+        return torch.nn.ModuleList(torch.compile(block, **compile_kwargs) for block in module)
+    if not has_repeated_blocks(module):
+        return torch.compile(module, **compile_kwargs)
+    copy = type(module).__new__(type(module))
+    copy.__dict__.update(module.__dict__)
+    for name, value in module.__dict__.items():
+        if isinstance(value, MethodType) and value.__self__ is module:  # e.g. a patched forward
+            copy.__dict__[name] = MethodType(value.__func__, copy)
+    copy._modules = {name: _compile_region(child, compile_kwargs) for name, child in module.named_children()}
+    return copy
+
+
+def compile_regions_deepspeed(module: torch.nn.Module, **compile_kwargs) -> None:
+    """Regional compilation in place, for a `DeepSpeedEngine`'s ``module``: blocks call ``block.compile()``.
+
+    Rule: the regions are those of `compile_regions`, but each is compiled
+    with the in-place ``nn.Module.compile`` (no new module), so the hooks and
+    offloaded parameters DeepSpeed attached stay where they are. Returns None,
+    as HF's. Catalog: plugin.dynamo.
+    """
+    _compile_regions_in_place(module, compile_kwargs)
+
+
+def compile_regions_fsdp2(module: torch.nn.Module, **compile_kwargs) -> torch.nn.Module:
+    """Regional compilation in place (``block.compile()``), for a model FSDP2 shards; returns ``module``.
+
+    Rule: as `compile_regions_deepspeed`; in place, so each module's
+    ``__call__`` still runs the forward hooks FSDP2's ``fully_shard``
+    registers (a `torch.compile` wrapper would call around them).
+    Catalog: plugin.dynamo.
+    """
+    _compile_regions_in_place(module, compile_kwargs)
+    return module
+
+
+def _compile_regions_in_place(module: torch.nn.Module, compile_kwargs: dict) -> None:
+    if is_repeated_blocks(module):
+        for block in module:
+            block.compile(**compile_kwargs)
+    elif has_repeated_blocks(module):
+        for child in module.children():
+            _compile_regions_in_place(child, compile_kwargs)
+    else:
+        module.compile(**compile_kwargs)
 
 
 def _distributed_containers() -> tuple[type, ...]:
@@ -59,11 +169,14 @@ def extract_model_from_parallel(
     computes, in whatever dtype. With ``recursive=True`` every submodule
     with a ``.module`` (a wrapped sublayer, as under FSDPv2 on XLA) is
     replaced by what it wraps, at every depth, as HF 1.15.
-    Catalog: prepare.unwrap, unwrap.keep_fp32_wrapper.
+    A model compiled region by region (`compile_regions`) is unwrapped the
+    same way, through the original it keeps under ``__dict__["_orig_mod"]``.
+    Catalog: prepare.unwrap, unwrap.keep_fp32_wrapper, plugin.dynamo.
     """
-    compiled = model if is_compiled_module(model) else None
+    regional = not is_compiled_module(model) and "_orig_mod" in model.__dict__ and has_compiled_regions(model)
+    compiled = model if is_compiled_module(model) or regional else None
     if compiled is not None:
-        model = compiled._orig_mod
+        model = compiled.__dict__["_orig_mod"] if regional else compiled._orig_mod
     containers = _distributed_containers()
     while isinstance(model, containers):
         model = model.module
@@ -72,7 +185,10 @@ def extract_model_from_parallel(
     if not keep_fp32_wrapper and ORIGINAL_FORWARD in model.__dict__:
         model.forward = model.__dict__.pop(ORIGINAL_FORWARD)
     if compiled is not None and keep_torch_compile:
-        compiled._orig_mod = model
+        if regional:
+            compiled.__dict__["_orig_mod"] = model
+        else:
+            compiled._orig_mod = model
         return compiled
     return model
 

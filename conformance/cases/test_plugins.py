@@ -404,6 +404,69 @@ def plugin_dynamo_plugin(impl, world):
     _check_compiles(impl, "TorchDynamoPlugin(backend='aot_eager')", dynamo_plugin=impl.utils.TorchDynamoPlugin(backend="aot_eager"))
 
 
+@case("plugin.dynamo", worlds=[1, 2])
+def plugin_dynamo_regional(impl, world):
+    """``use_regional_compilation=True`` compiles each repeated block (and the rest) on its own, as HF 1.15.
+
+    The prepared model is no `torch.compile` wrapper: under it (past DDP) the
+    user's class holds one compiled module per block and a compiled head;
+    outputs and gradients equal the eager model's; ``unwrap_model(...,
+    keep_torch_compile=False)`` gives the uncompiled model back.
+    """
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    torch._dynamo.reset()
+    x = torch.randn(3, WIDTH, generator=torch.Generator().manual_seed(7))
+    eager = _net()
+    expected = eager(x)
+    expected.sum().backward()
+    plugin = impl.utils.TorchDynamoPlugin(backend="eager", use_regional_compilation=True)
+    acc = impl.Accelerator(dynamo_plugin=plugin)
+    if type(torch.empty(0, device=acc.device)) is not torch.Tensor:
+        raise NotSupported(f"torch.compile cannot trace the simulator's mock {acc.device.type} tensors (dynamo's fake tensors refuse them)")
+    model = acc.prepare(_net())
+    expect_true(not isinstance(model, OptimizedModule), "regional compilation does not wrap the whole model")
+    inner = getattr(model, "module", model)
+    expect_equal(type(inner).__name__, "_Net", "the user's class under the prepared model")
+    compiled = sorted(name for name, sub in inner.named_modules() if isinstance(sub, OptimizedModule))
+    expect_equal(compiled, ["blocks.0", "blocks.1", "head"], "the modules compiled one by one")
+    got = model(x.to(acc.device))
+    expect_true(torch.allclose(got.detach().cpu(), expected, atol=1e-6), "regionally compiled outputs equal the eager model's")
+    acc.backward(got.sum())
+    bare = acc.unwrap_model(model, keep_torch_compile=False)
+    expect_equal(type(bare).__name__, "_Net", "unwrap_model(keep_torch_compile=False)")
+    grads = {name: p.grad.cpu() for name, p in bare.named_parameters()}  # the compiled modules share these
+    for name, p in eager.named_parameters():
+        expect_true(torch.allclose(grads[name], p.grad, atol=1e-6), f"gradient of {name} equals the eager model's")
+    expect_true(not any(isinstance(sub, OptimizedModule) for sub in bare.modules()), "the unwrapped model has no compiled module")
+
+
+@case("plugin.dynamo", worlds=[2])
+def plugin_dynamo_regional_fsdp(impl, world):
+    """Under FSDP2, regional compilation compiles each block in place (FSDP's hooks still run); training matches DDP."""
+    torch._dynamo.reset()
+    plugin = impl.utils.TorchDynamoPlugin(backend="eager", use_regional_compilation=True)
+    acc = impl.Accelerator(fsdp_plugin=impl.utils.FullyShardedDataParallelPlugin(fsdp_version=2), dynamo_plugin=plugin)
+    model = _net()
+    total = sum(p.numel() for p in model.parameters())
+    loader = torch.utils.data.DataLoader(list(range(STEPS * BATCH * world.size)), batch_size=BATCH)
+    model = acc.prepare(model)
+    compiled = [name for name, sub in model.named_modules() if sub._compiled_call_impl is not None]
+    optimizer, loader = acc.prepare(torch.optim.SGD(model.parameters(), lr=LR), loader)
+    seen = _train(acc, model, optimizer, loader)
+    local = sum(_local_numel(p) for p in model.parameters())
+    state = acc.get_state_dict(model)
+    return {"indices": seen, "local": local, "total": total, "compiled": compiled,
+            "state": _plain(state) if acc.is_main_process else None}
+
+
+@plugin_dynamo_regional_fsdp.check
+def _plugin_dynamo_regional_fsdp_check(values, world):
+    for v in values:
+        expect_equal(v["compiled"], ["blocks.0", "blocks.1", "head"], "the modules compiled in place, one by one")
+    _check_fsdp_run(values, world.size, "FSDP2 with regional compilation")
+
+
 #: Hook kind -> the name torch gives the registered hook function.
 _HOOK_NAMES = {
     "FP16": "fp16_compress_hook",
