@@ -22,11 +22,11 @@ from .utils import imports
 from .utils.dataclasses import (
     DeepSpeedPlugin,
     DynamoBackend,
-    FP8RecipeKwargs,
     FullyShardedDataParallelPlugin,
     MegatronLMPlugin,
     TorchDynamoPlugin,
 )
+from .utils.low_precision import FP8_BACKEND_PACKAGES, FP8_RECIPE_CLASSES, FP8BackendType, fp8_backend_of
 
 #: Accelerator arguments naming an engine, with the plugin class each takes.
 ENGINE_ARGUMENTS = {
@@ -82,7 +82,7 @@ def resolve_engines(
     TypeError naming the argument; more than one of ``fsdp_plugin``,
     ``deepspeed_plugin(s)``, ``megatron_lm_plugin`` a ValueError naming
     them; DeepSpeed/Megatron-LM refused as the module docstring says;
-    ``mixed_precision="fp8"`` with an `FP8RecipeKwargs` refused naming its
+    ``mixed_precision="fp8"`` with an FP8 recipe handler refused naming its
     backend's package; ``dynamo_backend`` and ``dynamo_plugin`` together a ValueError.
     Catalog: plugin.unavailable_engines, plugin.dynamo.
     """
@@ -105,8 +105,8 @@ def resolve_engines(
                 raise NotImplementedError(f"{name}: accelerate_ref does not drive {module} yet (it is installed)")
     if "torch_tp_plugin" in given:
         raise NotImplementedError("torch_tp_plugin: accelerate_ref does not provide tensor parallelism yet")
-    if str(mixed_precision).lower() == "fp8" and handlers.get(FP8RecipeKwargs) is not None:
-        _refuse_fp8(handlers[FP8RecipeKwargs])  # without a recipe, `precision.MixedPrecision` refuses naming every engine
+    if str(mixed_precision).lower() == "fp8" and any(handlers.get(recipe) is not None for recipe in FP8_RECIPE_CLASSES):
+        _refuse_fp8(fp8_backend_of(handlers))  # without a recipe, `precision.MixedPrecision` refuses naming every engine
     if dynamo_backend is not None and dynamo_plugin is not None:
         raise ValueError("You cannot pass in both `dynamo_plugin` and `dynamo_backend`, please only pass in one.")
     if dynamo_plugin is None:
@@ -138,13 +138,14 @@ def _deepspeed_plugins(given: dict[str, Any]) -> Any:
     return plugins
 
 
-def _refuse_fp8(recipe: FP8RecipeKwargs) -> None:
-    if not _FP8_CHECKS[recipe.backend]():
+def _refuse_fp8(backend: FP8BackendType) -> None:
+    package = FP8_BACKEND_PACKAGES[backend.value]
+    if not _FP8_CHECKS[backend.value]():
         raise ImportError(
-            f"mixed_precision='fp8' with the {recipe.backend} backend needs the `{recipe.package}` package, "
-            "which is not installed (FP8RecipeKwargs(backend=...) picks TE, MSAMP or AO)"
+            f"mixed_precision='fp8' with the {backend.value} backend needs the `{package}` package, "
+            "which is not installed (the FP8 recipe handler picks the backend)"
         )
-    raise NotImplementedError(f"mixed_precision='fp8': accelerate_ref does not drive {recipe.package} yet")
+    raise NotImplementedError(f"mixed_precision='fp8': accelerate_ref does not drive {package} yet")
 
 
 def prepare_with_engines(model: torch.nn.Module, engines: Engines, state: Any, distributed: bool) -> Optional[torch.nn.Module]:

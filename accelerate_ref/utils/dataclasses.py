@@ -548,9 +548,14 @@ class TorchDynamoPlugin(KwargsHandler):
 _ENGINE_PLUGINS = (
     "BnbQuantizationConfig",
     "DeepSpeedPlugin",
-    "FP8RecipeKwargs",
     "FullyShardedDataParallelPlugin",
     "MegatronLMPlugin",
     "get_module_class_from_name",
 )
-__getattr__, __dir__ = lazy_exports(__name__, globals(), {name: (".engine_plugins", name) for name in _ENGINE_PLUGINS})
+# Low-precision types and FP8 recipes, likewise in their own module.
+_LOW_PRECISION = ("AORecipeKwargs", "CustomDtype", "FP8BackendType", "FP8RecipeKwargs", "MSAMPRecipeKwargs", "TERecipeKwargs")
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    globals(),
+    {**{name: (".engine_plugins", name) for name in _ENGINE_PLUGINS}, **{name: (".low_precision", name) for name in _LOW_PRECISION}},
+)

@@ -285,7 +285,12 @@ def _assign(model: torch.nn.Module, name: str, current: torch.Tensor, value: tor
             module_name, _, attribute = name.rpartition(".")
             module = model.get_submodule(module_name)
             if isinstance(current, torch.nn.Parameter):
-                module.register_parameter(attribute, torch.nn.Parameter(new, requires_grad=current.requires_grad))
+                from .bnb import quantized_parameter_like  # an empty bitsandbytes layer quantizes what it is given
+
+                parameter = quantized_parameter_like(current, new)
+                if parameter is None:
+                    parameter = torch.nn.Parameter(new, requires_grad=current.requires_grad)
+                module.register_parameter(attribute, parameter)
             else:
                 module.register_buffer(attribute, new, persistent=attribute not in module._non_persistent_buffers_set)
         elif new.device == current.device and new.dtype == current.dtype:
