@@ -281,13 +281,15 @@ def get_driver_version() -> str:
 _FP8_COMPUTE_CAPABILITY = (8, 9)
 
 
+@functools.lru_cache
 def check_cuda_fp8_capability() -> bool:
     """Whether the (first) NVIDIA GPU supports FP8: compute capability 8.9 or above.
 
     Rule (HF 1.15): the capability comes from ``nvidia-smi
     --query-gpu=compute_capability``; if that fails in any way, from
     ``torch.cuda.get_device_capability()`` (which initialises CUDA, and
-    raises where torch has no CUDA). Catalog: env.checks.
+    raises where torch has no CUDA). The answer is cached for the process,
+    as HF's (``check_cuda_fp8_capability.cache_clear()`` forgets it). Catalog: env.checks.
     """
     try:
         capability = tuple(int(part) for part in _query_gpus("compute_capability")[0].split("."))
