@@ -44,6 +44,9 @@ needs_torchao = pytest.mark.skipif(not HAS_TORCHAO, reason="torchao is not insta
 
 FP8_ENV = "ACCELERATE_FP8_"
 
+#: FP8RecipeKwargs is deprecated in HF and here: building one (to_kwargs builds a default one) warns.
+pytestmark = pytest.mark.filterwarnings("ignore:FP8RecipeKwargs is deprecated:FutureWarning")
+
 
 @pytest.fixture(autouse=True)
 def no_fp8_environment(monkeypatch):
@@ -606,6 +609,8 @@ def test_load_and_quantize_from_a_checkpoint(tmp_path, kwargs):
         ("load_in_4bit", {"blocks": "disk", "head": "disk"}),
         ("load_in_8bit", "balanced_and_bogus"),
         ("load_in_8bit", "sequential"),
+        ("load_in_8bit", "auto"),
+        ("load_in_8bit", "balanced_low_0"),
     ],
 )
 def test_quantized_model_device_map_as_hf(load, device_map):
@@ -614,15 +619,19 @@ def test_quantized_model_device_map_as_hf(load, device_map):
 
     from accelerate_ref.utils import bnb as ref_bnb
 
-    outcomes = []
-    for bnb_module, config_class in ((ref_bnb, ref_utils.BnbQuantizationConfig), (hf_bnb, hf_utils.BnbQuantizationConfig)):
-        config = config_class(**{load: True}, skip_modules=["head"], keep_in_fp32_modules=[])
-        try:
-            outcomes.append(bnb_module.get_quantized_model_device_map(
-                _net(), config, copy.deepcopy(device_map), max_memory={"cpu": 10**9}))
-        except ValueError as error:
-            outcomes.append(type(error))
-    assert outcomes[0] == outcomes[1]
+    # 3200 bytes hold the model only with its quantized weights sized as int8 (~3.1 kB; ~12.8 kB in float32)
+    for budget in (3200, 2500):
+        outcomes = []
+        for bnb_module, config_class in ((ref_bnb, ref_utils.BnbQuantizationConfig), (hf_bnb, hf_utils.BnbQuantizationConfig)):
+            config = config_class(**{load: True}, skip_modules=["head"], keep_in_fp32_modules=[])
+            try:
+                outcomes.append(bnb_module.get_quantized_model_device_map(
+                    _net(), config, copy.deepcopy(device_map), max_memory={"cpu": budget}))
+            except ValueError as error:
+                outcomes.append(type(error))
+        assert outcomes[0] == outcomes[1]
+        if device_map == "sequential":
+            assert outcomes[0] == ({"": "cpu"} if budget == 3200 else {"blocks.0": "cpu", "blocks.1": "cpu", "blocks.2": "disk", "head": "disk"})
 
 
 @needs_bnb

@@ -58,12 +58,12 @@ from .module_sizes import (
     retie_parameters,
     set_module_tensor_to_device,
 )
+from .low_precision import CustomDtype
 from .offload import load_offloaded_weight, offload_weight, save_offload_index
 from .serialization import load
 
 if TYPE_CHECKING:
     from .dataclasses import AutocastKwargs, DistributedType
-    from .low_precision import CustomDtype
 
 logger = logging.getLogger(__name__)
 
@@ -115,15 +115,16 @@ def convert_file_size_to_int(size: Union[int, str]) -> int:
     return value // 8 if unit.endswith("b") and not unit.upper().endswith("IB") else value
 
 
-def dtype_byte_size(dtype: Union[torch.dtype, "CustomDtype"]) -> float:
+#: Bytes per element of the element types torch lacks.
+_CUSTOM_DTYPE_BYTES = {CustomDtype.INT2: 1 / 4, CustomDtype.INT4: 1 / 2, CustomDtype.FP8: 1}
+
+
+def dtype_byte_size(dtype: Union[torch.dtype, CustomDtype]) -> float:
     """Bytes one element of ``dtype`` takes: 1/8 for ``torch.bool``; for a `CustomDtype`
     (how bitsandbytes sizes quantized weights) 1/4 for INT2, 1/2 for INT4, 1 for FP8.
     Catalog: shard_checkpoint.doc_example, quantization.load_and_quantize."""
-    from .low_precision import CustomDtype
-
-    custom_sizes = {CustomDtype.INT2: 1 / 4, CustomDtype.INT4: 1 / 2, CustomDtype.FP8: 1}
     if isinstance(dtype, CustomDtype):
-        return custom_sizes[dtype]
+        return _CUSTOM_DTYPE_BYTES[dtype]
     if dtype == torch.bool:
         return 1 / 8
     return torch.empty((), dtype=dtype).element_size()
