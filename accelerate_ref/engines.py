@@ -13,6 +13,7 @@ Catalog: plugin.fsdp, plugin.dynamo, plugin.unavailable_engines, plugin.deepspee
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -83,7 +84,8 @@ def resolve_engines(
     ``deepspeed_plugin(s)``, ``megatron_lm_plugin`` a ValueError naming
     them; DeepSpeed/Megatron-LM refused as the module docstring says;
     ``mixed_precision="fp8"`` with an FP8 recipe handler refused naming its
-    backend's package; ``dynamo_backend`` and ``dynamo_plugin`` together a ValueError.
+    backend's package, a recipe handler without fp8 (and without FSDP or
+    DeepSpeed) a ValueError; ``dynamo_backend`` and ``dynamo_plugin`` together a ValueError.
     Catalog: plugin.unavailable_engines, plugin.dynamo.
     """
     unknown = sorted(set(engines) - set(ENGINE_ARGUMENTS))
@@ -105,8 +107,12 @@ def resolve_engines(
                 raise NotImplementedError(f"{name}: accelerate_ref does not drive {module} yet (it is installed)")
     if "torch_tp_plugin" in given:
         raise NotImplementedError("torch_tp_plugin: accelerate_ref does not provide tensor parallelism yet")
-    if str(mixed_precision).lower() == "fp8" and any(handlers.get(recipe) is not None for recipe in FP8_RECIPE_CLASSES):
-        _refuse_fp8(fp8_backend_of(handlers))  # without a recipe, `precision.MixedPrecision` refuses naming every engine
+    if any(handlers.get(recipe) is not None for recipe in FP8_RECIPE_CLASSES):
+        precision = mixed_precision if mixed_precision is not None else os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+        if str(precision).lower() == "fp8":
+            _refuse_fp8(fp8_backend_of(handlers))  # without a recipe, `precision.MixedPrecision` refuses naming every engine
+        if not exclusive:  # HF's rule and words (FSDP and DeepSpeed take the recipe in their own precision)
+            raise ValueError("Passing in an FP8 configuration requires setting `mixed_precision='fp8'`.")
     if dynamo_backend is not None and dynamo_plugin is not None:
         raise ValueError("You cannot pass in both `dynamo_plugin` and `dynamo_backend`, please only pass in one.")
     if dynamo_plugin is None:

@@ -729,3 +729,19 @@ def test_quantization_case_reports_a_model_left_unquantized(request, monkeypatch
     monkeypatch.syspath_prepend(os.path.dirname(__file__))  # `broken_impls` imports as a top-level package
     entry = brk("quantization_not_quantized", {"quantization.load_and_quantize": F}, "1", ("quantization.*",), isolated=True)
     check_reported(entry, request)
+
+
+@pytest.mark.parametrize("mixed_precision", [None, "no", "bf16"])
+def test_a_recipe_without_fp8_is_refused_as_hf(fresh_accelerate_state, mixed_precision):
+    from accelerate.state import AcceleratorState as HFState
+
+    from accelerate_ref import Accelerator
+
+    errors = []
+    for accelerator, recipe in ((Accelerator, ref_utils.MSAMPRecipeKwargs()), (hf_accelerator.Accelerator, hf_utils.MSAMPRecipeKwargs())):
+        HFState._reset_state(True)
+        with pytest.raises(ValueError) as caught:
+            accelerator(mixed_precision=mixed_precision, kwargs_handlers=[recipe])
+        errors.append(str(caught.value))
+    HFState._reset_state(True)
+    assert errors[0] == errors[1]
