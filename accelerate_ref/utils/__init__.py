@@ -243,6 +243,7 @@ _EXPORTS = {
     "torchao_required": (".imports", "torchao_required"),
     "has_4bit_bnb_layers": (".bnb", "has_4bit_bnb_layers"),
     "convert_model_to_fp8_ao": (".ao", "convert_model_to_fp8_ao"),
+    "filter_first_and_last_linear_layers": (".ao", "filter_first_and_last_linear_layers"),
     "has_ao_layers": (".ao", "has_ao_layers"),
 }
 __all__ = sorted(_EXPORTS)

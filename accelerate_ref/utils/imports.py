@@ -193,8 +193,8 @@ def is_transformer_engine_available() -> bool:
 
 
 def is_torchao_available() -> bool:
-    """True when `torchao` is installed. Catalog: env.checks, plugin.unavailable_engines."""
-    return _is_package_available("torchao")
+    """True when `torchao` >= 0.6.1 (HF's minimum) is installed. Catalog: env.checks, plugin.unavailable_engines."""
+    return _is_package_available("torchao") and _installed_at_least("torchao", "0.6.1")
 
 
 def is_transformer_engine_mxfp8_available() -> bool:
