@@ -745,3 +745,18 @@ def test_a_recipe_without_fp8_is_refused_as_hf(fresh_accelerate_state, mixed_pre
         errors.append(str(caught.value))
     HFState._reset_state(True)
     assert errors[0] == errors[1]
+
+
+@needs_bnb
+def test_8bit_weights_offloaded_to_disk_are_refused(tmp_path):
+    """Not provided: 8-bit weights quantized while offloaded to disk (HF's offload_8bit_bnb); refused, never silently unquantized."""
+    from accelerate_ref import init_empty_weights
+    from accelerate_ref.utils import bnb as ref_bnb
+
+    torch.save(_net().state_dict(), tmp_path / "pytorch_model.bin")
+    with init_empty_weights():
+        empty = Net()
+    with pytest.raises(NotImplementedError, match="offload_8bit_bnb"):
+        ref_bnb.load_and_quantize_model(
+            empty, ref_utils.BnbQuantizationConfig(load_in_8bit=True), tmp_path, {"blocks": "disk", "head": "cpu"}, offload_folder=tmp_path / "off"
+        )

@@ -5,7 +5,9 @@ where HF needs a GPU (or Intel XPU) and raises RuntimeError("No GPU ...") on a
 CPU-only machine, this reference quantizes on the CPU with bitsandbytes' CPU
 backend (``Int8Params``/``Params4bit`` quantize when moved to a device), so
 the documented behaviour can be checked anywhere. On a machine with an
-accelerator the model goes to it, as in HF.
+accelerator the model goes to it, as in HF. Not provided: 8-bit weights
+offloaded while loading (HF's ``offload_8bit_bnb``: "disk" in the device map,
+or "cpu" next to an accelerator), refused by `load_checkpoint_in_model`.
 Catalog: quantization.load_and_quantize.
 """
 
