@@ -10,12 +10,15 @@ Catalog: quantization.load_and_quantize, plugin.unavailable_engines, env.checks.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import importlib.util
 import inspect
+import json
 import os
 import stat
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -140,8 +143,8 @@ def test_mxfp8_asks_transformer_engine(monkeypatch, tmp_path):
         monkeypatch.setattr(fake, "SUPPORTED", False)
         assert ref_utils.is_transformer_engine_mxfp8_available() is False
     finally:
-        for name in [m for m in list(__import__("sys").modules) if m.startswith("transformer_engine")]:
-            del __import__("sys").modules[name]
+        for name in [m for m in list(sys.modules) if m.startswith("transformer_engine")]:
+            del sys.modules[name]
 
 
 @pytest.mark.parametrize("available", [True, False])
@@ -233,19 +236,11 @@ def _both(name: str, **kwargs):
     built = []
     for module in (ref_dataclasses, hf_dataclasses):
         try:
-            with pytest.warns(FutureWarning) if name == "FP8RecipeKwargs" else _no_check():
+            with pytest.warns(FutureWarning) if name == "FP8RecipeKwargs" else contextlib.nullcontext():
                 built.append(getattr(module, name)(**kwargs))
         except (ImportError, ValueError) as error:
             built.append(type(error))
     return built
-
-
-class _no_check:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _same(ref, hf) -> None:
@@ -523,7 +518,7 @@ def test_replace_with_bnb_layers_as_hf(load, not_convert):
 def test_bnb_config_as_hf(kwargs):
     configs = []
     for config_class in (ref_utils.BnbQuantizationConfig, hf_utils.BnbQuantizationConfig):
-        with pytest.warns(UserWarning) if "llm_int8_threshold" in kwargs else _no_check():
+        with pytest.warns(UserWarning) if "llm_int8_threshold" in kwargs else contextlib.nullcontext():
             configs.append(config_class(**copy.deepcopy(kwargs)))
     ref, hf = configs
     assert dataclasses.asdict(ref) == dataclasses.asdict(hf)
@@ -654,9 +649,8 @@ def test_cpu_is_the_compute_device_without_an_accelerator():
 def test_parameter_device_as_hf():
     from accelerate.utils import bnb as hf_bnb
 
-    from accelerate_ref.utils import bnb as ref_bnb
-
     from accelerate_ref import init_empty_weights
+    from accelerate_ref.utils import bnb as ref_bnb
 
     with init_empty_weights():
         empty = Net()
@@ -666,8 +660,6 @@ def test_parameter_device_as_hf():
 
 def _index_and_files(folder) -> tuple[dict, dict]:
     from accelerate_ref.utils.offload import load_offloaded_weight
-
-    import json
 
     with open(os.path.join(folder, "index.json")) as handle:
         index = json.load(handle)
