@@ -707,22 +707,6 @@ def test_offload_8bit_quantizes_first(tmp_path):
     assert (restored - original).abs().max().item() < 0.01
 
 
-# -- the conformance case catches a break ----------------------------------------------------------
-
-
-@needs_bnb
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_quantization_case_reports_a_model_left_unquantized(request, monkeypatch):
-    """``quantization.load_and_quantize`` fails on an implementation that returns the model unquantized."""
-    from tests.test_meta_suite import F, brk
-    from tests.test_meta_suite import test_suite_reports as check_reported
-
-    monkeypatch.syspath_prepend(os.path.dirname(__file__))  # `broken_impls` imports as a top-level package
-    entry = brk("quantization_not_quantized", {"quantization.load_and_quantize": F}, "1", ("quantization.*",), isolated=True)
-    check_reported(entry, request)
-
-
 @pytest.mark.parametrize("mixed_precision", [None, "no", "bf16"])
 def test_a_recipe_without_fp8_is_refused_as_hf(fresh_accelerate_state, mixed_precision):
     from accelerate.state import AcceleratorState as HFState
