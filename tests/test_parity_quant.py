@@ -119,7 +119,8 @@ def _net(seed: int = 0, cls: type = Net) -> nn.Module:
     ],
 )
 def test_package_checks_answer_as_hf(call):
-    assert eval(f"ref.{call}", {"ref": ref_utils}) == eval(f"hf.{call}", {"hf": hf_imports})
+    answer = eval(f"ref.{call}", {"ref": ref_utils})
+    assert isinstance(answer, bool) and answer == bool(eval(f"hf.{call}", {"hf": hf_imports}))  # HF may answer None for False
 
 
 def test_bnb_checks_without_bitsandbytes(monkeypatch):
