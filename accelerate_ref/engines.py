@@ -27,12 +27,12 @@ from .utils.fsdp_plugin import MIXED_PRECISION_DTYPES
 from .utils.dataclasses import (
     DeepSpeedPlugin,
     DynamoBackend,
-    FP8RecipeKwargs,
     FullyShardedDataParallelPlugin,
     MegatronLMPlugin,
     TorchDynamoPlugin,
     TorchTensorParallelPlugin,
 )
+from .utils.low_precision import FP8_BACKEND_PACKAGES, FP8_RECIPE_CLASSES, FP8BackendType, fp8_backend_of
 
 #: Accelerator arguments naming an engine, with the plugin class each takes.
 ENGINE_ARGUMENTS = {
@@ -89,8 +89,9 @@ def resolve_engines(
     TypeError naming the argument; more than one of ``fsdp_plugin``,
     ``deepspeed_plugin(s)``, ``megatron_lm_plugin`` a ValueError naming
     them; DeepSpeed/Megatron-LM refused as the module docstring says;
-    ``mixed_precision="fp8"`` with an `FP8RecipeKwargs` refused naming its
-    backend's package; ``dynamo_backend`` and ``dynamo_plugin`` together a ValueError.
+    ``mixed_precision="fp8"`` with an FP8 recipe handler refused naming its
+    backend's package, a recipe handler without fp8 (and without FSDP or
+    DeepSpeed) a ValueError; ``dynamo_backend`` and ``dynamo_plugin`` together a ValueError.
     Catalog: plugin.unavailable_engines, plugin.dynamo.
     """
     unknown = sorted(set(engines) - set(ENGINE_ARGUMENTS))
@@ -114,8 +115,12 @@ def resolve_engines(
         _check_tensor_parallel(given["torch_tp_plugin"])
     if "parallelism_config" in given:
         raise NotImplementedError("parallelism_config: accelerate_ref does not provide N-D parallelism (ParallelismConfig) yet")
-    if str(mixed_precision).lower() == "fp8" and handlers.get(FP8RecipeKwargs) is not None:
-        _refuse_fp8(handlers[FP8RecipeKwargs])  # without a recipe, `precision.MixedPrecision` refuses naming every engine
+    if any(handlers.get(recipe) is not None for recipe in FP8_RECIPE_CLASSES):
+        precision = mixed_precision if mixed_precision is not None else os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+        if str(precision).lower() == "fp8":
+            _refuse_fp8(fp8_backend_of(handlers))  # without a recipe, `precision.MixedPrecision` refuses naming every engine
+        if not exclusive:  # HF's rule and words (FSDP and DeepSpeed take the recipe in their own precision)
+            raise ValueError("Passing in an FP8 configuration requires setting `mixed_precision='fp8'`.")
     if dynamo_backend is not None and dynamo_plugin is not None:
         raise ValueError("You cannot pass in both `dynamo_plugin` and `dynamo_backend`, please only pass in one.")
     if dynamo_plugin is None:
@@ -175,13 +180,14 @@ def _check_tensor_parallel(plugin: TorchTensorParallelPlugin) -> None:
         )
 
 
-def _refuse_fp8(recipe: FP8RecipeKwargs) -> None:
-    if not _FP8_CHECKS[recipe.backend]():
+def _refuse_fp8(backend: FP8BackendType) -> None:
+    package = FP8_BACKEND_PACKAGES[backend.value]
+    if not _FP8_CHECKS[backend.value]():
         raise ImportError(
-            f"mixed_precision='fp8' with the {recipe.backend} backend needs the `{recipe.package}` package, "
-            "which is not installed (FP8RecipeKwargs(backend=...) picks TE, MSAMP or AO)"
+            f"mixed_precision='fp8' with the {backend.value} backend needs the `{package}` package, "
+            "which is not installed (the FP8 recipe handler picks the backend)"
         )
-    raise NotImplementedError(f"mixed_precision='fp8': accelerate_ref does not drive {recipe.package} yet")
+    raise NotImplementedError(f"mixed_precision='fp8': accelerate_ref does not drive {package} yet")
 
 
 def prepare_with_engines(model: torch.nn.Module, engines: Engines, state: Any, distributed: bool) -> Optional[torch.nn.Module]:
@@ -219,7 +225,8 @@ def compile_model(model: torch.nn.Module, plugin: TorchDynamoPlugin) -> torch.nn
 
 
 class EnginesMixin:
-    """The `Accelerator`'s engine-facing attributes: the active DeepSpeed plugin, FSDP2, Ulysses loaders, LOMO.
+    """The `Accelerator`'s engine-facing attributes: the active DeepSpeed plugin, FSDP2, the FP8 backend,
+    Ulysses loaders, LOMO.
 
     Uses the Accelerator's ``state``. Catalog: plugin.deepspeed_config, plugin.fsdp.
     """
@@ -233,6 +240,13 @@ class EnginesMixin:
     def is_fsdp2(self) -> bool:
         """Whether FSDP drives the model with ``fsdp_version=2`` (HF's property)."""
         return self.state.is_fsdp2
+
+    @property
+    def fp8_backend(self) -> Any:
+        """The FP8 backend (an `FP8BackendType`), by HF's rule: see `utils.low_precision.fp8_backend_of`."""
+        from .utils.low_precision import fp8_backend_of
+
+        return fp8_backend_of(self.kwargs_handlers, self.deepspeed_plugin)
 
     def deepspeed_ulysses_dl_adapter(self, dl: Any, model: Any) -> Any:
         """``dl`` sharded along the sequence for DeepSpeed's Ulysses (`utils.deepspeed.deepspeed_ulysses_dl_adapter`)."""

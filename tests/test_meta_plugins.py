@@ -72,6 +72,11 @@ DEEPSPEED_BREAKS = [
 BREAKS += DEEPSPEED_BREAKS  # all planned (test_meta_suite checks every broken module has an entry)
 RUNNABLE = BREAKS if importlib.util.find_spec("deepspeed") is not None else [b for b in BREAKS if b not in DEEPSPEED_BREAKS]
 
+#: Issue 13: breaks that show only where bitsandbytes is installed (without it the quantization case is NOT_SUPPORTED).
+BNB_BREAKS = [pbrk("quantization_not_quantized", {"quantization.load_and_quantize": F}, "1", ("quantization.*",))]
+BREAKS += BNB_BREAKS
+RUNNABLE = RUNNABLE + (BNB_BREAKS if importlib.util.find_spec("bitsandbytes") is not None else [])
+
 
 @pytest.mark.parametrize("entry", plan(RUNNABLE, CASE_TIMEOUT), ids=lambda e: e.label)
 def test_plugin_break_reported(entry: Break, request) -> None:

@@ -19,6 +19,7 @@ from accelerate_ref.utils import (
     FP8RecipeKwargs,
     FullyShardedDataParallelPlugin,
     MegatronLMPlugin,
+    MSAMPRecipeKwargs,
     get_module_class_from_name,
     merge_fsdp_weights,
 )
@@ -108,8 +109,12 @@ def test_wrap_targets_by_class_size_and_callable():
             ("deepspeed_plugin", "deepspeed"),
             marks=pytest.mark.skipif(importlib.util.find_spec("deepspeed") is not None, reason="deepspeed is installed: driven, not refused"),
         ),
-        ({"mixed_precision": "fp8"}, ("fp8", "transformer-engine")),
-        ({"mixed_precision": "fp8", "kwargs_handlers": [FP8RecipeKwargs(backend="msamp")]}, ("fp8", "msamp")),
+        pytest.param(
+            {"mixed_precision": "fp8"},
+            ("fp8", "transformer-engine"),
+            marks=pytest.mark.skipif(accelerate_ref.utils.is_fp8_available(), reason="an FP8 engine is installed: not driven"),
+        ),
+        ({"mixed_precision": "fp8", "kwargs_handlers": [MSAMPRecipeKwargs()]}, ("fp8", "msamp")),
         ({"fsdp_plugin": FullyShardedDataParallelPlugin(), "megatron_lm_plugin": MegatronLMPlugin()}, ("fsdp_plugin", "megatron_lm_plugin")),
         ({"fsdp_plugin": "FULL_SHARD"}, ("fsdp_plugin",)),
         ({"dynamo_backend": "eager", "dynamo_plugin": accelerate_ref.utils.TorchDynamoPlugin()}, ("dynamo_backend", "dynamo_plugin")),

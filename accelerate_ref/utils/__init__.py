@@ -249,6 +249,21 @@ _EXPORTS = {
     "compile_regions_deepspeed": (".other", "compile_regions_deepspeed"),
     "compile_regions_fsdp2": (".other", "compile_regions_fsdp2"),
     "has_compiled_regions": (".other", "has_compiled_regions"),
+    # Quantization and FP8 (issue 13's engine internals).
+    "AORecipeKwargs": (".dataclasses", "AORecipeKwargs"),
+    "CustomDtype": (".dataclasses", "CustomDtype"),
+    "MSAMPRecipeKwargs": (".dataclasses", "MSAMPRecipeKwargs"),
+    "TERecipeKwargs": (".dataclasses", "TERecipeKwargs"),
+    "check_cuda_fp8_capability": (".environment", "check_cuda_fp8_capability"),
+    "is_4bit_bnb_available": (".imports", "is_4bit_bnb_available"),
+    "is_8bit_bnb_available": (".imports", "is_8bit_bnb_available"),
+    "is_bitsandbytes_multi_backend_available": (".imports", "is_bitsandbytes_multi_backend_available"),
+    "is_transformer_engine_mxfp8_available": (".imports", "is_transformer_engine_mxfp8_available"),
+    "torchao_required": (".imports", "torchao_required"),
+    "has_4bit_bnb_layers": (".bnb", "has_4bit_bnb_layers"),
+    "convert_model_to_fp8_ao": (".ao", "convert_model_to_fp8_ao"),
+    "filter_first_and_last_linear_layers": (".ao", "filter_first_and_last_linear_layers"),
+    "has_ao_layers": (".ao", "has_ao_layers"),
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

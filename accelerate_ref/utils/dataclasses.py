@@ -590,12 +590,15 @@ _ENGINE_PLUGINS = (
     "BnbQuantizationConfig",
     "DeepSpeedPlugin",
     "DeepSpeedSequenceParallelConfig",
-    "FP8RecipeKwargs",
     "FullyShardedDataParallelPlugin",
     "get_module_class_from_name",
 )
+# Low-precision types and FP8 recipes, likewise in their own module.
+_LOW_PRECISION = ("AORecipeKwargs", "CustomDtype", "FP8BackendType", "FP8RecipeKwargs", "MSAMPRecipeKwargs", "TERecipeKwargs")
 __getattr__, __dir__ = lazy_exports(
     __name__,
     globals(),
-    {name: (".engine_plugins", name) for name in _ENGINE_PLUGINS} | {"MegatronLMPlugin": (".megatron_plugin", "MegatronLMPlugin")},
+    {name: (".engine_plugins", name) for name in _ENGINE_PLUGINS}
+    | {name: (".low_precision", name) for name in _LOW_PRECISION}
+    | {"MegatronLMPlugin": (".megatron_plugin", "MegatronLMPlugin")},
 )

@@ -277,6 +277,29 @@ def get_driver_version() -> str:
     return _query_gpus("driver_version")[0]
 
 
+#: The first CUDA compute capability with FP8 tensor cores (Ada / Hopper).
+_FP8_COMPUTE_CAPABILITY = (8, 9)
+
+
+@functools.lru_cache
+def check_cuda_fp8_capability() -> bool:
+    """Whether the (first) NVIDIA GPU supports FP8: compute capability 8.9 or above.
+
+    Rule (HF 1.15): the capability comes from ``nvidia-smi
+    --query-gpu=compute_capability``; if that fails in any way, from
+    ``torch.cuda.get_device_capability()`` (which initialises CUDA, and
+    raises where torch has no CUDA). The answer is cached for the process,
+    as HF's (``check_cuda_fp8_capability.cache_clear()`` forgets it). Catalog: env.checks.
+    """
+    try:
+        capability = tuple(int(part) for part in _query_gpus("compute_capability")[0].split("."))
+    except Exception:  # noqa: BLE001  (HF: any failure to ask nvidia-smi falls back to torch)
+        import torch
+
+        capability = torch.cuda.get_device_capability()
+    return capability >= _FP8_COMPUTE_CAPABILITY
+
+
 #: Consumer GPUs whose P2P/InfiniBand transfers need a fixed driver, and the first such driver.
 _P2P_IB_UNSUPPORTED = ("RTX 40",)
 _P2P_IB_FIXED_DRIVER = "550.40.07"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from typing import Any
+from typing import Any, Callable, Optional, TypeVar
 
 from .environment import parse_flag_from_env, patch_environment
 from .versions import is_torch_version
@@ -193,13 +193,60 @@ def is_transformer_engine_available() -> bool:
 
 
 def is_torchao_available() -> bool:
-    """True when `torchao` is installed. Catalog: env.checks, plugin.unavailable_engines."""
-    return _is_package_available("torchao")
+    """True when `torchao` >= 0.6.1 (HF's minimum) is installed. Catalog: env.checks, plugin.unavailable_engines."""
+    return _is_package_available("torchao") and _installed_at_least("torchao", "0.6.1")
 
 
-def is_bnb_available() -> bool:
-    """True when `bitsandbytes` is installed. Catalog: env.checks, plugin.unavailable_engines."""
-    return _is_package_available("bitsandbytes")
+def is_transformer_engine_mxfp8_available() -> bool:
+    """True when TransformerEngine is installed and reports MXFP8 block scaling supported here.
+
+    Rule (HF's): TransformerEngine's own ``check_mxfp8_support()`` decides;
+    without the package, False. Catalog: env.checks.
+    """
+    if not _is_package_available("transformer_engine"):
+        return False
+    from transformer_engine.pytorch.fp8 import check_mxfp8_support
+
+    return check_mxfp8_support()[0]
+
+
+def _installed_at_least(distribution: str, min_version: str) -> bool:
+    """Whether ``distribution`` is installed at ``min_version`` or later (read from its metadata)."""
+    from .versions import compare_versions
+
+    return compare_versions(distribution, ">=", min_version)
+
+
+def is_bnb_available(min_version: Optional[str] = None) -> bool:
+    """True when `bitsandbytes` is installed (at ``min_version`` or later, when given).
+
+    Catalog: env.checks, plugin.unavailable_engines.
+    """
+    if not _is_package_available("bitsandbytes"):
+        return False
+    return min_version is None or _installed_at_least("bitsandbytes", min_version)
+
+
+def is_8bit_bnb_available() -> bool:
+    """True when `bitsandbytes` >= 0.37.2 (its 8-bit layers) is installed. Catalog: quantization.load_and_quantize."""
+    return is_bnb_available("0.37.2")
+
+
+def is_4bit_bnb_available() -> bool:
+    """True when `bitsandbytes` >= 0.39.0 (its 4-bit layers) is installed. Catalog: quantization.load_and_quantize."""
+    return is_bnb_available("0.39.0")
+
+
+def is_bitsandbytes_multi_backend_available() -> bool:
+    """True when the installed `bitsandbytes` lists "multi_backend" in its ``features`` (imports it).
+
+    Catalog: env.checks.
+    """
+    if not is_bnb_available():
+        return False
+    import bitsandbytes
+
+    return "multi_backend" in getattr(bitsandbytes, "features", set())
 
 
 def is_ipex_available() -> bool:
@@ -478,3 +525,21 @@ def deepspeed_required(func: Any) -> Any:
         return func(*args, **kwargs)
 
     return wrapper
+
+
+_Function = TypeVar("_Function", bound=Callable[..., Any])
+
+
+def torchao_required(func: _Function) -> _Function:
+    """Decorator: calling ``func`` without `torchao` installed raises ImportError (HF's words). Catalog: env.checks."""
+    import functools
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not is_torchao_available():
+            raise ImportError(
+                "`torchao` is not available, please install it before calling this function via `pip install torchao`."
+            )
+        return func(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]

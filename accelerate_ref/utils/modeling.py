@@ -58,6 +58,7 @@ from .module_sizes import (
     retie_parameters,
     set_module_tensor_to_device,
 )
+from .low_precision import CustomDtype
 from .offload import load_offloaded_weight, offload_weight, save_offload_index
 from .serialization import load
 
@@ -114,8 +115,16 @@ def convert_file_size_to_int(size: Union[int, str]) -> int:
     return value // 8 if unit.endswith("b") and not unit.upper().endswith("IB") else value
 
 
-def dtype_byte_size(dtype: torch.dtype) -> float:
-    """Bytes one element of ``dtype`` takes (1/8 for ``torch.bool``). Catalog: shard_checkpoint.doc_example."""
+#: Bytes per element of the element types torch lacks.
+_CUSTOM_DTYPE_BYTES = {CustomDtype.INT2: 1 / 4, CustomDtype.INT4: 1 / 2, CustomDtype.FP8: 1}
+
+
+def dtype_byte_size(dtype: Union[torch.dtype, CustomDtype]) -> float:
+    """Bytes one element of ``dtype`` takes: 1/8 for ``torch.bool``; for a `CustomDtype`
+    (how bitsandbytes sizes quantized weights) 1/4 for INT2, 1/2 for INT4, 1 for FP8.
+    Catalog: shard_checkpoint.doc_example, quantization.load_and_quantize."""
+    if isinstance(dtype, CustomDtype):
+        return _CUSTOM_DTYPE_BYTES[dtype]
     if dtype == torch.bool:
         return 1 / 8
     return torch.empty((), dtype=dtype).element_size()
@@ -285,7 +294,12 @@ def _assign(model: torch.nn.Module, name: str, current: torch.Tensor, value: tor
             module_name, _, attribute = name.rpartition(".")
             module = model.get_submodule(module_name)
             if isinstance(current, torch.nn.Parameter):
-                module.register_parameter(attribute, torch.nn.Parameter(new, requires_grad=current.requires_grad))
+                from .bnb import quantized_parameter_like  # an empty bitsandbytes layer quantizes what it is given
+
+                parameter = quantized_parameter_like(current, new)
+                if parameter is None:
+                    parameter = torch.nn.Parameter(new, requires_grad=current.requires_grad)
+                module.register_parameter(attribute, parameter)
             else:
                 module.register_buffer(attribute, new, persistent=attribute not in module._non_persistent_buffers_set)
         elif new.device == current.device and new.dtype == current.dtype:

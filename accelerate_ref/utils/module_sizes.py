@@ -334,5 +334,10 @@ def set_module_tensor_to_device(
     elif isinstance(old, nn.Parameter) and new is old:
         return
     else:
-        parameter_class = type(old) if isinstance(old, nn.Parameter) else nn.Parameter
-        owner._parameters[attribute] = parameter_class(new, requires_grad=old.requires_grad)
+        from .bnb import quantized_parameter_like  # a bitsandbytes weight given new data quantizes it
+
+        parameter = quantized_parameter_like(old, new) if value is not None else None
+        if parameter is None:
+            parameter_class = type(old) if isinstance(old, nn.Parameter) else nn.Parameter
+            parameter = parameter_class(new, requires_grad=old.requires_grad)
+        owner._parameters[attribute] = parameter

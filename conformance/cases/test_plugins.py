@@ -554,11 +554,11 @@ def plugin_engine_configs_validate(impl, world):
     utils.DeepSpeedPlugin()
 
 
-#: Engine -> (its import name, the names an error may use for it, how the case asks for it).
-_ENGINE_REQUESTS: dict[str, tuple[str, tuple[str, ...], Callable[[Any], Any]]] = {
+#: Engine -> (its import name(s): the case needs all absent, the names an error may use for it, how the case asks for it).
+_ENGINE_REQUESTS: dict[str, tuple[Any, tuple[str, ...], Callable[[Any], Any]]] = {
     "deepspeed": ("deepspeed", ("deepspeed",), lambda impl: impl.Accelerator(deepspeed_plugin=impl.utils.DeepSpeedPlugin())),
     "megatron": ("megatron", ("megatron",), lambda impl: impl.Accelerator(megatron_lm_plugin=impl.utils.MegatronLMPlugin())),
-    "fp8": ("transformer_engine", ("transformer_engine", "transformer-engine", "TransformerEngine"), lambda impl: impl.Accelerator(mixed_precision="fp8")),
+    "fp8": (("transformer_engine", "msamp", "torchao"), ("transformer_engine", "transformer-engine", "TransformerEngine"), lambda impl: impl.Accelerator(mixed_precision="fp8")),
     "bnb": (
         "bitsandbytes",
         ("bitsandbytes",),
@@ -569,11 +569,14 @@ _ENGINE_REQUESTS: dict[str, tuple[str, tuple[str, ...], Callable[[Any], Any]]] =
 
 def _refusal_case(engine: str) -> None:
     """Register a plugin.unavailable_engines case: asking for ``engine`` without its package is refused naming it."""
-    module, names, request = _ENGINE_REQUESTS[engine]
+    modules, names, request = _ENGINE_REQUESTS[engine]
+    modules = (modules,) if isinstance(modules, str) else modules
+    module = modules[0]
 
     def function(impl, world):
-        if importlib.util.find_spec(module) is not None:
-            raise NotSupported(f"{module} is installed here, so its absence cannot be checked")
+        installed = [m for m in modules if importlib.util.find_spec(m) is not None]
+        if installed:
+            raise NotSupported(f"{', '.join(installed)} is installed here, so the absence of {engine}'s engine cannot be checked")
         _refused(lambda: request(impl), names, f"{engine} without {module}")
 
     function.__name__ = function.__qualname__ = f"plugin_refuses_{engine}"
@@ -614,7 +617,7 @@ def quantization_load_and_quantize(impl, world):
         raise NotSupported("the bitsandbytes package is not installed (pip install .[bnb]); refusal checked")
     x = torch.randn(3, WIDTH, generator=torch.Generator().manual_seed(7))
     expected = _net()(x)
-    config = utils.BnbQuantizationConfig(load_in_8bit=True, skip_modules=["head"])
+    config = utils.BnbQuantizationConfig(load_in_8bit=True, skip_modules=["head"], torch_dtype=torch.float32)  # default: fp16
     model = utils.load_and_quantize_model(_net(), config)
     kinds = {name: type(module).__name__ for name, module in model.named_modules() if name in ("blocks.0.linear", "head")}
     expect_equal(kinds, {"blocks.0.linear": "Linear8bitLt", "head": "Linear"}, "layers after 8-bit quantization")
