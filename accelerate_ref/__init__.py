@@ -40,6 +40,7 @@ _EXPORTS = {
     "DeepSpeedPlugin": (".utils.dataclasses", "DeepSpeedPlugin"),
     "FullyShardedDataParallelPlugin": (".utils.dataclasses", "FullyShardedDataParallelPlugin"),
     "synchronize_rng_states": (".utils.random", "synchronize_rng_states"),
+    "ParallelismConfig": (".parallelism_config", "ParallelismConfig"),
 }
 __all__ = [
     "Accelerator",
@@ -72,5 +73,6 @@ __all__ = [
     "DeepSpeedPlugin",
     "FullyShardedDataParallelPlugin",
     "synchronize_rng_states",
+    "ParallelismConfig",
 ]
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

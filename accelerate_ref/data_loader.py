@@ -42,6 +42,7 @@ from .samplers import (
     get_sampler,
     set_sampler,
 )
+from .parallelism import data_parallel_share
 from .state import GradientState, PartialState
 from .utils.dataclasses import RNGType
 from .utils.operations import (
@@ -336,6 +337,7 @@ class DataLoaderShard(DataLoaderPositionMixin, DataLoaderStateMixin, DataLoader)
         skip_batches: int = 0,
         _drop_last: bool = False,
         _non_blocking: bool = False,
+        torch_device_mesh: Any = None,  # HF's signature; `prepare_data_loader` chose the shard by it
         iteration: int = 0,
         **kwargs: Any,
     ) -> None:
@@ -404,6 +406,7 @@ class DataLoaderDispatcher(DataLoaderPositionMixin, DataLoaderStateMixin, DataLo
         _drop_last: bool = False,
         _non_blocking: bool = False,
         slice_fn: Optional[Callable[..., Any]] = None,
+        torch_device_mesh: Any = None,
         iteration: int = 0,
         **kwargs: Any,
     ) -> None:
@@ -413,13 +416,16 @@ class DataLoaderDispatcher(DataLoaderPositionMixin, DataLoaderStateMixin, DataLo
         self._drop_last = _drop_last
         self._non_blocking = _non_blocking
         self.slice_fn = slice_fn if slice_fn is not None else slice_samples
+        self.torch_device_mesh = torch_device_mesh
         self.iteration = iteration
         self.state = PartialState()
         self.device = self.state.device
+        #: (data-parallel shares, this process's share): each process's own unless a mesh groups tp/cp ranks.
+        self._share = data_parallel_share(torch_device_mesh, self.state.num_processes, self.state.process_index)
 
     @property
     def _batches_per_step(self) -> int:
-        return 1 if self.split_batches else self.state.num_processes
+        return 1 if self.split_batches else self._share[0]
 
     def __iter__(self) -> Iterator[Any]:
         continuing = self._continues_started_epoch()
@@ -447,14 +453,14 @@ class DataLoaderDispatcher(DataLoaderPositionMixin, DataLoaderStateMixin, DataLo
             batch = _concatenate_step(step)
             first = batch if first is None else first
             real = count_samples(batch)
-            padding = math.ceil(real / self.state.num_processes) * self.state.num_processes - real
+            padding = math.ceil(real / self._share[0]) * self._share[0] - real
             if padding:
                 batch = concatenate_samples([batch, _repeat_from_start(first, padding)])
             yield batch, real, is_last
 
     def _received_steps(self, source: Optional[Iterator[tuple[Any, int, bool]]]) -> Iterator[tuple[Any, bool]]:
         """On every process: (this process's slice of each global batch, whether it is the last)."""
-        num_processes, index = self.state.num_processes, self.state.process_index
+        num_processes, index = self._share
         is_last = False
         while not is_last:
             step = self._broadcast_step(next(source, None) if source is not None else None)
@@ -597,6 +603,7 @@ def prepare_data_loader(
     data_seed: Optional[int] = None,
     non_blocking: bool = False,
     use_stateful_dataloader: bool = False,
+    torch_device_mesh: Any = None,
 ) -> DataLoader:
     """Wrap ``dataloader`` so that process ``process_index`` of ``num_processes`` gets its share.
 
@@ -619,6 +626,7 @@ def prepare_data_loader(
     * ``use_seedable_sampler`` replaces a `RandomSampler` with a
       `SeedableRandomSampler` (order = f(``data_seed`` or the torch seed, epoch));
     * batches go to ``device`` when ``put_on_device``;
+    * with ``torch_device_mesh``, shares are the mesh's data-parallel ones (`parallelism.data_parallel_share`);
     * anything but a `DataLoader` is a TypeError; a map-style loader
       without batches (``batch_size=None`` and no batch sampler) a ValueError.
 
@@ -635,6 +643,7 @@ def prepare_data_loader(
     state = PartialState()
     num_processes = state.num_processes if num_processes is None else num_processes
     process_index = state.process_index if process_index is None else process_index
+    num_processes, process_index = data_parallel_share(torch_device_mesh, num_processes, process_index)
     dataset = dataloader.dataset
     iterable = isinstance(dataset, IterableDataset)
     if dispatch_batches is None:
@@ -656,7 +665,8 @@ def prepare_data_loader(
     )
     common = {"_drop_last": dataloader.drop_last, "_non_blocking": non_blocking, **_carried_arguments(dataloader)}
     if dispatch_batches:
-        return DataLoaderDispatcher(dataset, split_batches=split_batches, slice_fn=slice_fn_for_dispatch, **batching, **common)
+        return DataLoaderDispatcher(dataset, split_batches=split_batches, slice_fn=slice_fn_for_dispatch,
+                                    torch_device_mesh=torch_device_mesh, **batching, **common)
 
     own_generator = _wants_generator(rng_types) and not use_seedable_sampler
     dataset, batching, generator = _share_of_process(
@@ -749,6 +759,7 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
             _drop_last=dataloader._drop_last,
             _non_blocking=dataloader._non_blocking,
             slice_fn=dataloader.slice_fn,
+            torch_device_mesh=dataloader.torch_device_mesh,
             iteration=dataloader.iteration,
             **_skipping_batches(dataloader, 0),
             **carried,

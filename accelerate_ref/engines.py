@@ -106,8 +106,6 @@ def resolve_engines(
                 raise NotImplementedError(f"{name}: accelerate_ref does not drive {module} yet (it is installed)")
     if "torch_tp_plugin" in given:
         raise NotImplementedError("torch_tp_plugin: accelerate_ref does not provide tensor parallelism yet")
-    if "parallelism_config" in given:
-        raise NotImplementedError("parallelism_config: accelerate_ref does not provide N-D parallelism (ParallelismConfig) yet")
     if str(mixed_precision).lower() == "fp8" and handlers.get(FP8RecipeKwargs) is not None:
         _refuse_fp8(handlers[FP8RecipeKwargs])  # without a recipe, `precision.MixedPrecision` refuses naming every engine
     if dynamo_backend is not None and dynamo_plugin is not None:

@@ -231,5 +231,13 @@ _EXPORTS = {
     "get_gpu_info": (".environment", "get_gpu_info"),
     "set_numa_affinity": (".environment", "set_numa_affinity"),
 }
+# N-D parallelism (HF 1.15): the configuration and its handlers, and the model checks.
+_EXPORTS |= {
+    "ParallelismConfig": ("..parallelism_config", "ParallelismConfig"),
+    "TorchContextParallelConfig": (".dataclasses", "TorchContextParallelConfig"),
+    "TorchTensorParallelConfig": (".dataclasses", "TorchTensorParallelConfig"),
+    "get_model_tp_size": (".other", "get_model_tp_size"),
+    "model_has_dtensor": (".other", "model_has_dtensor"),
+}
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
