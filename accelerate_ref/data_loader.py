@@ -420,8 +420,11 @@ class DataLoaderDispatcher(DataLoaderPositionMixin, DataLoaderStateMixin, DataLo
         self.iteration = iteration
         self.state = PartialState()
         self.device = self.state.device
-        #: (data-parallel shares, this process's share): each process's own unless a mesh groups tp/cp ranks.
-        self._share = data_parallel_share(torch_device_mesh, self.state.num_processes, self.state.process_index)
+
+    @property
+    def _share(self) -> tuple[int, int]:
+        """(data-parallel shares, this process's share): its own unless the mesh groups tp/cp ranks."""
+        return data_parallel_share(self.torch_device_mesh, self.state.num_processes, self.state.process_index)
 
     @property
     def _batches_per_step(self) -> int:
