@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from typing import Any, Iterator, Optional
 
 import torch
@@ -43,28 +44,35 @@ class ParallelismMixin:
         ``fsdp_plugin``, dp_shard must be enabled (ValueError, HF's rule) and
         the ranks the plugin shards over must be the mesh's ``dp_replicate`` x
         ``dp_shard_cp`` grid (NotImplementedError naming the strategy otherwise).
+        A handler given for a dimension of size 1 is ignored, with a warning
+        from the main process (HF's words).
         """
         if parallelism_config is None and os.environ.get("ACCELERATE_USE_PARALLELISM_CONFIG", "false").lower() == "true":
             parallelism_config = ParallelismConfig()
-        self.state.parallelism_config = parallelism_config  # the latest Accelerator's, as the engine plugins
-        self.state.device_mesh = None
-        if parallelism_config is None:
-            return
-        if not isinstance(parallelism_config, ParallelismConfig):
+        if parallelism_config is not None and not isinstance(parallelism_config, ParallelismConfig):
             raise TypeError(f"parallelism_config must be a ParallelismConfig, got {type(parallelism_config).__name__}")
-        if parallelism_config.non_dp_dim_names:
+        if parallelism_config is not None and parallelism_config.non_dp_dim_names:
             raise NotImplementedError(
                 f"parallelism_config: accelerate_ref runs the data-parallel dimensions (dp_replicate, dp_shard) only; "
                 f"{', '.join(parallelism_config.non_dp_dim_names)} > 1 (tensor/context/sequence parallelism) is not provided yet"
             )
+        self.state.parallelism_config = parallelism_config  # the latest Accelerator's, as the engine plugins
+        self.state.device_mesh = None
+        if parallelism_config is None:
+            return
         if self.use_distributed and parallelism_config.total_size == 1:
             parallelism_config.dp_replicate_size = self.num_processes
-        if parallelism_config.total_size != 1 and parallelism_config.total_size != self.num_processes:
+        if parallelism_config.total_size != self.num_processes:
             raise ValueError(
                 f"ParallelismConfig total_size ({parallelism_config.total_size}) does not match num_processes "
                 f"({self.num_processes}). Please adjust dp_replicate_size/ dp_shard_size/tp_size/cp_size/sp_size."
             )
         self.state.device_mesh = parallelism_config.get_device_mesh(self.device.type)
+        ignored = [name for name, size in parallelism_config._sizes.items()
+                   if size == 1 and getattr(parallelism_config, f"{name}_handler", None) is not None]
+        if ignored and self.use_distributed and self.is_main_process:
+            warnings.warn("ParallelismConfig has the following warnings:\n" + "\n".join(
+                f"ParallelismConfig.{name}_handler is set, but {name}_size is set to 1. This handler will be ignored." for name in ignored))
         fsdp_plugin = self._engines.fsdp_plugin
         if fsdp_plugin is not None and self.use_distributed:
             _check_fsdp_mesh(fsdp_plugin, parallelism_config, self.state)

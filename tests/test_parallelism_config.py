@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import warnings
 
 import pytest
 import torch
@@ -39,8 +40,9 @@ PROPERTIES = [
     "tp_enabled", "cp_enabled", "sp_enabled", "active_mesh_dims", "device_mesh", "_sizes",
 ]
 
-#: A sequence-parallel handler stand-in: HF's default one (DeepSpeedSequenceParallelConfig) is another area's.
-SP_HANDLER = object()
+#: A handler stand-in for tp and sp: HF's default ones need transformers (absent here) or are another area's
+#: (DeepSpeedSequenceParallelConfig); neither configuration checks a given tp or sp handler's type.
+HANDLER = object()
 
 CONFIGS = [
     {},
@@ -50,7 +52,9 @@ CONFIGS = [
     {"dp_shard_size": 2, "cp_size": 2},
     {"dp_replicate_size": 2, "dp_shard_size": 2, "cp_size": 2},
     {"cp_size": 4},
-    {"dp_shard_size": 2, "sp_size": 2, "sp_handler": SP_HANDLER},
+    {"dp_shard_size": 2, "sp_size": 2, "sp_handler": HANDLER},
+    {"dp_shard_size": 2, "tp_size": 2, "tp_handler": HANDLER},
+    {"dp_replicate_size": 2, "dp_shard_size": 2, "cp_size": 2, "tp_size": 2, "tp_handler": HANDLER},
 ]
 
 
@@ -83,7 +87,7 @@ INVALID = [
     {"sp_size": 0},
     {"cp_backend": "ring"},
     {"sp_backend": "torch"},
-    {"cp_size": 2, "sp_size": 2, "sp_handler": SP_HANDLER},
+    {"cp_size": 2, "sp_size": 2, "sp_handler": HANDLER},
     {"dp_replicate_size": 2, "cp_size": 2},
     {"cp_size": 2, "cp_handler": "not a handler"},
 ]
@@ -210,7 +214,9 @@ def test_unsupported_dimensions_are_refused_by_name(fresh_accelerate_state):
     with pytest.raises(NotImplementedError, match="cp > 1"):
         fresh(parallelism_config=ParallelismConfig(cp_size=2))
     with pytest.raises(NotImplementedError, match="sp > 1"):
-        fresh(parallelism_config=ParallelismConfig(sp_size=2, sp_handler=SP_HANDLER))
+        fresh(parallelism_config=ParallelismConfig(sp_size=2, sp_handler=HANDLER))
+    with pytest.raises(NotImplementedError, match="tp, cp > 1"):
+        fresh(parallelism_config=ParallelismConfig(dp_shard_size=2, tp_size=2, tp_handler=HANDLER, cp_size=2))
     with pytest.raises(TypeError, match="ParallelismConfig"):
         fresh(parallelism_config={"dp_shard_size": 2})
     with pytest.raises(ValueError, match=r"total_size \(2\) does not match num_processes \(1\)"):
@@ -230,7 +236,6 @@ def loader_batches(loader) -> list[list[int]]:
 
 
 def rank_checks() -> dict:
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 
     from accelerate.data_loader import prepare_data_loader as hf_prepare
@@ -245,21 +250,28 @@ def rank_checks() -> dict:
         "wrapped": type(accelerator.prepare(torch.nn.Linear(2, 2))).__name__,
         "batches": loader_batches(accelerator.prepare(torch.utils.data.DataLoader(torch.arange(16), batch_size=2))),
     }
-    report["meshes"] = {}
-    for sizes in ({"dp_replicate_size": 2, "dp_shard_size": 2}, {"dp_shard_size": 2, "cp_size": 2}, {"dp_shard_size": 4}):
-        key = ",".join(f"{k}={v}" for k, v in sizes.items())
-        report["meshes"][key] = (mesh_facts(ParallelismConfig(**sizes).get_device_mesh("cpu")),
-                                 mesh_facts(HfConfig(**sizes).get_device_mesh("cpu")))
+    report["meshes"], meshes = {}, {}
+    for sizes in ({"dp_replicate_size": 2, "dp_shard_size": 2}, {"dp_shard_size": 2, "cp_size": 2}, {"dp_shard_size": 4},
+                  {"dp_shard_size": 2, "tp_size": 2, "tp_handler": HANDLER}):
+        key = ",".join(f"{k}={v}" for k, v in sizes.items() if k.endswith("size"))
+        meshes[key] = ParallelismConfig(**sizes).get_device_mesh("cpu")
+        report["meshes"][key] = (mesh_facts(meshes[key]), mesh_facts(HfConfig(**sizes).get_device_mesh("cpu")))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fresh(parallelism_config=ParallelismConfig(dp_shard_size=4, cp_handler=TorchContextParallelConfig()))
+    report["ignored_handler"] = [str(w.message) for w in caught if "cp_handler is set, but cp_size is set to 1" in str(w.message)]
     default = fresh(parallelism_config=ParallelismConfig())
     report["default"] = (default.parallelism_config.dp_replicate_size, default.data_parallel_rank)
 
-    tp_mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp_shard", "tp"))
+    tp_mesh = meshes["dp_shard_size=2,tp_size=2"]
     data = torch.utils.data.DataLoader(torch.arange(16), batch_size=2)
-    report["loaders"] = {
-        "shard": loader_batches(prepare_data_loader(data, torch_device_mesh=tp_mesh)),
-        "hf_shard": loader_batches(hf_prepare(data, num_processes=4, process_index=tp_mesh.get_rank(), torch_device_mesh=tp_mesh)),
-        "dispatch": loader_batches(prepare_data_loader(data, put_on_device=True, dispatch_batches=True, torch_device_mesh=tp_mesh)),
-    }
+    report["loaders"] = {}
+    for dimension in ("tp", "cp"):
+        mesh = meshes[f"dp_shard_size=2,{dimension}_size=2"]
+        # HF's own PartialState did not set this process group up and sees one process: the rank is passed.
+        report["loaders"][dimension] = (loader_batches(prepare_data_loader(data, torch_device_mesh=mesh)),
+                                        loader_batches(hf_prepare(data, num_processes=4, process_index=mesh.get_rank(), torch_device_mesh=mesh)))
+    report["loaders"]["dispatch"] = loader_batches(prepare_data_loader(data, put_on_device=True, dispatch_batches=True, torch_device_mesh=tp_mesh))
 
     model = parallelize_module(torch.nn.Linear(4, 4), tp_mesh["tp"], ColwiseParallel())
     model.tp_size = 2
@@ -291,8 +303,10 @@ def test_four_ranks_match_hf_meshes_and_share_batches_by_data_parallel_rank():
         assert acc["ranks"] == (hf_mesh["coordinate"][0], hf_mesh["coordinate"][1], 0), "ranks are the mesh coordinates"
         assert acc["wrapped"] == "DistributedDataParallel", "data parallel over every rank without FSDP, as HF"
         assert report["default"] == (4, rank), "a default config replicates over every rank"
-        loaders = report["loaders"]
-        assert loaders["shard"] == loaders["hf_shard"], f"rank {rank}: shard under a tp mesh differs from HF's"
+        assert len(report["ignored_handler"]) == (rank == 0), "the main process warns of a handler for a size-1 dimension"
+        for dimension in ("tp", "cp"):
+            ours, hf = report["loaders"][dimension]
+            assert ours == hf, f"rank {rank}: the shard under a {dimension} mesh differs from HF's"
         assert report["dtensor"] == (True, True, 2, 2)
         fsdp = report["fsdp"]
         assert fsdp["FULL_SHARD:{'dp_shard_size': 4}"] == (True, True, (4,))
@@ -300,8 +314,8 @@ def test_four_ranks_match_hf_meshes_and_share_batches_by_data_parallel_rank():
         assert "HYBRID_SHARD" in fsdp["FULL_SHARD:{'dp_replicate_size': 2, 'dp_shard_size': 2}"], "mismatched grids are refused"
     batches = [report["accelerator"]["batches"] for report in reports]
     assert sorted(sum(sum(batches, []), [])) == list(range(16)), "dp_replicate x dp_shard ranks split the data"
-    for name in ("shard", "dispatch"):
-        per_rank = [report["loaders"][name] for report in reports]
+    for name in ("tp", "cp", "dispatch"):
+        per_rank = [report["loaders"][name] if name == "dispatch" else report["loaders"][name][0] for report in reports]
         assert per_rank[0] == per_rank[1] and per_rank[2] == per_rank[3], f"{name}: a tp group reads the same batches"
         assert per_rank[0] != per_rank[2], f"{name}: data-parallel ranks read different batches"
         assert sorted(sum(per_rank[0] + per_rank[2], [])) == list(range(16)), f"{name}: together they read the data once"
