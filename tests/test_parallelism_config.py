@@ -264,6 +264,13 @@ def rank_checks() -> dict:
     report["default"] = (default.parallelism_config.dp_replicate_size, default.data_parallel_rank)
 
     tp_mesh = meshes["dp_shard_size=2,tp_size=2"]
+    refusals = []
+    for config in (ParallelismConfig(dp_shard_size=4), HfConfig(dp_shard_size=4)):
+        config.get_device_mesh("cpu")
+        with pytest.raises(ValueError, match="already created with device type cpu") as caught:
+            config.get_device_mesh("meta")
+        refusals.append(type(caught.value).__name__)
+    report["other_device"] = refusals
     data = torch.utils.data.DataLoader(torch.arange(16), batch_size=2)
     report["loaders"] = {}
     for dimension in ("tp", "cp"):
@@ -308,6 +315,7 @@ def test_four_ranks_match_hf_meshes_and_share_batches_by_data_parallel_rank():
             ours, hf = report["loaders"][dimension]
             assert ours == hf, f"rank {rank}: the shard under a {dimension} mesh differs from HF's"
         assert report["dtensor"] == (True, True, 2, 2)
+        assert report["other_device"] == ["ValueError", "ValueError"], "a built mesh keeps its device type"
         fsdp = report["fsdp"]
         assert fsdp["FULL_SHARD:{'dp_shard_size': 4}"] == (True, True, (4,))
         assert fsdp["HYBRID_SHARD:{'dp_replicate_size': 2, 'dp_shard_size': 2}"] == (True, True, (2, 2))
