@@ -42,6 +42,7 @@ _EXPORTS = {
     "synchronize_rng_states": (".utils.random", "synchronize_rng_states"),
     # Issue 13 (engine internals): HF exports the comm hook enum at the top level too.
     "DDPCommunicationHookType": (".utils.dataclasses", "DDPCommunicationHookType"),
+    "ParallelismConfig": (".parallelism_config", "ParallelismConfig"),
 }
 __all__ = [
     "Accelerator",
@@ -75,5 +76,6 @@ __all__ = [
     "FullyShardedDataParallelPlugin",
     "synchronize_rng_states",
     "DDPCommunicationHookType",
+    "ParallelismConfig",
 ]
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

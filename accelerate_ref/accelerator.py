@@ -21,13 +21,14 @@ import torch
 from . import gradient_sync, lomo
 from .data_loader import prepare_data_loader, skip_first_batches
 from .optimizer import AcceleratedOptimizer
+from .parallelism import ParallelismMixin
 from .precision import MixedPrecision
 from .saving import CheckpointingMixin
 from .scheduler import AcceleratedScheduler
 from .state import AcceleratorState, GradientState, PartialState
 from .tracking import LOGGER_TYPE_TO_CLASS, TrackingMixin  # noqa: F401  (HF's accelerator module exposes LOGGER_TYPE_TO_CLASS)
 from .utils import operations
-from .utils.constants import PROFILE_PATTERN_NAME
+from .utils.constants import DTENSOR_PYTORCH_VERSION, PROFILE_PATTERN_NAME  # noqa: F401  (HF's module exposes DTENSOR_...)
 from .utils.constants import FSDP2_PYTORCH_VERSION, FSDP_PYTORCH_VERSION  # noqa: F401  (HF's accelerator module exposes them)
 from .utils.constants import (  # noqa: F401  (HF's accelerator module exposes these file names)
     MODEL_NAME,
@@ -87,7 +88,7 @@ def _dataloader_configuration(config: DataLoaderConfiguration | None, legacy: di
     return DataLoaderConfiguration(**given)
 
 
-class Accelerator(CheckpointingMixin, TrackingMixin, EnginesMixin):
+class Accelerator(CheckpointingMixin, TrackingMixin, EnginesMixin, ParallelismMixin):
     """Creates the process state and exposes process control and collectives.
 
     Attributes (catalog ``state.attributes``): ``device``,
@@ -144,6 +145,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin, EnginesMixin):
         )
         self.state.deepspeed_plugins = self._engines.deepspeed_plugins  # the latest Accelerator's plugins
         self.state.fsdp_plugin = self._engines.fsdp_plugin
+        self._init_parallelism(parallelism_config)  # its device mesh (`parallelism`)
         if gradient_accumulation_plugin is None:
             steps = int(os.environ.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", gradient_accumulation_steps))
             gradient_accumulation_plugin = GradientAccumulationPlugin(num_steps=steps)
@@ -540,6 +542,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin, EnginesMixin):
             data_seed=config.data_seed,
             non_blocking=config.non_blocking,
             use_stateful_dataloader=config.use_stateful_dataloader,
+            torch_device_mesh=self.torch_device_mesh,
         )
         prepared._is_accelerate_prepared = True
         return _remember(self._dataloaders, prepared)

@@ -45,6 +45,7 @@ from .samplers import (
     get_sampler,
     set_sampler,
 )
+from .parallelism import data_parallel_share
 from .state import GradientState, PartialState
 from .utils.dataclasses import RNGType
 from .utils.operations import (
@@ -321,6 +322,7 @@ class DataLoaderShard(DataLoaderPositionMixin, DataLoaderStateMixin, DataLoaderA
         use_stateful_dataloader: bool = False,
         _drop_last: bool = False,
         _non_blocking: bool = False,
+        torch_device_mesh: Any = None,  # HF's signature; `prepare_data_loader` chose the shard by it
         iteration: int = 0,
         **kwargs: Any,
     ) -> None:
@@ -393,6 +395,7 @@ class DataLoaderDispatcher(DataLoaderPositionMixin, DataLoaderStateMixin, DataLo
         _drop_last: bool = False,
         _non_blocking: bool = False,
         slice_fn: Optional[Callable[..., Any]] = None,
+        torch_device_mesh: Any = None,
         iteration: int = 0,
         **kwargs: Any,
     ) -> None:
@@ -402,13 +405,19 @@ class DataLoaderDispatcher(DataLoaderPositionMixin, DataLoaderStateMixin, DataLo
         self._drop_last = _drop_last
         self._non_blocking = _non_blocking
         self.slice_fn = slice_fn if slice_fn is not None else slice_samples
+        self.torch_device_mesh = torch_device_mesh
         self.iteration = iteration
         self.state = PartialState()
         self.device = self.state.device
 
     @property
+    def _share(self) -> tuple[int, int]:
+        """(data-parallel shares, this process's share): its own unless the mesh groups tp/cp ranks."""
+        return data_parallel_share(self.torch_device_mesh, self.state.num_processes, self.state.process_index)
+
+    @property
     def _batches_per_step(self) -> int:
-        return 1 if self.split_batches else self.state.num_processes
+        return 1 if self.split_batches else self._share[0]
 
     def adjust_state_dict_for_prefetch(self) -> None:
         """Uncount the rest of the next step, which process 0 drew ahead: ``num_processes - 1`` batches, none with
@@ -443,14 +452,14 @@ class DataLoaderDispatcher(DataLoaderPositionMixin, DataLoaderStateMixin, DataLo
             batch = _concatenate_step(step)
             first = batch if first is None else first
             real = count_samples(batch)
-            padding = math.ceil(real / self.state.num_processes) * self.state.num_processes - real
+            padding = math.ceil(real / self._share[0]) * self._share[0] - real
             if padding:
                 batch = concatenate_samples([batch, _repeat_from_start(first, padding)])
             yield batch, real, is_last
 
     def _received_steps(self, source: Optional[Iterator[tuple[Any, int, bool]]]) -> Iterator[tuple[Any, bool]]:
         """On every process: (this process's slice of each global batch, whether it is the last)."""
-        num_processes, index = self.state.num_processes, self.state.process_index
+        num_processes, index = self._share
         is_last = False
         while not is_last:
             step = self._broadcast_step(next(source, None) if source is not None else None)
@@ -598,6 +607,7 @@ def prepare_data_loader(
     data_seed: Optional[int] = None,
     non_blocking: bool = False,
     use_stateful_dataloader: bool = False,
+    torch_device_mesh: Any = None,
 ) -> DataLoader:
     """Wrap ``dataloader`` so that process ``process_index`` of ``num_processes`` gets its share.
 
@@ -622,6 +632,7 @@ def prepare_data_loader(
     * batches go to ``device`` when ``put_on_device``;
     * ``use_stateful_dataloader`` backs the loader with torchdata's
       `StatefulDataLoader` (`DataLoaderAdapter`: ImportError without it);
+    * with ``torch_device_mesh``, shares are the mesh's data-parallel ones (`parallelism.data_parallel_share`);
     * anything but a `DataLoader` is a TypeError; a map-style loader
       without batches (``batch_size=None`` and no batch sampler) a ValueError.
 
@@ -636,6 +647,7 @@ def prepare_data_loader(
     state = PartialState()
     num_processes = state.num_processes if num_processes is None else num_processes
     process_index = state.process_index if process_index is None else process_index
+    num_processes, process_index = data_parallel_share(torch_device_mesh, num_processes, process_index)
     dataset = dataloader.dataset
     iterable = isinstance(dataset, IterableDataset)
     if dispatch_batches is None:
@@ -658,7 +670,8 @@ def prepare_data_loader(
     common = {"_drop_last": dataloader.drop_last, "_non_blocking": non_blocking, "use_stateful_dataloader": use_stateful_dataloader,
               **carried_arguments(dataloader)}
     if dispatch_batches:
-        return DataLoaderDispatcher(dataset, split_batches=split_batches, slice_fn=slice_fn_for_dispatch, **batching, **common)
+        return DataLoaderDispatcher(dataset, split_batches=split_batches, slice_fn=slice_fn_for_dispatch,
+                                    torch_device_mesh=torch_device_mesh, **batching, **common)
 
     own_generator = _wants_generator(rng_types) and not use_seedable_sampler
     dataset, batching, generator = _share_of_process(
@@ -751,6 +764,7 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
             _drop_last=dataloader._drop_last,
             _non_blocking=dataloader._non_blocking,
             slice_fn=dataloader.slice_fn,
+            torch_device_mesh=dataloader.torch_device_mesh,
             iteration=dataloader.iteration,
             **_skipping_batches(dataloader, 0),
             **carried,

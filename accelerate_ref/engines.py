@@ -113,8 +113,6 @@ def resolve_engines(
                 raise NotImplementedError(f"{name}: accelerate_ref does not drive {module} yet (it is installed)")
     if "torch_tp_plugin" in given:
         _check_tensor_parallel(given["torch_tp_plugin"])
-    if "parallelism_config" in given:
-        raise NotImplementedError("parallelism_config: accelerate_ref does not provide N-D parallelism (ParallelismConfig) yet")
     if any(handlers.get(recipe) is not None for recipe in FP8_RECIPE_CLASSES):
         precision = mixed_precision if mixed_precision is not None else os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
         if str(precision).lower() == "fp8":

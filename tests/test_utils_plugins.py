@@ -118,7 +118,7 @@ def test_wrap_targets_by_class_size_and_callable():
         ({"fsdp_plugin": FullyShardedDataParallelPlugin(), "megatron_lm_plugin": MegatronLMPlugin()}, ("fsdp_plugin", "megatron_lm_plugin")),
         ({"fsdp_plugin": "FULL_SHARD"}, ("fsdp_plugin",)),
         ({"dynamo_backend": "eager", "dynamo_plugin": accelerate_ref.utils.TorchDynamoPlugin()}, ("dynamo_backend", "dynamo_plugin")),
-        ({"parallelism_config": object()}, ("parallelism_config", "N-D parallelism")),
+        ({"parallelism_config": object()}, ("parallelism_config", "ParallelismConfig")),
         ({"even_batch": False}, ("even_batch",)),  # a misspelt keyword is not swallowed by the v0.27 ones
     ],
 )

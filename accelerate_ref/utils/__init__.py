@@ -265,5 +265,13 @@ _EXPORTS = {
     "filter_first_and_last_linear_layers": (".ao", "filter_first_and_last_linear_layers"),
     "has_ao_layers": (".ao", "has_ao_layers"),
 }
+# N-D parallelism (HF 1.15): the configuration and its handlers, and the model checks.
+_EXPORTS |= {
+    "ParallelismConfig": ("..parallelism_config", "ParallelismConfig"),
+    "TorchContextParallelConfig": (".dataclasses", "TorchContextParallelConfig"),
+    "TorchTensorParallelConfig": (".dataclasses", "TorchTensorParallelConfig"),
+    "get_model_tp_size": (".other", "get_model_tp_size"),
+    "model_has_dtensor": (".other", "model_has_dtensor"),
+}
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

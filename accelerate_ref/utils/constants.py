@@ -82,3 +82,11 @@ def _upcastable_layers() -> tuple[type, ...]:
 
 # Layer classes whose weights layerwise casting upcasts for compute (HF 1.15's tuple).
 SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING = _upcastable_layers()
+
+# Version floors of N-D parallelism (HF 1.15's names): DTensor's public home, the torch tensor-
+# and context-parallel APIs, transformers' tensor-parallel plans, DeepSpeed's sequence parallelism.
+DTENSOR_PYTORCH_VERSION = "2.5.0"
+BETA_TP_AVAILABLE_PYTORCH_VERSION = "2.3.0"
+BETA_TP_AVAILABLE_TRANSFORMERS_VERSION = "4.52.0"
+BETA_CP_AVAILABLE_PYTORCH_VERSION = "2.6.0"
+BETA_SP_AVAILABLE_DEEPSPEED_VERSION = "0.18.2"

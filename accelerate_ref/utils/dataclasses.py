@@ -13,11 +13,15 @@ from __future__ import annotations
 import copy
 import enum
 import os
+import warnings
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .constants import (  # noqa: F401  (HF's utils.dataclasses exposes them)
+    BETA_CP_AVAILABLE_PYTORCH_VERSION,
+    BETA_TP_AVAILABLE_PYTORCH_VERSION,
+    BETA_TP_AVAILABLE_TRANSFORMERS_VERSION,
     MITA_PROFILING_AVAILABLE_PYTORCH_VERSION,
     XPU_PROFILING_AVAILABLE_PYTORCH_VERSION,
 )
@@ -583,6 +587,61 @@ class TorchTensorParallelPlugin:
     tp_size: int = 1
     torch_device_mesh: Optional["torch.distributed.DeviceMesh"] = None
 
+
+
+# --------------------------------------------------------------------------
+# Tensor- and context-parallel handlers of a `ParallelismConfig`
+# --------------------------------------------------------------------------
+@dataclass
+class TorchTensorParallelConfig:
+    """The tensor-parallel handler of a `ParallelismConfig` (torch's tensor-parallel API).
+
+    Rules (HF 1.15): needs torch >= BETA_TP_AVAILABLE_PYTORCH_VERSION and
+    transformers >= BETA_TP_AVAILABLE_TRANSFORMERS_VERSION (ValueError naming
+    the version; transformers not installed: ImportError, as HF's metadata
+    lookup raises); ``enable_async_tp=True`` only warns that it is ignored.
+    """
+
+    enable_async_tp: bool = False
+
+    def __post_init__(self) -> None:
+        from .imports import is_transformers_available
+        from .versions import compare_versions, is_torch_version
+
+        if not is_torch_version(">=", BETA_TP_AVAILABLE_PYTORCH_VERSION):
+            raise ValueError(f"Torch tensor parallelism needs PyTorch >= {BETA_TP_AVAILABLE_PYTORCH_VERSION}")
+        if not is_transformers_available():
+            raise ImportError(f"TP requires transformers >= {BETA_TP_AVAILABLE_TRANSFORMERS_VERSION}, which is not installed")
+        if not compare_versions("transformers", ">=", BETA_TP_AVAILABLE_TRANSFORMERS_VERSION):
+            raise ValueError(f"TP requires transformers >= {BETA_TP_AVAILABLE_TRANSFORMERS_VERSION}")
+        if self.enable_async_tp:
+            warnings.warn("Async tensor parallelism is currently not supported, ignoring this option.")
+
+
+@dataclass
+class TorchContextParallelConfig:
+    """The context-parallel handler of a `ParallelismConfig` (torch's ``context_parallel``).
+
+    Rules (HF 1.15): needs torch >= BETA_CP_AVAILABLE_PYTORCH_VERSION
+    (ValueError); ``cp_comm_strategy`` defaults to
+    PARALLELISM_CONFIG_CP_COMM_STRATEGY, else "allgather", and must be
+    "allgather" or "alltoall" (ValueError naming it).
+    """
+
+    cp_comm_strategy: Optional[str] = field(
+        default=None,
+        metadata={"help": "How context-parallel ranks exchange keys and values: 'allgather' (default) or 'alltoall'."},
+    )
+
+    def __post_init__(self) -> None:
+        from .versions import is_torch_version
+
+        if not is_torch_version(">=", BETA_CP_AVAILABLE_PYTORCH_VERSION):
+            raise ValueError(f"FSDP2-based context parallelism needs PyTorch >= {BETA_CP_AVAILABLE_PYTORCH_VERSION}")
+        if self.cp_comm_strategy is None:
+            self.cp_comm_strategy = os.environ.get("PARALLELISM_CONFIG_CP_COMM_STRATEGY", "allgather")
+        if self.cp_comm_strategy not in ("allgather", "alltoall"):
+            raise ValueError(f"Invalid cp_comm_strategy: {self.cp_comm_strategy}. Must be one of 'allgather' or 'alltoall'.")
 
 # Engine plugins live in their own module, which imports this one; HF users import them from here,
 # so they load on first use (PEP 562): importing either module first works.

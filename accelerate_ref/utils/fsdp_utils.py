@@ -179,8 +179,14 @@ def _sharding_strategy_name(plugin: FullyShardedDataParallelPlugin) -> str:
 
 
 def device_mesh_for(plugin: FullyShardedDataParallelPlugin, state: Any) -> Any:
-    """The device mesh of the plugin's strategy over this world (see the module docstring)."""
+    """The device mesh FSDP shards over: a `ParallelismConfig`'s FSDP dimensions where the Accelerator has one
+    (HF's rule for FSDP2: dp_shard alone shards fully, dp_replicate x dp_shard is HSDP), else the mesh of the
+    plugin's strategy over this world (see the module docstring)."""
     from torch.distributed.device_mesh import init_device_mesh
+
+    config, mesh = getattr(state, "parallelism_config", None), getattr(state, "device_mesh", None)
+    if config is not None and mesh is not None:
+        return mesh[tuple(config.fsdp_dim_names)]
 
     size, device_type = state.num_processes, state.device.type
     require_fsdp_device(device_type)

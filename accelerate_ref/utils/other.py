@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import sys
 from types import MethodType
+from typing import Optional
 
 import torch
 
@@ -292,3 +293,30 @@ def wait_for_everyone() -> None:
     from ..state import PartialState
 
     PartialState().wait_for_everyone()
+
+
+def model_has_dtensor(model: torch.nn.Module) -> bool:
+    """True when any parameter of ``model`` is a `torch.distributed.tensor.DTensor` (sharded over a device mesh).
+
+    Rule (HF 1.15): such a model was parallelised already (tensor parallel,
+    FSDP2) and cannot go into DDP.
+    """
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(parameter, DTensor) for parameter in model.parameters())
+
+
+def get_model_tp_size(model: torch.nn.Module) -> Optional[int]:
+    """The tensor-parallel degree a `transformers` model was sharded with, or None.
+
+    Rule (HF 1.15): ``model.tp_size`` when set (transformers < 5), else the
+    ``tp_size`` of ``model.config.distributed_config`` (a dict or an object;
+    transformers >= 5), else None. The parameters themselves are not looked at.
+    """
+    tp_size = getattr(model, "tp_size", None)
+    if tp_size is not None:
+        return tp_size
+    distributed_config = getattr(getattr(model, "config", None), "distributed_config", None)
+    if isinstance(distributed_config, dict):
+        return distributed_config.get("tp_size")
+    return getattr(distributed_config, "tp_size", None)

@@ -1,0 +1,185 @@
+"""`Accelerator(parallelism_config=...)`: the N-D parallelism members of the Accelerator, and the
+data-parallel share of a rank under a device mesh (what the data loaders use).
+
+What runs: the data-parallel dimensions (``dp_replicate``, ``dp_shard``).
+The configuration's device mesh is built over the world at construction;
+the model is trained with DDP over every rank (each rank a data-parallel
+rank, as HF 1.15 does without FSDP), or with FSDP (``fsdp_plugin``) when the
+plugin's strategy shards over the same ranks as the mesh's FSDP dimensions.
+Tensor, context and sequence parallelism (``tp``/``cp``/``sp`` sizes > 1) are
+refused by name. Unlike HF 1.15, a multi-process CPU world counts as
+multi-device: HF refuses every ParallelismConfig of total size > 1 on
+MULTI_CPU unless FSDP2 drives it (its ``multi_device`` leaves the CPU out).
+
+Mirrors the parallelism members of HF 1.15's ``Accelerator``; no catalog ID covers them yet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from typing import Any, Iterator, Optional
+
+import torch
+
+from .logging import get_logger
+from .parallelism_config import ParallelismConfig
+
+logger = get_logger(__name__)
+
+
+class ParallelismMixin:
+    """The `Accelerator`'s parallelism configuration, its device mesh, and this rank's place in it."""
+
+    def _init_parallelism(self, parallelism_config: Optional[ParallelismConfig]) -> None:
+        """Validate ``parallelism_config`` against this world and build its device mesh.
+
+        Rules: without one, ACCELERATE_USE_PARALLELISM_CONFIG=true makes a
+        default `ParallelismConfig()` (sizes from its environment); tp, cp or sp
+        enabled: NotImplementedError naming them; across several processes a
+        configuration of total size 1 becomes pure replication over every rank
+        (dp_replicate_size = num_processes, as HF does for DDP), and any other
+        total size must equal num_processes (ValueError, HF's words). With an
+        ``fsdp_plugin``, it must be FSDP version 2 and dp_shard must be enabled
+        (ValueError, HF's rules); FSDP then shards over the mesh's FSDP
+        dimensions (`utils.fsdp_utils.device_mesh_for`: HSDP with dp_replicate).
+        A handler given for a dimension of size 1 is ignored, with a warning
+        from the main process (HF's words).
+        """
+        if parallelism_config is None and os.environ.get("ACCELERATE_USE_PARALLELISM_CONFIG", "false").lower() == "true":
+            parallelism_config = ParallelismConfig()
+        if parallelism_config is not None and not isinstance(parallelism_config, ParallelismConfig):
+            raise TypeError(f"parallelism_config must be a ParallelismConfig, got {type(parallelism_config).__name__}")
+        if parallelism_config is not None and parallelism_config.non_dp_dim_names:
+            raise NotImplementedError(
+                f"parallelism_config: accelerate_ref runs the data-parallel dimensions (dp_replicate, dp_shard) only; "
+                f"{', '.join(parallelism_config.non_dp_dim_names)} > 1 (tensor/context/sequence parallelism) is not provided yet"
+            )
+        self.state.parallelism_config = parallelism_config  # the latest Accelerator's, as the engine plugins
+        self.state.device_mesh = None
+        if parallelism_config is None:
+            return
+        if self.use_distributed and parallelism_config.total_size == 1:
+            parallelism_config.dp_replicate_size = self.num_processes
+        if parallelism_config.total_size != self.num_processes:
+            raise ValueError(
+                f"ParallelismConfig total_size ({parallelism_config.total_size}) does not match num_processes "
+                f"({self.num_processes}). Please adjust dp_replicate_size/ dp_shard_size/tp_size/cp_size/sp_size."
+            )
+        self.state.device_mesh = parallelism_config.get_device_mesh(self.device.type)
+        ignored = [name for name, size in parallelism_config._sizes.items()
+                   if size == 1 and getattr(parallelism_config, f"{name}_handler", None) is not None]
+        if ignored and self.use_distributed and self.is_main_process:
+            warnings.warn("ParallelismConfig has the following warnings:\n" + "\n".join(
+                f"ParallelismConfig.{name}_handler is set, but {name}_size is set to 1. This handler will be ignored." for name in ignored))
+        fsdp_plugin = self._engines.fsdp_plugin
+        if fsdp_plugin is not None and self.use_distributed:
+            _check_fsdp_mesh(fsdp_plugin, parallelism_config)
+
+    @property
+    def parallelism_config(self) -> Optional[ParallelismConfig]:
+        """The `ParallelismConfig` this Accelerator runs (None without one)."""
+        return self.state.parallelism_config
+
+    @property
+    def torch_device_mesh(self) -> Any:
+        """The configuration's `DeviceMesh` (None without a configuration or with no dimension enabled)."""
+        return self.state.device_mesh
+
+    @property
+    def is_composable_parallelism_enabled(self) -> bool:
+        """True when FSDP version 2 (torch's ``fully_shard``) shards the model across several processes."""
+        plugin = self._engines.fsdp_plugin
+        return self.use_distributed and plugin is not None and plugin.fsdp_version == 2
+
+    def _mesh_rank(self, dimension: str, what: str) -> int:
+        """This rank's index along ``dimension`` of the mesh; 0 when the dimension is off (all ranks alike).
+
+        RuntimeError without a configuration (HF's words).
+        """
+        config = self.parallelism_config
+        if not config:
+            raise RuntimeError(f"{what} is not configured. Set `parallelism_config` first.")
+        return self.torch_device_mesh.get_local_rank(dimension) if config._sizes[dimension] > 1 else 0
+
+    @property
+    def tensor_parallel_rank(self) -> int:
+        """This rank's tensor-parallel index (0 when tp is off); RuntimeError without a configuration."""
+        return self._mesh_rank("tp", "Tensor parallelism")
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """This rank's index along ``dp_replicate`` (0 when off); RuntimeError without a configuration."""
+        return self._mesh_rank("dp_replicate", "Data parallelism")
+
+    @property
+    def data_parallel_shard_rank(self) -> int:
+        """This rank's index along ``dp_shard`` (0 when off); RuntimeError without a configuration."""
+        return self._mesh_rank("dp_shard", "Shard-based data parallelism")
+
+    @property
+    def pipeline_parallel_rank(self) -> int:
+        """Always NotImplementedError: pipeline parallelism is not part of a `ParallelismConfig` (HF 1.15)."""
+        raise NotImplementedError("Pipeline parallelism is currently not supported in Accelerate.")
+
+    @property
+    def context_parallel_rank(self) -> int:
+        """Always NotImplementedError, as HF 1.15 (which has no context-parallel rank either)."""
+        raise NotImplementedError("Context parallelism is currently not supported in Accelerate.")
+
+    @contextlib.contextmanager
+    def maybe_context_parallel(
+        self,
+        buffers: Optional[list[torch.Tensor]] = None,
+        buffer_seq_dims: Optional[list[int]] = None,
+        no_restore_buffers: Optional[set[torch.Tensor]] = None,
+    ) -> Iterator[None]:
+        """Shard ``buffers`` along their sequence dimensions for context parallelism inside the block.
+
+        Rule (HF 1.15): where context parallelism is off (cp_size 1, or no
+        configuration) it changes nothing, warns once, and does not raise, so
+        a script keeps one code path. Context parallelism itself is refused at
+        construction here, so this is always the no-op.
+        """
+        logger.warning_once(
+            "Context parallel training is not enabled. This context manager will have no effect. "
+            "To enable it, set `parallelism_config.cp_size` > 1 in the `Accelerator` constructor."
+        )
+        yield
+
+
+def _check_fsdp_mesh(plugin: Any, config: ParallelismConfig) -> None:
+    """FSDP under a `ParallelismConfig`: version 2 only, with a dimension to shard across (HF's rules and words)."""
+    if plugin.fsdp_version != 2:
+        raise ValueError(
+            "ParallelismConfig is only compatible with FSDP version 2 (fsdp_version=2): FSDP then shards across "
+            "the configuration's dp_shard (and dp_replicate, for HSDP) dimensions"
+        )
+    if not config.dp_shard_enabled and not config.cp_enabled:
+        raise ValueError(
+            "FSDP is enabled but the parallelism config has no dimension for FSDP to shard across (both "
+            "`dp_shard_size` and `cp_size` are 1)."
+        )
+
+
+def data_parallel_share(mesh: Any, num_processes: int, process_index: int) -> tuple[int, int]:
+    """(number of data-parallel shares, this rank's share): the process's own without a ``mesh``.
+
+    Rule (HF 1.15's `prepare_data_loader`): under a mesh, ranks that differ
+    only along ``tp`` or ``cp`` read the same batches: the share is
+    ``process_index // (tp x cp)`` and the count ``dp_replicate x dp_shard``
+    (1 for a dimension the mesh lacks). (HF's DeepSpeed variant, ``// tp`` of
+    both, needs DeepSpeed as the distributed type, which accelerate_ref never
+    sets.) `DataLoaderDispatcher` slices by the same shares; HF 1.15's gives
+    every rank the same batch under a tp mesh, whatever its dp dimensions, and
+    slices ``split_batches`` per process even under tp.
+    """
+    if mesh is None:
+        return num_processes, process_index
+    names = mesh.mesh_dim_names or ()
+
+    def size(name: str) -> int:
+        return mesh[name].size() if name in names else 1
+
+    return size("dp_replicate") * size("dp_shard"), process_index // (size("tp") * size("cp"))
