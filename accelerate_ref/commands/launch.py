@@ -29,7 +29,9 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from ..utils.launch import is_port_in_use, prepare_multi_gpu_env, prepare_simple_launcher_cmd_env, torchrun_argv
-from .config.config_args import ConfigError, load_config_from_file
+from ..utils.constants import DEEPSPEED_MULTINODE_LAUNCHERS, TORCH_DYNAMO_MODES  # noqa: F401
+from .config.config_args import ConfigError, current_default_config_file, default_config_file, load_config_from_file  # noqa: F401
+from .config.config_utils import DYNAMO_BACKENDS  # noqa: F401
 
 
 class LaunchError(Exception):
@@ -63,8 +65,12 @@ def _flag(group, *names: str, **kwargs) -> None:
     group.add_argument(*spellings, **kwargs)
 
 
-def launch_command_parser(subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("launch", help="run a script on several ranks", allow_abbrev=False)
+def launch_command_parser(subparsers=None):
+    """The ``launch`` parser: a subcommand of ``subparsers`` when given, else a parser of its own."""
+    if subparsers is not None:
+        parser = subparsers.add_parser("launch", help="run a script on several ranks", allow_abbrev=False)
+    else:
+        parser = argparse.ArgumentParser("accelerate-ref launch command", allow_abbrev=False)
     _flag(parser, "--config_file", default=None, help="config to read (default: the HF cache location)")
     _flag(parser, "--cpu", action="store_true", help="run on CPU ranks (gloo), whatever accelerators are present")
     _flag(parser, "--multi_gpu", action="store_true", help="one rank per GPU")
@@ -91,19 +97,25 @@ def launch_command_parser(subparsers) -> argparse.ArgumentParser:
     )
     parser.add_argument("training_script", help="the script (or module, with -m) to run")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="arguments for the script")
-    parser.set_defaults(func=launch_command)
+    if subparsers is not None:
+        parser.set_defaults(func=launch_command)
     return parser
 
 
 def _apply_config(args: argparse.Namespace) -> None:
     """Fill what no flag gave from the config file, then from ``DEFAULTS`` (flags win)."""
+    path = args.config_file
+    if path is None and os.path.isfile(current_default_config_file()):
+        path = current_default_config_file()
+    if path is not None and not os.path.isfile(path):
+        raise LaunchError(f"config file {path!r} does not exist")
     try:
-        config = load_config_from_file(args.config_file)
+        config = load_config_from_file(path) if path is not None else None
     except ConfigError as error:
         raise LaunchError(str(error)) from None
     if config is not None:
         if not (args.cpu or args.multi_gpu or args.tpu):
-            flag = DISTRIBUTED_FLAGS.get(str(config.distributed_type).upper())
+            flag = DISTRIBUTED_FLAGS.get(getattr(config.distributed_type, "value", config.distributed_type))
             if flag:
                 setattr(args, flag, True)
         args.cpu = args.cpu or bool(config.use_cpu)
@@ -111,6 +123,8 @@ def _apply_config(args: argparse.Namespace) -> None:
     for name, default in DEFAULTS.items():
         if getattr(args, name) is None:
             from_config = getattr(config, name, None) if config is not None else None
+            if name == "num_processes" and from_config is not None and from_config < 1:
+                from_config = None  # ClusterConfig's -1: "not set in the file"
             setattr(args, name, from_config if from_config is not None else default)
 
 
@@ -223,11 +237,11 @@ def launch_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m accelerate_ref.commands.launch ...``: the ``launch`` subcommand alone."""
-    from .accelerate_cli import main as cli_main
+def main():
+    """``python -m accelerate_ref.commands.launch ...``: the ``launch`` subcommand alone (one-line errors)."""
+    from .accelerate_cli import run
 
-    return cli_main(["launch", *(sys.argv[1:] if argv is None else argv)])
+    return run(["launch", *sys.argv[1:]])
 
 
 if __name__ == "__main__":
