@@ -237,7 +237,8 @@ def test_prepare_for_launch_sets_the_rank_environment_as_accelerate_does(monkeyp
     seen = {}
     for name, cls in (("ours", ref_launch.PrepareForLaunch), ("theirs", hf_launch.PrepareForLaunch)):
         for key in ("LOCAL_RANK", "RANK", "FORK_LAUNCHED"):
-            monkeypatch.delenv(key, raising=False)
+            monkeypatch.setenv(key, "unset")  # recorded, so the variables the launcher sets are removed afterwards
+            monkeypatch.delenv(key)
         called = []
         cls(lambda *a: called.append(a), distributed_type=distributed_type, debug=debug)(2, "x", 3)
         seen[name] = ({k: os.environ.get(k) for k in ("LOCAL_RANK", "RANK", "FORK_LAUNCHED")}, called)
@@ -265,3 +266,110 @@ def test_notebook_launcher_passes_the_rendezvous_options_as_accelerate_does(monk
             "max_restarts", "monitor_interval", "start_method", "log_line_prefix_template")
     ours, theirs = ({name: getattr(config, name) for name in kept} for config in built)
     assert ours == theirs and ours["rdzv_endpoint"] == "127.0.0.1:29611" and ours["run_id"] == "job7"
+
+
+# --- command modules: to-fsdp2, tpu-config, merge-weights, commands.utils, the CLI's one-line errors ---
+
+FSDP1_CONFIG = {
+    "compute_environment": "LOCAL_MACHINE", "distributed_type": "FSDP", "mixed_precision": "bf16", "num_processes": 2,
+    "fsdp_config": {
+        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "fsdp_backward_prefetch": "BACKWARD_PRE",
+        "fsdp_forward_prefetch": False, "fsdp_cpu_ram_efficient_loading": True, "fsdp_offload_params": False,
+        "fsdp_sharding_strategy": "SHARD_GRAD_OP", "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+        "fsdp_sync_module_states": True, "fsdp_transformer_layer_cls_to_wrap": "Block", "fsdp_use_orig_params": True,
+        "fsdp_version": 1, "fsdp_custom_key": 7,
+    },
+}
+
+
+@pytest.mark.parametrize("config", [FSDP1_CONFIG, {**FSDP1_CONFIG, "fsdp_config": {"fsdp_version": 2, "fsdp_sharding_strategy": "FULL_SHARD"}},
+                                    {"distributed_type": "NO"}], ids=["fsdp1", "already-fsdp2", "no-fsdp"])
+def test_to_fsdp2_converts_as_accelerate_does(tmp_path, config):
+    from accelerate.commands import to_fsdp2 as hf_to_fsdp2
+
+    from accelerate_ref.commands import to_fsdp2 as ref_to_fsdp2
+
+    assert ref_to_fsdp2.convert_config_to_fsdp2(copy.deepcopy(config)) == hf_to_fsdp2.convert_config_to_fsdp2(copy.deepcopy(config))
+    source = _write(tmp_path / "fsdp1.yaml", config)
+    for name, module in (("ours", ref_to_fsdp2), ("theirs", hf_to_fsdp2)):
+        parser = module.to_fsdp2_command_parser()
+        module.to_fsdp2_command(parser.parse_args(["--config_file", source, "--output_file", str(tmp_path / f"{name}.yaml")]))
+    assert (tmp_path / "ours.yaml").read_text() == (tmp_path / "theirs.yaml").read_text()
+
+
+def test_tpu_config_builds_the_gcloud_command_as_accelerate_does(tmp_path, capsys, monkeypatch):
+    from accelerate.commands import tpu as hf_tpu
+
+    from accelerate_ref.commands import tpu as ref_tpu
+
+    config = _write(tmp_path / "tpu.yaml", {"distributed_type": "XLA", "tpu_name": "pod", "tpu_zone": "zone-a", "commands": ["echo a", "echo b"]})
+    commands = tmp_path / "setup.sh"
+    commands.write_text("pip list\nls\n")
+    for argv in (["--config_file", config, "--debug"],
+                 ["--config_file", config, "--debug", "--install_accelerate", "--accelerate_version", "1.15.0", "--use_alpha"],
+                 ["--config_file", config, "--debug", "--command_file", str(commands), "--tpu_zone", "zone-b"]):
+        printed = []
+        for module in (ref_tpu, hf_tpu):
+            module.tpu_command_launcher(module.tpu_command_parser().parse_args(argv))
+            printed.append(capsys.readouterr().out)
+        assert printed[0] == printed[1] and printed[0].startswith("Running gcloud"), argv
+
+
+def test_custom_argument_parser_takes_both_spellings_and_records_given_flags():
+    from accelerate.commands.utils import CustomArgumentParser as HFParser
+
+    from accelerate_ref.commands.utils import CustomArgumentParser as RefParser
+
+    results = []
+    for cls in (RefParser, HFParser):
+        parser = cls()
+        parser.add_argument("--num_processes", type=int, default=1)
+        group = parser.add_argument_group("group")
+        group.add_argument("--use_cpu", action="store_true")
+        group.add_argument("--main_process_ip", default=None)
+        args = parser.parse_args(["--num-processes", "4", "--use-cpu"])
+        results.append((vars(args).get("num_processes"), args.use_cpu, args.main_process_ip, sorted(args.nondefault)))
+    assert results[0] == results[1] == (4, True, None, ["num_processes", "use_cpu"])
+
+
+def test_merge_weights_merges_a_sharded_checkpoint_as_accelerate_does(tmp_path):
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import load_file
+
+    from accelerate_ref.commands.accelerate_cli import run
+
+    weights = {"linear.weight": torch.arange(6.0).reshape(2, 3), "linear.bias": torch.ones(2)}
+    dcp.save({"model": weights}, checkpoint_id=str(tmp_path / "sharded"), no_dist=True)
+    assert run(["merge-weights", str(tmp_path / "sharded"), str(tmp_path / "ours")]) == 0
+    from accelerate.utils import merge_fsdp_weights
+
+    merge_fsdp_weights(str(tmp_path / "sharded"), str(tmp_path / "theirs"))
+    ours, theirs = load_file(str(tmp_path / "ours" / "model.safetensors")), load_file(str(tmp_path / "theirs" / "model.safetensors"))
+    assert ours.keys() == theirs.keys() == weights.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in weights)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["to-fsdp2", "--config_file", "/nonexistent.yaml", "--overwrite"], "not found"),
+    (["merge-weights", "/nonexistent_dir", "/tmp/out_never_written"], "nonexistent_dir"),
+    (["tpu-config", "--config_file", "CONFIG", "--debug"], "command"),
+    (["config", "update", "--config_file", "/nonexistent.yaml"], "doesn't exist"),
+])
+def test_new_commands_fail_in_one_line(tmp_path, capsys, argv, words):
+    from accelerate_ref.commands.accelerate_cli import run
+
+    config = _write(tmp_path / "c.yaml", {"distributed_type": "XLA"})
+    code = run([config if item == "CONFIG" else item for item in argv])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and words in err, err
+
+
+def test_config_update_rewrites_with_todays_defaults(tmp_path):
+    from accelerate_ref.commands.accelerate_cli import run
+
+    old = _write(tmp_path / "old.yaml", {"distributed_type": "MULTI_GPU", "fp16": True, "dynamo_backend": "INDUCTOR", "num_processes": 2})
+    assert run(["config", "update", "--config_file", old]) == 0
+    theirs = hf_config_args.load_config_from_file(old)
+    assert theirs.mixed_precision == "fp16" and theirs.dynamo_config == {"dynamo_backend": "INDUCTOR"}
+    assert "fp16" not in yaml.safe_load(open(old)) and "use_cpu" in yaml.safe_load(open(old))

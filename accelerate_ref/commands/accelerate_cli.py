@@ -1,4 +1,5 @@
-"""The ``accelerate-ref`` console script: ``config``, ``env``, ``launch``, ``test``.
+"""The ``accelerate-ref`` console script: ``config`` (``default``, ``update``), ``env``, ``launch``,
+``merge-weights``, ``tpu-config``, ``test``, ``to-fsdp2`` (🤗 Accelerate 1.15's commands but ``estimate-memory``).
 
 Every error is one line on stderr: usage errors (unknown flag, bad value,
 missing script, bad config, port in use) exit 2, a failed launch exits 1.
@@ -14,7 +15,10 @@ from .config.config import PromptError
 from .config.config_args import ConfigError
 from .env import env_command_parser
 from .launch import LaunchError, RankFailure, launch_command_parser
+from .merge import merge_command_parser
 from .test import test_command_parser
+from .to_fsdp2 import to_fsdp2_command_parser
+from .tpu import tpu_command_parser
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -27,7 +31,8 @@ class OneLineParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser("accelerate-ref", allow_abbrev=False)
     subparsers = parser.add_subparsers(dest="command", parser_class=OneLineParser)
-    for add in (config_commands.get_config_parser, env_command_parser, launch_command_parser, test_command_parser):
+    for add in (config_commands.get_config_parser, env_command_parser, launch_command_parser, merge_command_parser,
+                tpu_command_parser, test_command_parser, to_fsdp2_command_parser):
         add(subparsers)
     return parser
 
@@ -43,7 +48,7 @@ def run(argv: list[str]) -> int:
     try:
         code = args.func(args)
         return 0 if code is None else code
-    except (LaunchError, ConfigError, PromptError, ValueError, FileNotFoundError) as error:
+    except (LaunchError, ConfigError, PromptError, ValueError, OSError) as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
         return 2
     except RankFailure as error:
