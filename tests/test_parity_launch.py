@@ -373,3 +373,109 @@ def test_config_update_rewrites_with_todays_defaults(tmp_path):
     theirs = hf_config_args.load_config_from_file(old)
     assert theirs.mixed_precision == "fp16" and theirs.dynamo_config == {"dynamo_backend": "INDUCTOR"}
     assert "fp16" not in yaml.safe_load(open(old)) and "use_cpu" in yaml.safe_load(open(old))
+
+
+# --- launch module: help formatter, torchrun and DeepSpeed launchers on 🤗 Accelerate's namespace ---
+
+
+@pytest.mark.parametrize("argv", [["accelerate", "launch", "--help"], ["accelerate", "launch", "--multi_gpu", "--use_fsdp", "--help"],
+                                  ["accelerate-launch", "--tpu", "--fp8-backend", "te", "--help"]])
+def test_launch_help_formatter_shows_the_groups_accelerate_shows(monkeypatch, argv):
+    import sys
+
+    from accelerate.commands import launch as hf_launch_command
+
+    from accelerate_ref.commands import launch as ref_launch_command
+
+    monkeypatch.setattr(sys, "argv", argv)
+    assert [ref_launch_command.clean_option(a) for a in argv] == [hf_launch_command.clean_option(a) for a in argv]
+    helps = []
+    for module in (ref_launch_command, hf_launch_command):
+        parser = argparse.ArgumentParser("launch", formatter_class=module.CustomHelpFormatter)
+        hardware = parser.add_argument_group("Hardware Selection Arguments")
+        hardware.add_argument("--cpu", action="store_true", help="cpu ranks")
+        hardware.add_argument("--multi_gpu", "--multi-gpu", action="store_true", help="gpu ranks")
+        paradigm = parser.add_argument_group("Training Paradigm Arguments")
+        paradigm.add_argument("--use_fsdp", action="store_true", help="fsdp")
+        fsdp = parser.add_argument_group("FSDP Arguments")
+        fsdp.add_argument("--fsdp_version", help="version")
+        fsdp.add_argument("--fsdp_offload_params", help="offload")
+        fp8 = parser.add_argument_group("FP8 Arguments")
+        fp8.add_argument("--fp8_backend", help="backend")
+        parser.add_argument("training_script")
+        helps.append(parser.format_help())
+    assert helps[0] == helps[1]
+
+
+def _rank_probe(tmp_path) -> str:
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import json, os, sys\n"
+        "keys = ['RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'ACCELERATE_MIXED_PRECISION', 'ACCELERATE_USE_DEEPSPEED', 'ACCELERATE_DEBUG_MODE']\n"
+        "out = os.path.join(os.path.dirname(__file__), sys.argv[1] + os.environ['RANK'] + '.json')\n"
+        "json.dump({k: os.environ.get(k) for k in keys} | {'args': sys.argv[2:]}, open(out, 'w'))\n"
+    )
+    return str(script)
+
+
+def _validated_hf_namespace(argv: list[str]) -> argparse.Namespace:
+    """🤗 Accelerate's launch namespace after its own validation (defaults filled in as its ``launch`` does)."""
+    from accelerate.commands.launch import _validate_launch_command
+
+    args, _, _ = _validate_launch_command(_hf_launch_args_with(argv))
+    return args
+
+
+def _hf_launch_args_with(argv: list[str]) -> argparse.Namespace:
+    from accelerate.commands.launch import launch_command_parser
+
+    return launch_command_parser().parse_args(argv)
+
+
+@pytest.mark.slow
+def test_multi_gpu_launcher_runs_the_ranks_accelerate_runs(tmp_path, monkeypatch):
+    """Both launchers, on the same 🤗 Accelerate namespace (2 CPU ranks), give each rank the same environment."""
+    from accelerate.commands import launch as hf_launch_command
+
+    from accelerate_ref.commands import launch as ref_launch_command
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "no_config_here"))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    probe = _rank_probe(tmp_path)
+    for name, module in (("ours", ref_launch_command), ("theirs", hf_launch_command)):
+        args = _validated_hf_namespace(["--multi_gpu", "--num_processes", "2", "--mixed_precision", "bf16", "--debug",
+                                        "--main_process_port", str(ref_other.get_free_port()), probe, name, "--lr", "3"])
+        module.multi_gpu_launcher(args)
+    import json
+
+    seen = {name: [json.load(open(tmp_path / f"{name}{rank}.json")) for rank in (0, 1)] for name in ("ours", "theirs")}
+    assert seen["ours"] == seen["theirs"] and [r["WORLD_SIZE"] for r in seen["ours"]] == ["2", "2"]
+
+
+def test_deepspeed_launcher_refuses_without_deepspeed_as_accelerate_does(monkeypatch):
+    from accelerate.commands import launch as hf_launch_command
+
+    from accelerate_ref.commands import launch as ref_launch_command
+
+    monkeypatch.setattr(ref_launch_command, "is_deepspeed_available", lambda: False)
+    monkeypatch.setattr(hf_launch_command, "is_deepspeed_available", lambda: False)
+    for module in (ref_launch_command, hf_launch_command):
+        with pytest.raises(ImportError, match="DeepSpeed"):
+            module.deepspeed_launcher(argparse.Namespace())
+
+
+@pytest.mark.slow
+def test_deepspeed_launcher_runs_torchrun_ranks_with_the_deepspeed_environment(tmp_path, monkeypatch):
+    from accelerate_ref.commands import launch as ref_launch_command
+
+    monkeypatch.setattr(ref_launch_command, "is_deepspeed_available", lambda: True)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    probe = _rank_probe(tmp_path)
+    args = _hf_launch_args_with(["--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no", "--zero_stage", "2",
+                                 "--main_process_port", str(ref_other.get_free_port()), probe, "ds"])
+    args.deepspeed_fields_from_accelerate_config = []
+    ref_launch_command.deepspeed_launcher(args)
+    import json
+
+    ranks = [json.load(open(tmp_path / f"ds{rank}.json")) for rank in (0, 1)]
+    assert [(r["RANK"], r["WORLD_SIZE"], r["ACCELERATE_USE_DEEPSPEED"]) for r in ranks] == [("0", "2", "true"), ("1", "2", "true")]

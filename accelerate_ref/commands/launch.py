@@ -28,7 +28,9 @@ import sys
 from contextlib import contextmanager
 from typing import Iterator
 
-from ..utils.launch import is_port_in_use, prepare_multi_gpu_env, prepare_simple_launcher_cmd_env, torchrun_argv
+from ..utils.environment import convert_dict_to_env_variables
+from ..utils.imports import is_deepspeed_available
+from ..utils.launch import is_port_in_use, prepare_deepspeed_cmd_env, prepare_multi_gpu_env, prepare_simple_launcher_cmd_env
 from ..utils.constants import DEEPSPEED_MULTINODE_LAUNCHERS, TORCH_DYNAMO_MODES  # noqa: F401
 from .config.config_args import ConfigError, current_default_config_file, default_config_file, load_config_from_file  # noqa: F401
 from .config.config_utils import DYNAMO_BACKENDS  # noqa: F401
@@ -57,6 +59,59 @@ DEFAULTS = {
 
 #: config ``distributed_type`` -> the launch flag it stands for.
 DISTRIBUTED_FLAGS = {"MULTI_GPU": "multi_gpu", "MULTI_NPU": "multi_gpu", "XLA": "tpu", "TPU": "tpu", "MULTI_CPU": "cpu"}
+
+
+#: A launch option -> the help section it reveals (🤗 Accelerate's ``launch --help`` shows only used ones).
+options_to_group = {
+    "multi_gpu": "Distributed GPUs",
+    "tpu": "TPU",
+    "use_deepspeed": "DeepSpeed Arguments",
+    "use_fsdp": "FSDP Arguments",
+    "use_megatron_lm": "Megatron-LM Arguments",
+    "fp8_backend": "FP8 Arguments",
+}
+
+
+def clean_option(option):
+    """``--some-option`` -> ``some_option`` (any ``fp8_backend`` spelling -> ``fp8_backend``); None for a non-option."""
+    if "fp8_backend" in option:
+        option = "--fp8_backend"
+    if option.startswith("--"):
+        return option[2:].replace("-", "_")
+
+
+class CustomHelpFormatter(argparse.HelpFormatter):
+    """Help that hides the option groups the command line does not use, as 🤗 Accelerate's ``launch --help``.
+
+    With more than one argument after ``launch``, options of groups outside the always-shown titles and
+    the groups ``options_to_group`` names for the given options are hidden; hyphen spellings are not listed;
+    a section left with fewer than two entries is dropped.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.titles = ["Hardware Selection Arguments", "Resource Selection Arguments", "Training Paradigm Arguments",
+                       "positional arguments", "optional arguments"]
+
+    def add_argument(self, action: argparse.Action):
+        given = sys.argv[2:] if "accelerate" in sys.argv[0] and "launch" in sys.argv[1:] else sys.argv[1:]
+        if len(given) > 1:
+            given = [clean_option(argument) for argument in given]
+            shown = self.titles + [options_to_group[option] for option in given if option in options_to_group]
+            title = action.container.title
+            if title not in shown:
+                action.help = argparse.SUPPRESS
+            elif title in ("Hardware Selection Arguments", "Training Paradigm Arguments"):
+                selected = not set(action.option_strings).isdisjoint(given)
+                action.help = action.help + " (currently selected)" if selected else argparse.SUPPRESS
+        action.option_strings = [option for option in action.option_strings if "-" not in option[2:]]
+        super().add_argument(action)
+
+    def end_section(self):
+        if len(self._current_section.items) < 2:
+            self._current_section.items = []
+            self._current_section.heading = ""
+        super().end_section()
 
 
 def _flag(group, *names: str, **kwargs) -> None:
@@ -195,25 +250,66 @@ def simple_launcher(args: argparse.Namespace) -> None:
         raise RankFailure(f"the script exited with code {code}")
 
 
-def multi_process_launcher(args: argparse.Namespace) -> None:
-    """Ranks through ``torch.distributed.run`` (in this process); the first failure ends the launch."""
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import get_args_parser, run
+def _torchrun_namespace(args: argparse.Namespace) -> argparse.Namespace:
+    """torchrun's options with every one ``args`` also holds (``nproc_per_node``, ``nnodes``,
+    ``master_port``, ``rdzv_endpoint``, ``standalone``, ``module``, the script and its arguments ...)."""
+    from torch.distributed.run import get_args_parser
 
-    env = prepare_multi_gpu_env(args)
-    torchrun_args = get_args_parser().parse_args(torchrun_argv(args))
+    torchrun_args = get_args_parser().parse_args([args.training_script])
+    for name in vars(torchrun_args):
+        if hasattr(args, name):
+            setattr(torchrun_args, name, getattr(args, name))
+    return torchrun_args
+
+
+def _run_ranks(args: argparse.Namespace, env: dict[str, str]) -> None:
+    """Run torchrun's elastic agent in this process with ``env``; the first failing rank ends the launch."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import run
+
+    torchrun_args = _torchrun_namespace(args)
+    timeout = getattr(args, "timeout", None)
     saved = dict(os.environ)
     os.environ.update(env)
     try:
-        with _deadline(args.timeout):
+        with _deadline(timeout):
             run(torchrun_args)
     except ChildFailedError as error:
         raise RankFailure(_describe_failure(error)) from None
     except _Timeout:
-        raise RankFailure(f"ranks still running after --timeout {args.timeout:g}s; stopped every rank") from None
+        raise RankFailure(f"ranks still running after --timeout {timeout:g}s; stopped every rank") from None
     finally:
         os.environ.clear()
         os.environ.update(saved)
+
+
+def multi_gpu_launcher(args):
+    """Ranks through ``torch.distributed.run`` with ``prepare_multi_gpu_env``'s environment (CPU ranks with ``--cpu``)."""
+    _run_ranks(args, prepare_multi_gpu_env(args))
+
+
+def deepspeed_launcher(args):
+    """A DeepSpeed launch (🤗 Accelerate's launch options on ``args``; needs the ``deepspeed`` package).
+
+    One machine, or the ``standard`` multi-node launcher: torchrun's ranks with ``prepare_deepspeed_cmd_env``'s
+    environment. Other multi-node launchers (pdsh, MPI, slurm, nossh): the ``deepspeed`` runner, with the
+    environment also appended to its ``.deepspeed_env`` file.
+    """
+    if not is_deepspeed_available():
+        raise ImportError("DeepSpeed is not installed: pip install deepspeed")
+    cmd, env = prepare_deepspeed_cmd_env(args)
+    if cmd is None:
+        _run_ranks(args, env)
+        return
+    from deepspeed.launcher.runner import DEEPSPEED_ENVIRONMENT_NAME
+
+    lines = convert_dict_to_env_variables(env)
+    if len(lines) > 1:
+        with open(DEEPSPEED_ENVIRONMENT_NAME, "a") as handle:
+            handle.writelines(lines)
+    code = subprocess.Popen(cmd, env=env).wait()
+    if code != 0:
+        raise RankFailure(f"the deepspeed runner exited with code {code}")
 
 
 def _describe_failure(error) -> str:
@@ -233,7 +329,7 @@ def launch_command(args: argparse.Namespace) -> int:
     if args.num_processes == 1 and args.num_machines == 1:
         simple_launcher(args)
     else:
-        multi_process_launcher(args)
+        multi_gpu_launcher(args)
     return 0
 
 

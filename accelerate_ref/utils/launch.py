@@ -90,7 +90,7 @@ def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:
         raise ValueError(f"--num_processes {num_processes} is not a multiple of --num_machines {num_machines}")
     args.nproc_per_node = str(num_processes // num_machines)
     args.nnodes = str(num_machines)
-    args.node_rank = str(getattr(args, "machine_rank", 0) or 0)
+    args.node_rank = int(getattr(args, "machine_rank", 0) or 0)
     args.master_addr = args.main_process_ip or LOOPBACK
     if not args.main_process_port:
         if num_machines > 1:
@@ -100,21 +100,6 @@ def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:
     env = launch_env(args)
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
-
-
-def torchrun_argv(args: argparse.Namespace) -> list[str]:
-    """The ``torch.distributed.run`` command line (after ``prepare_multi_gpu_env``)."""
-    argv = [
-        "--nproc_per_node", args.nproc_per_node,
-        "--nnodes", args.nnodes,
-        "--node_rank", args.node_rank,
-        "--master_addr", args.master_addr,
-        "--master_port", args.master_port,
-        "--monitor_interval", "0.1",
-    ]
-    if getattr(args, "module", False):
-        argv.append("--module")
-    return argv + [args.training_script, *args.training_script_args]
 
 
 def env_var_path_add(env_var_name, path_to_add):
