@@ -479,3 +479,51 @@ def test_deepspeed_launcher_runs_torchrun_ranks_with_the_deepspeed_environment(t
 
     ranks = [json.load(open(tmp_path / f"ds{rank}.json")) for rank in (0, 1)]
     assert [(r["RANK"], r["WORLD_SIZE"], r["ACCELERATE_USE_DEEPSPEED"]) for r in ranks] == [("0", "2", "true"), ("1", "2", "true")]
+
+
+@pytest.mark.slow
+def test_tpu_launcher_runs_the_main_function_as_accelerate_does(tmp_path):
+    """Both launchers on the simulator's stand-in ``torch_xla`` (one device), in a child process so the
+    stand-in does not leak into this one: same ``sys.argv``, same environment, same ``PrepareForLaunch`` marks."""
+    import subprocess
+    import sys
+
+    from simulators.devices import world_settings
+
+    (tmp_path / "train_tpu.py").write_text(
+        "import json, os, sys\n"
+        "def main():\n"
+        "    print(json.dumps({'argv': sys.argv[1:], 'fork': os.environ.get('FORK_LAUNCHED'), 'debug': os.environ.get('ACCELERATE_DEBUG_MODE')}))\n"
+    )
+    code = (
+        "import importlib, sys\n"
+        "from accelerate.commands.launch import launch_command_parser\n"
+        "module = importlib.import_module(sys.argv[1])\n"
+        "args = launch_command_parser().parse_args(['--tpu', '--debug', '--mixed_precision', 'no', sys.argv[2], '--x', '1'])\n"
+        "args.main_training_function = 'main'\n"
+        "module.tpu_launcher(args)\n"
+    )
+    pythonpath = os.pathsep.join([*world_settings("xla").pythonpath, os.environ.get("PYTHONPATH", "")])
+    outputs = []
+    for module in ("accelerate_ref.commands.launch", "accelerate.commands.launch"):
+        done = subprocess.run([sys.executable, "-c", code, module, str(tmp_path / "train_tpu.py")], capture_output=True, text=True,
+                              timeout=120, env={**os.environ, "PYTHONPATH": pythonpath})
+        assert done.returncode == 0, done.stderr[-2000:]
+        outputs.append(done.stdout.strip().splitlines()[-1])
+    assert outputs[0] == outputs[1] == '{"argv": ["--x", "1"], "fork": "1", "debug": "true"}'
+
+
+@pytest.mark.parametrize("module, names", [
+    ("utils.constants", ["TORCH_LAUNCH_PARAMS", "DEEPSPEED_MULTINODE_LAUNCHERS", "ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION",
+                         "SAGEMAKER_PARALLEL_EC2_INSTANCES", "SAGEMAKER_PYTHON_VERSION", "SAGEMAKER_PYTORCH_VERSION", "SAGEMAKER_TRANSFORMERS_VERSION"]),
+    ("commands.config.cluster", ["DEEPSPEED_MULTINODE_LAUNCHERS", "DYNAMO_BACKENDS", "TORCH_DYNAMO_MODES"]),
+    ("commands.config.sagemaker", ["DYNAMO_BACKENDS", "SAGEMAKER_PARALLEL_EC2_INSTANCES", "TORCH_DYNAMO_MODES"]),
+    ("commands.launch", ["options_to_group", "DEEPSPEED_MULTINODE_LAUNCHERS", "TORCH_DYNAMO_MODES", "DYNAMO_BACKENDS"]),
+    ("commands.to_fsdp2", ["ARGUMENT_VALUE_MAPPING"]),
+    ("launchers", ["ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION"]),
+])
+def test_launcher_constants_hold_accelerates_values(module, names):
+    import importlib
+
+    ours, theirs = importlib.import_module(f"accelerate_ref.{module}"), importlib.import_module(f"accelerate.{module}")
+    assert {name: getattr(ours, name) for name in names} == {name: getattr(theirs, name) for name in names}

@@ -26,11 +26,19 @@ import signal
 import subprocess
 import sys
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
-from ..utils.environment import convert_dict_to_env_variables
+from ..utils.environment import convert_dict_to_env_variables, patch_environment
 from ..utils.imports import is_deepspeed_available
-from ..utils.launch import is_port_in_use, prepare_deepspeed_cmd_env, prepare_multi_gpu_env, prepare_simple_launcher_cmd_env
+from ..utils.launch import (
+    PrepareForLaunch,
+    is_port_in_use,
+    prepare_deepspeed_cmd_env,
+    prepare_multi_gpu_env,
+    prepare_simple_launcher_cmd_env,
+    prepare_tpu,
+)
 from ..utils.constants import DEEPSPEED_MULTINODE_LAUNCHERS, TORCH_DYNAMO_MODES  # noqa: F401
 from .config.config_args import ConfigError, current_default_config_file, default_config_file, load_config_from_file  # noqa: F401
 from .config.config_utils import DYNAMO_BACKENDS  # noqa: F401
@@ -310,6 +318,32 @@ def deepspeed_launcher(args):
     code = subprocess.Popen(cmd, env=env).wait()
     if code != 0:
         raise RankFailure(f"the deepspeed runner exited with code {code}")
+
+
+def tpu_launcher(args):
+    """The script's ``--main_training_function`` on every XLA device through ``torch_xla``'s ``xmp.spawn``.
+
+    The script is imported as a module (its folder put on ``sys.path``; with ``--module`` its name),
+    ``sys.argv`` becomes the script and its arguments, and the function runs under ``prepare_tpu``'s
+    environment wrapped in ``PrepareForLaunch``. Needs ``torch_xla`` (the simulator's stand-in serves).
+    """
+    import torch_xla.distributed.xla_multiprocessing as xmp
+
+    if args.no_python:
+        raise ValueError("--no_python cannot be used with TPU launcher")
+    args, env = prepare_tpu(args, {})
+    if args.module:
+        module_name = args.training_script
+    else:
+        script = Path(args.training_script)
+        sys.path.append(str(script.parent.resolve()))
+        module_name = script.stem
+    module = importlib.import_module(module_name)
+    if not hasattr(module, args.main_training_function):
+        raise ValueError(f"the training script has no function {args.main_training_function!r} (--main_training_function)")
+    sys.argv = [module.__file__, *args.training_script_args]
+    with patch_environment(**env):
+        xmp.spawn(PrepareForLaunch(getattr(module, args.main_training_function)), args=())
 
 
 def _describe_failure(error) -> str:
