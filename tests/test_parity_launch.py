@@ -527,3 +527,17 @@ def test_launcher_constants_hold_accelerates_values(module, names):
 
     ours, theirs = importlib.import_module(f"accelerate_ref.{module}"), importlib.import_module(f"accelerate.{module}")
     assert {name: getattr(ours, name) for name in names} == {name: getattr(theirs, name) for name in names}
+
+
+def test_tpu_config_fails_in_one_line_when_gcloud_fails(tmp_path, monkeypatch, capsys):
+    """🤗 Accelerate prints success whatever gcloud returns; accelerate-ref says it failed (one line, exit 1)."""
+    from accelerate_ref.commands.accelerate_cli import run
+
+    fake = tmp_path / "bin" / "gcloud"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'gcloud: no account' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    code = run(["tpu-config", "--command", "ls", "--tpu_name", "pod", "--tpu_zone", "zone"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and err[-1] == "accelerate-ref tpu-config: error: gcloud exited with code 3; the pod was not set up"

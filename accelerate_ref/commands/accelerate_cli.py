@@ -30,7 +30,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser("accelerate-ref", allow_abbrev=False)
-    subparsers = parser.add_subparsers(dest="command", parser_class=OneLineParser)
+    subparsers = parser.add_subparsers(dest="cli_command", parser_class=OneLineParser)  # not "command": tpu-config has --command
     for add in (config_commands.get_config_parser, env_command_parser, launch_command_parser, merge_command_parser,
                 tpu_command_parser, test_command_parser, to_fsdp2_command_parser):
         add(subparsers)
@@ -44,10 +44,13 @@ def run(argv: list[str]) -> int:
     if not hasattr(args, "func"):
         parser.print_help()
         return 2
-    prog = f"accelerate-ref {args.command}"
+    prog = f"accelerate-ref {args.cli_command}"
     try:
         code = args.func(args)
         return 0 if code is None else code
+    except ChildProcessError as error:  # a command it ran (gcloud, the deepspeed runner) failed
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        return 1
     except (LaunchError, ConfigError, PromptError, ValueError, OSError) as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
         return 2

@@ -87,7 +87,9 @@ def tpu_command_launcher(args):
     if args.debug:
         print(f"Running {' '.join(cmd)}")
         return
-    subprocess.run(cmd)
+    code = subprocess.run(cmd).returncode
+    if code != 0:  # 🤗 Accelerate reports success whatever gcloud returned; a failure here is one line, exit 1
+        raise ChildProcessError(f"gcloud exited with code {code}; the pod was not set up")
     print("Successfully setup pod.")
 
 
