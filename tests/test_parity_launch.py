@@ -541,3 +541,14 @@ def test_tpu_config_fails_in_one_line_when_gcloud_fails(tmp_path, monkeypatch, c
     code = run(["tpu-config", "--command", "ls", "--tpu_name", "pod", "--tpu_zone", "zone"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and err[-1] == "accelerate-ref tpu-config: error: gcloud exited with code 3; the pod was not set up"
+
+
+def test_launch_refuses_a_sagemaker_config_in_one_line(tmp_path, capsys):
+    from accelerate_ref.commands.accelerate_cli import run
+
+    script = tmp_path / "train.py"
+    script.write_text("print('never')\n")
+    config = _write(tmp_path / "sm.yaml", SAGEMAKER)
+    assert run(["launch", "--config_file", config, str(script)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "SageMaker" in err, err

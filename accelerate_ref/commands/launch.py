@@ -40,7 +40,7 @@ from ..utils.launch import (
     prepare_tpu,
 )
 from ..utils.constants import DEEPSPEED_MULTINODE_LAUNCHERS, TORCH_DYNAMO_MODES  # noqa: F401
-from .config.config_args import ConfigError, current_default_config_file, default_config_file, load_config_from_file  # noqa: F401
+from .config.config_args import ConfigError, SageMakerConfig, current_default_config_file, default_config_file, load_config_from_file  # noqa: F401
 from .config.config_utils import DYNAMO_BACKENDS  # noqa: F401
 
 
@@ -176,6 +176,9 @@ def _apply_config(args: argparse.Namespace) -> None:
         config = load_config_from_file(path) if path is not None else None
     except ConfigError as error:
         raise LaunchError(str(error)) from None
+    if isinstance(config, SageMakerConfig):
+        raise LaunchError(f"{path} is an Amazon SageMaker config (compute_environment: AMAZON_SAGEMAKER); "
+                          "accelerate-ref launches on this host only")
     if config is not None:
         if not (args.cpu or args.multi_gpu or args.tpu):
             flag = DISTRIBUTED_FLAGS.get(getattr(config.distributed_type, "value", config.distributed_type))
