@@ -78,4 +78,6 @@ __all__ = [
     "DDPCommunicationHookType",
     "ParallelismConfig",
 ]
+# --- launch parity ---
+_EXPORTS["is_rich_available"] = (".utils.imports", "is_rich_available")
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

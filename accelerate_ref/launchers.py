@@ -16,8 +16,10 @@ import os
 from typing import Any, Callable
 
 from .state import AcceleratorState, PartialState
+from .utils.constants import ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION  # noqa: F401  (HF's launchers expose it)
 from .utils.environment import patch_environment
-from .utils.launch import LOOPBACK, free_port
+from .utils.launch import LOOPBACK
+from .utils.ports import get_free_port
 
 REFUSAL = (
     "an Accelerator (or PartialState) was created before notebook_launcher was called: create the "
@@ -38,10 +40,21 @@ def notebook_launcher(
     master_addr: str = LOOPBACK,
     node_rank: int = 0,
     num_nodes: int = 1,
+    rdzv_backend: str = "static",
+    rdzv_endpoint: str = "",
+    rdzv_conf: dict | None = None,
+    rdzv_id: str = "none",
     max_restarts: int = 0,
     monitor_interval: float = 0.1,
+    log_line_prefix_template: str | None = None,
 ) -> None:
-    """Run ``function(*args)`` on ``num_processes`` forked ranks per node (one process in place when 1 or None)."""
+    """Run ``function(*args)`` on ``num_processes`` forked ranks per node (one process in place when 1 or None).
+
+    The rendezvous is torch's elastic one: ``rdzv_backend`` (``static``: this node's rank is
+    ``node_rank`` and the endpoint defaults to ``master_addr:use_port``), ``rdzv_endpoint``,
+    ``rdzv_conf`` and ``rdzv_id`` are passed to it as torchrun passes its options of those names;
+    ``log_line_prefix_template`` prefixes each rank's log lines (torch >= 2.2).
+    """
     if _state_exists():
         raise ValueError(REFUSAL)
     if not num_processes or num_processes == 1:
@@ -50,17 +63,30 @@ def notebook_launcher(
         return
     if not 0 <= node_rank < num_nodes:
         raise ValueError(f"node_rank {node_rank} must be in [0, num_nodes={num_nodes})")
-    _fork_ranks(function, args, num_processes, num_nodes, node_rank, master_addr, str(use_port),
-                max_restarts, monitor_interval, accelerate_mixed_precision=mixed_precision)
+    rdzv_conf = dict(rdzv_conf or {})
+    if rdzv_backend == "static":
+        rdzv_conf["rank"] = node_rank
+        rdzv_endpoint = rdzv_endpoint or f"{master_addr}:{use_port}"
+    rendezvous = {"rdzv_backend": rdzv_backend, "rdzv_endpoint": rdzv_endpoint, "rdzv_configs": rdzv_conf, "run_id": rdzv_id}
+    if log_line_prefix_template is not None:
+        rendezvous["log_line_prefix_template"] = log_line_prefix_template
+    _fork_ranks(function, args, num_processes, num_nodes, rendezvous, max_restarts, monitor_interval,
+                accelerate_mixed_precision=mixed_precision)
 
 
 def debug_launcher(function: Callable[..., Any], args: tuple = (), num_processes: int = 2) -> None:
     """Run ``function(*args)`` on ``num_processes`` forked CPU ranks (gloo on loopback) for debugging."""
-    _fork_ranks(function, args, num_processes, 1, 0, LOOPBACK, str(free_port()), 0, 0.1,
-                accelerate_mixed_precision="no", accelerate_use_cpu="True")
+    rendezvous = {"rdzv_backend": "static", "rdzv_endpoint": f"{LOOPBACK}:{get_free_port()}", "rdzv_configs": {"rank": 0},
+                  "run_id": "accelerate_ref_debug"}
+    _fork_ranks(function, args, num_processes, 1, rendezvous, 0, 0.1, accelerate_mixed_precision="no", accelerate_use_cpu="True")
 
 
-def _fork_ranks(function, args, nproc, num_nodes, node_rank, master_addr, port, max_restarts, monitor_interval, **env) -> None:
+def test_launch():
+    """Check that a ``PartialState`` can be created here (what a launched script does first)."""
+    _ = PartialState()
+
+
+def _fork_ranks(function, args, nproc, num_nodes, rendezvous, max_restarts, monitor_interval, **env) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -68,13 +94,10 @@ def _fork_ranks(function, args, nproc, num_nodes, node_rank, master_addr, port, 
         min_nodes=num_nodes,
         max_nodes=num_nodes,
         nproc_per_node=nproc,
-        run_id="accelerate_ref_notebook",
-        rdzv_backend="static",
-        rdzv_endpoint=f"{master_addr}:{port}",
-        rdzv_configs={"rank": node_rank},
         max_restarts=max_restarts,
         monitor_interval=monitor_interval,
         start_method="fork",
+        **rendezvous,
     )
     with patch_environment(omp_num_threads=os.environ.get("OMP_NUM_THREADS", "1"), **env):
         try:

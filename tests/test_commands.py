@@ -15,8 +15,9 @@ import time
 import pytest
 import yaml
 
-from accelerate_ref.commands.accelerate_cli import main
-from accelerate_ref.commands.config.config_args import ClusterConfig, default_config_file, load_config_from_file
+from accelerate_ref.commands.accelerate_cli import run as main
+from accelerate_ref.commands.config.config_args import ClusterConfig, load_config_from_file
+from accelerate_ref.commands.config.config_args import current_default_config_file as default_config_file
 
 
 @pytest.fixture
@@ -55,7 +56,7 @@ def test_missing_script_and_module(capsys, hf_home, tmp_path):
 
 @pytest.mark.parametrize(
     "content, words",
-    [("num_processes: [unclosed\n", "not valid YAML"), ("- a\n- b\n", "mapping"), ("mixed_precision: bf16\nfancy_key: 1\n", "fancy_key")],
+    [("num_processes: [unclosed\n", "not valid YAML"), ("- a\n- b\n", "mapping"), ("distributed_type: NO\nmixed_precision: bf16\nfancy_key: 1\n", "fancy_key"), ("mixed_precision: bf16\n", "distributed_type")],
 )
 def test_bad_config_file(capsys, hf_home, script, tmp_path, content, words):
     config = tmp_path / "bad.yaml"

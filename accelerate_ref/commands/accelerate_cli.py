@@ -1,4 +1,5 @@
-"""The ``accelerate-ref`` console script: ``config``, ``env``, ``launch``, ``test``.
+"""The ``accelerate-ref`` console script: ``config`` (``default``, ``update``), ``env``, ``launch``,
+``merge-weights``, ``tpu-config``, ``test``, ``to-fsdp2`` (🤗 Accelerate 1.15's commands but ``estimate-memory``).
 
 Every error is one line on stderr: usage errors (unknown flag, bad value,
 missing script, bad config, port in use) exit 2, a failed launch exits 1.
@@ -9,11 +10,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .config.config import PromptError, config_command_parser
+from . import config as config_commands
+from .config.config import PromptError
 from .config.config_args import ConfigError
 from .env import env_command_parser
 from .launch import LaunchError, RankFailure, launch_command_parser
+from .merge import merge_command_parser
 from .test import test_command_parser
+from .to_fsdp2 import to_fsdp2_command_parser
+from .tpu import tpu_command_parser
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -25,22 +30,28 @@ class OneLineParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser("accelerate-ref", allow_abbrev=False)
-    subparsers = parser.add_subparsers(dest="command", parser_class=OneLineParser)
-    for add in (config_command_parser, env_command_parser, launch_command_parser, test_command_parser):
+    subparsers = parser.add_subparsers(dest="cli_command", parser_class=OneLineParser)  # not "command": tpu-config has --command
+    for add in (config_commands.get_config_parser, env_command_parser, launch_command_parser, merge_command_parser,
+                tpu_command_parser, test_command_parser, to_fsdp2_command_parser):
         add(subparsers)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def run(argv: list[str]) -> int:
+    """Run the command line ``argv`` (without the program name); return the exit status."""
     parser = build_parser()
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
     if not hasattr(args, "func"):
         parser.print_help()
         return 2
-    prog = f"accelerate-ref {args.command}"
+    prog = f"accelerate-ref {args.cli_command}"
     try:
-        return args.func(args)
-    except (LaunchError, ConfigError, PromptError, ValueError) as error:
+        code = args.func(args)
+        return 0 if code is None else code
+    except ChildProcessError as error:  # a command it ran (gcloud, the deepspeed runner) failed
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        return 1
+    except (LaunchError, ConfigError, PromptError, ValueError, OSError) as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
         return 2
     except RankFailure as error:
@@ -49,6 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+
+
+def main():
+    """The ``accelerate-ref`` console script: runs ``sys.argv[1:]``, returns the exit status."""
+    return run(sys.argv[1:])
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ import platform
 
 import torch
 
-from .config.config_args import ConfigError, default_config_file, load_config_from_file
+from .config.config_args import ConfigError, current_default_config_file, default_config_file, load_config_from_file  # noqa: F401
+
 
 
 def _version(distribution: str) -> str:
@@ -21,6 +22,9 @@ def _version(distribution: str) -> str:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
         return "not installed"
+
+
+version = _version("accelerate-ref")
 
 
 def accelerators() -> str:
@@ -36,9 +40,9 @@ def accelerators() -> str:
 
 
 def env_command(args: argparse.Namespace) -> int:
-    path = args.config_file or default_config_file()
+    path = args.config_file or current_default_config_file()
     info = {
-        "`accelerate-ref` version": _version("accelerate-ref"),
+        "`accelerate-ref` version": version,
         "`accelerate` version": _version("accelerate"),
         "Platform": platform.platform(),
         "Python version": platform.python_version(),
@@ -64,8 +68,22 @@ def env_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def env_command_parser(subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("env", help="print versions, platform, accelerators and the active config")
+def env_command_parser(subparsers=None):
+    """The ``env`` parser: a subcommand of ``subparsers`` when given, else a parser of its own."""
+    if subparsers is not None:
+        parser = subparsers.add_parser("env", help="print versions, platform, accelerators and the active config")
+    else:
+        parser = argparse.ArgumentParser("accelerate-ref env command")
     parser.add_argument("--config_file", "--config-file", default=None)
-    parser.set_defaults(func=env_command)
+    if subparsers is not None:
+        parser.set_defaults(func=env_command)
     return parser
+
+
+def main() -> int:
+    """``python -m accelerate_ref.commands.env``."""
+    return env_command(env_command_parser().parse_args())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

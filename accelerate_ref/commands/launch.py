@@ -26,10 +26,22 @@ import signal
 import subprocess
 import sys
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
-from ..utils.launch import is_port_in_use, prepare_multi_gpu_env, prepare_simple_launcher_cmd_env, torchrun_argv
-from .config.config_args import ConfigError, load_config_from_file
+from ..utils.environment import convert_dict_to_env_variables, patch_environment
+from ..utils.imports import is_deepspeed_available
+from ..utils.launch import (
+    PrepareForLaunch,
+    is_port_in_use,
+    prepare_deepspeed_cmd_env,
+    prepare_multi_gpu_env,
+    prepare_simple_launcher_cmd_env,
+    prepare_tpu,
+)
+from ..utils.constants import DEEPSPEED_MULTINODE_LAUNCHERS, TORCH_DYNAMO_MODES  # noqa: F401
+from .config.config_args import ConfigError, SageMakerConfig, current_default_config_file, default_config_file, load_config_from_file  # noqa: F401
+from .config.config_utils import DYNAMO_BACKENDS  # noqa: F401
 
 
 class LaunchError(Exception):
@@ -57,14 +69,71 @@ DEFAULTS = {
 DISTRIBUTED_FLAGS = {"MULTI_GPU": "multi_gpu", "MULTI_NPU": "multi_gpu", "XLA": "tpu", "TPU": "tpu", "MULTI_CPU": "cpu"}
 
 
+#: A launch option -> the help section it reveals (🤗 Accelerate's ``launch --help`` shows only used ones).
+options_to_group = {
+    "multi_gpu": "Distributed GPUs",
+    "tpu": "TPU",
+    "use_deepspeed": "DeepSpeed Arguments",
+    "use_fsdp": "FSDP Arguments",
+    "use_megatron_lm": "Megatron-LM Arguments",
+    "fp8_backend": "FP8 Arguments",
+}
+
+
+def clean_option(option):
+    """``--some-option`` -> ``some_option`` (any ``fp8_backend`` spelling -> ``fp8_backend``); None for a non-option."""
+    if "fp8_backend" in option:
+        option = "--fp8_backend"
+    if option.startswith("--"):
+        return option[2:].replace("-", "_")
+
+
+class CustomHelpFormatter(argparse.HelpFormatter):
+    """Help that hides the option groups the command line does not use, as 🤗 Accelerate's ``launch --help``.
+
+    With more than one argument after ``launch``, options of groups outside the always-shown titles and
+    the groups ``options_to_group`` names for the given options are hidden; hyphen spellings are not listed;
+    a section left with fewer than two entries is dropped.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.titles = ["Hardware Selection Arguments", "Resource Selection Arguments", "Training Paradigm Arguments",
+                       "positional arguments", "optional arguments"]
+
+    def add_argument(self, action: argparse.Action):
+        given = sys.argv[2:] if "accelerate" in sys.argv[0] and "launch" in sys.argv[1:] else sys.argv[1:]
+        if len(given) > 1:
+            given = [clean_option(argument) for argument in given]
+            shown = self.titles + [options_to_group[option] for option in given if option in options_to_group]
+            title = action.container.title
+            if title not in shown:
+                action.help = argparse.SUPPRESS
+            elif title in ("Hardware Selection Arguments", "Training Paradigm Arguments"):
+                selected = not set(action.option_strings).isdisjoint(given)
+                action.help = action.help + " (currently selected)" if selected else argparse.SUPPRESS
+        action.option_strings = [option for option in action.option_strings if "-" not in option[2:]]
+        super().add_argument(action)
+
+    def end_section(self):
+        if len(self._current_section.items) < 2:
+            self._current_section.items = []
+            self._current_section.heading = ""
+        super().end_section()
+
+
 def _flag(group, *names: str, **kwargs) -> None:
     """Add a flag under its underscore name and its hyphen spelling, as 🤗 Accelerate accepts both."""
     spellings = list(names) + [n.replace("_", "-") for n in names if "_" in n]
     group.add_argument(*spellings, **kwargs)
 
 
-def launch_command_parser(subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("launch", help="run a script on several ranks", allow_abbrev=False)
+def launch_command_parser(subparsers=None):
+    """The ``launch`` parser: a subcommand of ``subparsers`` when given, else a parser of its own."""
+    if subparsers is not None:
+        parser = subparsers.add_parser("launch", help="run a script on several ranks", allow_abbrev=False)
+    else:
+        parser = argparse.ArgumentParser("accelerate-ref launch command", allow_abbrev=False)
     _flag(parser, "--config_file", default=None, help="config to read (default: the HF cache location)")
     _flag(parser, "--cpu", action="store_true", help="run on CPU ranks (gloo), whatever accelerators are present")
     _flag(parser, "--multi_gpu", action="store_true", help="one rank per GPU")
@@ -91,19 +160,28 @@ def launch_command_parser(subparsers) -> argparse.ArgumentParser:
     )
     parser.add_argument("training_script", help="the script (or module, with -m) to run")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="arguments for the script")
-    parser.set_defaults(func=launch_command)
+    if subparsers is not None:
+        parser.set_defaults(func=launch_command)
     return parser
 
 
 def _apply_config(args: argparse.Namespace) -> None:
     """Fill what no flag gave from the config file, then from ``DEFAULTS`` (flags win)."""
+    path = args.config_file
+    if path is None and os.path.isfile(current_default_config_file()):
+        path = current_default_config_file()
+    if path is not None and not os.path.isfile(path):
+        raise LaunchError(f"config file {path!r} does not exist")
     try:
-        config = load_config_from_file(args.config_file)
+        config = load_config_from_file(path) if path is not None else None
     except ConfigError as error:
         raise LaunchError(str(error)) from None
+    if isinstance(config, SageMakerConfig):
+        raise LaunchError(f"{path} is an Amazon SageMaker config (compute_environment: AMAZON_SAGEMAKER); "
+                          "accelerate-ref launches on this host only")
     if config is not None:
         if not (args.cpu or args.multi_gpu or args.tpu):
-            flag = DISTRIBUTED_FLAGS.get(str(config.distributed_type).upper())
+            flag = DISTRIBUTED_FLAGS.get(getattr(config.distributed_type, "value", config.distributed_type))
             if flag:
                 setattr(args, flag, True)
         args.cpu = args.cpu or bool(config.use_cpu)
@@ -111,6 +189,8 @@ def _apply_config(args: argparse.Namespace) -> None:
     for name, default in DEFAULTS.items():
         if getattr(args, name) is None:
             from_config = getattr(config, name, None) if config is not None else None
+            if name == "num_processes" and from_config is not None and from_config < 1:
+                from_config = None  # ClusterConfig's -1: "not set in the file"
             setattr(args, name, from_config if from_config is not None else default)
 
 
@@ -181,25 +261,92 @@ def simple_launcher(args: argparse.Namespace) -> None:
         raise RankFailure(f"the script exited with code {code}")
 
 
-def multi_process_launcher(args: argparse.Namespace) -> None:
-    """Ranks through ``torch.distributed.run`` (in this process); the first failure ends the launch."""
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import get_args_parser, run
+def _torchrun_namespace(args: argparse.Namespace) -> argparse.Namespace:
+    """torchrun's options with every one ``args`` also holds (``nproc_per_node``, ``nnodes``,
+    ``master_port``, ``rdzv_endpoint``, ``standalone``, ``module``, the script and its arguments ...)."""
+    from torch.distributed.run import get_args_parser
 
-    env = prepare_multi_gpu_env(args)
-    torchrun_args = get_args_parser().parse_args(torchrun_argv(args))
+    torchrun_args = get_args_parser().parse_args([args.training_script])
+    for name in vars(torchrun_args):
+        if hasattr(args, name):
+            setattr(torchrun_args, name, getattr(args, name))
+    return torchrun_args
+
+
+def _run_ranks(args: argparse.Namespace, env: dict[str, str]) -> None:
+    """Run torchrun's elastic agent in this process with ``env``; the first failing rank ends the launch."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import run
+
+    torchrun_args = _torchrun_namespace(args)
+    timeout = getattr(args, "timeout", None)
     saved = dict(os.environ)
     os.environ.update(env)
     try:
-        with _deadline(args.timeout):
+        with _deadline(timeout):
             run(torchrun_args)
     except ChildFailedError as error:
         raise RankFailure(_describe_failure(error)) from None
     except _Timeout:
-        raise RankFailure(f"ranks still running after --timeout {args.timeout:g}s; stopped every rank") from None
+        raise RankFailure(f"ranks still running after --timeout {timeout:g}s; stopped every rank") from None
     finally:
         os.environ.clear()
         os.environ.update(saved)
+
+
+def multi_gpu_launcher(args):
+    """Ranks through ``torch.distributed.run`` with ``prepare_multi_gpu_env``'s environment (CPU ranks with ``--cpu``)."""
+    _run_ranks(args, prepare_multi_gpu_env(args))
+
+
+def deepspeed_launcher(args):
+    """A DeepSpeed launch (🤗 Accelerate's launch options on ``args``; needs the ``deepspeed`` package).
+
+    One machine, or the ``standard`` multi-node launcher: torchrun's ranks with ``prepare_deepspeed_cmd_env``'s
+    environment. Other multi-node launchers (pdsh, MPI, slurm, nossh): the ``deepspeed`` runner, with the
+    environment also appended to its ``.deepspeed_env`` file.
+    """
+    if not is_deepspeed_available():
+        raise ImportError("DeepSpeed is not installed: pip install deepspeed")
+    cmd, env = prepare_deepspeed_cmd_env(args)
+    if cmd is None:
+        _run_ranks(args, env)
+        return
+    from deepspeed.launcher.runner import DEEPSPEED_ENVIRONMENT_NAME
+
+    lines = convert_dict_to_env_variables(env)
+    if len(lines) > 1:
+        with open(DEEPSPEED_ENVIRONMENT_NAME, "a") as handle:
+            handle.writelines(lines)
+    code = subprocess.Popen(cmd, env=env).wait()
+    if code != 0:
+        raise RankFailure(f"the deepspeed runner exited with code {code}")
+
+
+def tpu_launcher(args):
+    """The script's ``--main_training_function`` on every XLA device through ``torch_xla``'s ``xmp.spawn``.
+
+    The script is imported as a module (its folder put on ``sys.path``; with ``--module`` its name),
+    ``sys.argv`` becomes the script and its arguments, and the function runs under ``prepare_tpu``'s
+    environment wrapped in ``PrepareForLaunch``. Needs ``torch_xla`` (the simulator's stand-in serves).
+    """
+    import torch_xla.distributed.xla_multiprocessing as xmp
+
+    if args.no_python:
+        raise ValueError("--no_python cannot be used with TPU launcher")
+    args, env = prepare_tpu(args, {})
+    if args.module:
+        module_name = args.training_script
+    else:
+        script = Path(args.training_script)
+        sys.path.append(str(script.parent.resolve()))
+        module_name = script.stem
+    module = importlib.import_module(module_name)
+    if not hasattr(module, args.main_training_function):
+        raise ValueError(f"the training script has no function {args.main_training_function!r} (--main_training_function)")
+    sys.argv = [module.__file__, *args.training_script_args]
+    with patch_environment(**env):
+        xmp.spawn(PrepareForLaunch(getattr(module, args.main_training_function)), args=())
 
 
 def _describe_failure(error) -> str:
@@ -219,15 +366,15 @@ def launch_command(args: argparse.Namespace) -> int:
     if args.num_processes == 1 and args.num_machines == 1:
         simple_launcher(args)
     else:
-        multi_process_launcher(args)
+        multi_gpu_launcher(args)
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m accelerate_ref.commands.launch ...``: the ``launch`` subcommand alone."""
-    from .accelerate_cli import main as cli_main
+def main():
+    """``python -m accelerate_ref.commands.launch ...``: the ``launch`` subcommand alone (one-line errors)."""
+    from .accelerate_cli import run
 
-    return cli_main(["launch", *(sys.argv[1:] if argv is None else argv)])
+    return run(["launch", *sys.argv[1:]])
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import argparse
 import subprocess
 import sys
 
-from .config.config_args import ConfigError, load_config_from_file
+from .config.config_args import ConfigError, launch_config
 
 #: Conformance case patterns the self-check runs: cheap and covering the distributed basics.
 SELF_CHECK = ("state.attributes", "process.is_main", "gather.*", "reduce.doc_example", "broadcast.*", "sync.wait_for_everyone")
@@ -21,7 +21,7 @@ SELF_CHECK = ("state.attributes", "process.is_main", "gather.*", "reduce.doc_exa
 
 def test_command(args: argparse.Namespace) -> int:
     try:
-        config = load_config_from_file(args.config_file)
+        config = launch_config(args.config_file)
     except ConfigError as error:
         raise ValueError(str(error)) from None
     ranks = args.num_processes or max(getattr(config, "num_processes", 0) or 0, 2)
@@ -37,11 +37,25 @@ def test_command(args: argparse.Namespace) -> int:
     return 0 if code == 0 else 1
 
 
-def test_command_parser(subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("test", help="run a short distributed self-check")
+def test_command_parser(subparsers=None):
+    """The ``test`` parser: a subcommand of ``subparsers`` when given, else a parser of its own."""
+    if subparsers is not None:
+        parser = subparsers.add_parser("test", help="run a short distributed self-check")
+    else:
+        parser = argparse.ArgumentParser("accelerate-ref test command")
     parser.add_argument("--config_file", "--config-file", default=None)
     parser.add_argument("--num_processes", "--num-processes", type=int, default=None)
     parser.add_argument("--impl", default="accelerate_ref", help="implementation module under test")
     parser.add_argument("--backend", default="sim", choices=["sim", "sim-xla", "sim-npu", "native"])
-    parser.set_defaults(func=test_command)
+    if subparsers is not None:
+        parser.set_defaults(func=test_command)
     return parser
+
+
+def main():
+    """``python -m accelerate_ref.commands.test``: the self-check; exits with its status."""
+    raise SystemExit(test_command(test_command_parser().parse_args()))
+
+
+if __name__ == "__main__":
+    main()

@@ -273,5 +273,16 @@ _EXPORTS |= {
     "get_model_tp_size": (".other", "get_model_tp_size"),
     "model_has_dtensor": (".other", "model_has_dtensor"),
 }
+# --- launcher names (launch parity) ---
+_EXPORTS.update({
+    "PrepareForLaunch": (".launch", "PrepareForLaunch"),
+    "prepare_deepspeed_cmd_env": (".launch", "prepare_deepspeed_cmd_env"),
+    "prepare_tpu": (".launch", "prepare_tpu"),
+    "is_port_in_use": (".ports", "is_port_in_use"),
+    "TORCH_LAUNCH_PARAMS": (".constants", "TORCH_LAUNCH_PARAMS"),
+})
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
+# Eager, as in 🤗 Accelerate: the function `tqdm` and the submodule `tqdm` share a name, and the
+# package attribute must stay the function even after `import accelerate_ref.utils.tqdm`.
+from .tqdm import tqdm  # noqa: E402

@@ -90,3 +90,21 @@ BETA_TP_AVAILABLE_PYTORCH_VERSION = "2.3.0"
 BETA_TP_AVAILABLE_TRANSFORMERS_VERSION = "4.52.0"
 BETA_CP_AVAILABLE_PYTORCH_VERSION = "2.6.0"
 BETA_SP_AVAILABLE_DEEPSPEED_VERSION = "0.18.2"
+
+# --- Launcher constants (HF 1.15's utils.constants; catalog launch.cli) ---
+# Versions a SageMaker config names by default, and the EC2 instances that run SageMaker's
+# model-parallel jobs (config files only: launching on SageMaker needs AWS).
+SAGEMAKER_PYTORCH_VERSION = "1.10.2"
+SAGEMAKER_PYTHON_VERSION = "py38"
+SAGEMAKER_TRANSFORMERS_VERSION = "4.17.0"
+SAGEMAKER_PARALLEL_EC2_INSTANCES = ["ml.p3.16xlarge", "ml.p3dn.24xlarge", "ml.p4dn.24xlarge"]
+# DeepSpeed's multi-node launchers; `standard` means torch.distributed.run on every machine.
+DEEPSPEED_MULTINODE_LAUNCHERS = ["pdsh", "standard", "openmpi", "mvapich", "mpich", "nossh", "slurm"]
+# The torch version from which torch.distributed.run takes --log_line_prefix_template.
+ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION = "2.2.0"
+# The options of torch.distributed.run the launcher passes through to it.
+TORCH_LAUNCH_PARAMS = [
+    "nnodes", "nproc_per_node", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf", "standalone",
+    "max_restarts", "monitor_interval", "start_method", "role", "module", "m", "no_python", "run_path",
+    "log_dir", "r", "redirects", "t", "tee", "node_rank", "master_addr", "master_port",
+]

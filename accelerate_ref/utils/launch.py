@@ -11,25 +11,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
+import warnings
 
-from .dataclasses import DynamoBackend, PrecisionType
+from .constants import DEEPSPEED_MULTINODE_LAUNCHERS  # noqa: F401  (HF's utils.launch exposes it)
+from .dataclasses import DistributedType, DynamoBackend, PrecisionType
+from .ports import get_free_port, is_port_in_use  # noqa: F401
+from .versions import compare_versions
 
 LOOPBACK = "127.0.0.1"
-
-
-def is_port_in_use(port: int, host: str = LOOPBACK) -> bool:
-    """Whether something already listens on ``host:port``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        return sock.connect_ex((host, port)) == 0
-
-
-def free_port(host: str = LOOPBACK) -> int:
-    """A port the kernel says is free on ``host`` now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def _precision(value: str | None) -> str:
@@ -100,28 +90,227 @@ def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:
         raise ValueError(f"--num_processes {num_processes} is not a multiple of --num_machines {num_machines}")
     args.nproc_per_node = str(num_processes // num_machines)
     args.nnodes = str(num_machines)
-    args.node_rank = str(getattr(args, "machine_rank", 0) or 0)
+    args.node_rank = int(getattr(args, "machine_rank", 0) or 0)
     args.master_addr = args.main_process_ip or LOOPBACK
     if not args.main_process_port:
         if num_machines > 1:
             raise ValueError("with several machines, --main_process_port is required")
-        args.main_process_port = free_port()
+        args.main_process_port = get_free_port()
     args.master_port = str(args.main_process_port)
     env = launch_env(args)
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
 
 
-def torchrun_argv(args: argparse.Namespace) -> list[str]:
-    """The ``torch.distributed.run`` command line (after ``prepare_multi_gpu_env``)."""
-    argv = [
-        "--nproc_per_node", args.nproc_per_node,
-        "--nnodes", args.nnodes,
-        "--node_rank", args.node_rank,
-        "--master_addr", args.master_addr,
-        "--master_port", args.master_port,
-        "--monitor_interval", "0.1",
-    ]
-    if getattr(args, "module", False):
-        argv.append("--module")
-    return argv + [args.training_script, *args.training_script_args]
+def env_var_path_add(env_var_name, path_to_add):
+    """``$env_var_name`` (a ``:``-separated path list, empty entries dropped) with ``path_to_add`` appended;
+    the caller sets it."""
+    paths = [path for path in os.environ.get(env_var_name, "").split(":") if path]
+    return ":".join([*paths, str(path_to_add)])
+
+
+def setup_fp8_env(args: argparse.Namespace, current_env: dict[str, str]):
+    """Copy every ``fp8_*`` launch option that is set into ``current_env`` as ``ACCELERATE_FP8_*``;
+    ``fp8_override_linear_precision`` (three values) becomes ``ACCELERATE_FP8_OVERRIDE_{FPROP,DGRAD,WGRAD}``."""
+    for name, value in vars(args).items():
+        if not name.startswith("fp8_") or value is None:
+            continue
+        if name == "fp8_override_linear_precision":
+            for part, item in zip(("FPROP", "DGRAD", "WGRAD"), value):
+                current_env[f"ACCELERATE_FP8_OVERRIDE_{part}"] = str(item)
+        else:
+            current_env[f"ACCELERATE_{name.upper()}"] = str(value)
+    return current_env
+
+
+def prepare_extend_env_parallelism_config(args: argparse.Namespace, current_env: dict) -> tuple[list[str], dict[str, str]]:
+    """Add the ``PARALLELISM_CONFIG_*`` variables of the ``parallelism_config_*`` launch options to
+    ``current_env`` (and return it): the sizes and backends always, the context-parallel strategy when
+    ``cp_size > 1``, the sequence-parallel details when ``sp_size > 1``."""
+    prefix = "PARALLELISM_CONFIG_"
+    current_env["ACCELERATE_USE_PARALLELISM_CONFIG"] = "true"
+    always = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "cp_backend", "sp_size", "sp_backend")
+    chosen = list(always)
+    if args.parallelism_config_cp_size > 1:
+        chosen.append("cp_comm_strategy")
+    if args.parallelism_config_sp_size > 1:
+        chosen += ["sp_seq_length", "sp_seq_length_is_variable", "sp_attn_implementation"]
+    for name in chosen:
+        current_env[prefix + name.upper()] = str(getattr(args, f"parallelism_config_{name}"))
+    return current_env
+
+
+def _default_port(args: argparse.Namespace) -> None:
+    """``main_process_port`` 0 picks a free port, None means 29500 (🤗 Accelerate's launchers)."""
+    if args.main_process_port == 0:
+        args.main_process_port = get_free_port()
+    elif args.main_process_port is None:
+        args.main_process_port = 29500
+
+
+def _torchrun_topology(args: argparse.Namespace) -> None:
+    """Fill torchrun's ``nproc_per_node``/``nnodes``/``node_rank`` and the rendezvous address on ``args``."""
+    if args.num_machines > 1:
+        args.nproc_per_node = str(args.num_processes // args.num_machines)
+        args.nnodes = str(args.num_machines)
+        args.node_rank = int(args.machine_rank)
+        if getattr(args, "same_network", False):
+            args.master_addr, args.master_port = str(args.main_process_ip), str(args.main_process_port)
+        else:
+            args.rdzv_endpoint = f"{args.main_process_ip}:{args.main_process_port}"
+    else:
+        args.nproc_per_node = str(args.num_processes)
+        if args.main_process_port is not None:
+            args.master_port = str(args.main_process_port)
+
+
+def _check_port(args: argparse.Namespace) -> None:
+    """On machine 0, a taken port means torchrun's standalone mode (one machine) or a ConnectionError."""
+    if args.num_machines > 1 and int(args.machine_rank) != 0:
+        return
+    if not is_port_in_use(args.main_process_port):
+        return
+    if args.num_machines <= 1:
+        args.standalone = True
+        warnings.warn(f"Port `{args.main_process_port}` is already in use: launching in standalone mode on a free port.")
+    else:
+        raise ConnectionError(f"port {args.main_process_port} is already in use: pass another --main_process_port")
+
+
+def _deepspeed_runner_cmd(args: argparse.Namespace) -> list[str]:
+    """The ``deepspeed`` runner's command line for a multi-machine launch through pdsh, MPI, slurm or nossh."""
+    cmd = ["deepspeed", "--hostfile", str(args.deepspeed_hostfile)]
+    if args.deepspeed_multinode_launcher == "nossh":
+        if compare_versions("deepspeed", "<", "0.14.5"):
+            raise ValueError("nossh launcher requires DeepSpeed >= 0.14.5")
+        cmd += ["--node_rank", str(args.machine_rank), "--no_ssh"]
+    else:
+        cmd += ["--no_local_rank", "--launcher", str(args.deepspeed_multinode_launcher)]
+    if args.deepspeed_exclusion_filter is not None:
+        cmd += ["--exclude", str(args.deepspeed_exclusion_filter)]
+    elif args.deepspeed_inclusion_filter is not None:
+        cmd += ["--include", str(args.deepspeed_inclusion_filter)]
+    else:
+        cmd += ["--num_gpus", str(args.num_processes // args.num_machines)]
+    if args.main_process_ip:
+        cmd += ["--master_addr", str(args.main_process_ip)]
+    cmd += ["--master_port", str(args.main_process_port)]
+    if args.module and args.no_python:
+        raise ValueError("--module and --no_python cannot be used together")
+    if args.module:
+        cmd.append("--module")
+    elif args.no_python:
+        cmd.append("--no_python")
+    return cmd + [args.training_script, *args.training_script_args]
+
+
+#: DeepSpeed launch options -> the variable that carries each to the ranks (lower-cased when marked).
+_DEEPSPEED_ENV = (
+    ("zero_stage", "ACCELERATE_DEEPSPEED_ZERO_STAGE", False),
+    ("gradient_accumulation_steps", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS", False),
+    ("gradient_clipping", "ACCELERATE_GRADIENT_CLIPPING", True),
+    ("offload_optimizer_device", "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE", True),
+    ("offload_param_device", "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE", True),
+    ("zero3_init_flag", "ACCELERATE_DEEPSPEED_ZERO3_INIT", True),
+    ("zero3_save_16bit_model", "ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL", True),
+    ("deepspeed_config_file", "ACCELERATE_DEEPSPEED_CONFIG_FILE", False),
+)
+
+
+def prepare_deepspeed_cmd_env(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+    """The command and environment of a DeepSpeed launch (🤗 Accelerate's launch options on ``args``).
+
+    Several machines with a launcher other than ``standard`` give the ``deepspeed`` runner's command;
+    otherwise the command is None and ``args`` gets torchrun's topology (as ``prepare_multi_gpu_env``).
+    The environment carries ``ACCELERATE_USE_DEEPSPEED`` and the DeepSpeed options that are set.
+    """
+    _default_port(args)
+    if args.deepspeed_multinode_launcher is None:
+        args.deepspeed_multinode_launcher = DEEPSPEED_MULTINODE_LAUNCHERS[0]
+    cmd = None
+    if args.num_machines > 1 and args.deepspeed_multinode_launcher != "standard":
+        cmd = _deepspeed_runner_cmd(args)
+    else:
+        _torchrun_topology(args)
+    _check_port(args)
+    if args.module and args.no_python:
+        raise ValueError("--module and --no_python cannot be used together")
+    env = os.environ.copy()
+    if args.debug:
+        env["ACCELERATE_DEBUG_MODE"] = "true"
+    gpu_ids = getattr(args, "gpu_ids", "all")
+    if gpu_ids not in ("all", None):
+        env["CUDA_VISIBLE_DEVICES"] = gpu_ids
+    precision = _precision(args.mixed_precision)
+    env["PYTHONPATH"] = env_var_path_add("PYTHONPATH", os.path.abspath("."))
+    env["ACCELERATE_MIXED_PRECISION"] = precision
+    if precision == "fp8":
+        _require_fp8()
+        env = setup_fp8_env(args, env)
+    env["ACCELERATE_CONFIG_DS_FIELDS"] = str(args.deepspeed_fields_from_accelerate_config).lower()
+    env["ACCELERATE_USE_DEEPSPEED"] = "true"
+    for option, variable, lower in _DEEPSPEED_ENV:
+        value = getattr(args, option)
+        if value is not None:
+            env[variable] = str(value).lower() if lower else str(value)
+    if args.enable_cpu_affinity:
+        env["ACCELERATE_CPU_AFFINITY"] = "1"
+    if args.deepspeed_moe_layer_cls_names is not None:
+        env["ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES"] = str(args.deepspeed_moe_layer_cls_names)
+    if args.use_parallelism_config:
+        env = prepare_extend_env_parallelism_config(args, env)
+    return cmd, env
+
+
+def _require_fp8() -> None:
+    from .imports import is_fp8_available
+
+    if not is_fp8_available():
+        raise RuntimeError("FP8 is not available on this machine: install Transformer Engine, MS-AMP or torchao")
+
+
+def prepare_tpu(args: argparse.Namespace, current_env: dict[str, str], pod: bool = False) -> tuple[argparse.Namespace, dict[str, str]]:
+    """The TPU variables: bf16 on a real TPU sets ``XLA_USE_BF16`` (``XLA_DOWNCAST_BF16`` with
+    ``downcast_bf16``), ``debug`` sets ``ACCELERATE_DEBUG_MODE``; a pod launch copies ``tpu_vm`` and
+    ``tpu_name`` to ``args.vm`` and ``args.tpu``."""
+    from .imports import is_torch_xla_available
+
+    if args.mixed_precision == "bf16" and is_torch_xla_available(check_is_tpu=True):
+        current_env["XLA_DOWNCAST_BF16" if args.downcast_bf16 else "XLA_USE_BF16"] = "1"
+    if args.debug:
+        current_env["ACCELERATE_DEBUG_MODE"] = "true"
+    if pod:
+        args.vm = args.tpu_vm
+        args.tpu = args.tpu_name
+    return args, current_env
+
+
+class PrepareForLaunch:
+    """``launcher`` wrapped as the per-process entry point of a fork-based launch.
+
+    Called with the process ``index``: a ``debug`` launch joins a gloo group over the file store
+    ``ACCELERATE_DEBUG_RDV_FILE``; a multi-device ``distributed_type`` sets ``LOCAL_RANK`` to
+    ``index`` and ``RANK`` from ``NPROC`` and ``NODE_RANK``. Then ``FORK_LAUNCHED=1`` and
+    ``launcher(*args)``.
+    """
+
+    _TORCH_DISTRIBUTED = ("MULTI_GPU", "MULTI_MLU", "MULTI_MUSA", "MULTI_NPU", "MULTI_XPU", "MULTI_CPU", "MULTI_NEURON")
+
+    def __init__(self, launcher, distributed_type="NO", debug=False):
+        self.launcher = launcher
+        self.distributed_type = DistributedType(distributed_type)
+        self.debug = debug
+
+    def __call__(self, index, *args):
+        if self.debug:
+            import torch.distributed as dist
+
+            world_size = int(os.environ.get("WORLD_SIZE"))
+            store = dist.FileStore(os.environ.get("ACCELERATE_DEBUG_RDV_FILE"), world_size)
+            dist.init_process_group("gloo", rank=index, store=store, world_size=world_size)
+        elif self.distributed_type.value in self._TORCH_DISTRIBUTED:
+            os.environ["LOCAL_RANK"] = str(index)
+            nproc = int(os.environ.get("NPROC", 1))
+            os.environ["RANK"] = str(nproc * int(os.environ.get("NODE_RANK", 0)) + index)
+        os.environ["FORK_LAUNCHED"] = str(1)
+        self.launcher(*args)

@@ -1,17 +1,25 @@
-"""``accelerate-ref config``: write the launcher's YAML, by prompts (read from stdin) or as defaults.
+"""``accelerate-ref config``: write the launcher's YAML from answers read on stdin.
 
 ``config`` asks the questions 🤗 Accelerate's ``accelerate config`` asks for a
-local machine and writes ``--config_file`` (default: the location rule of
-``launch.config_location``); ``config default`` is ``write_basic_config``.
+local machine (one line per answer instead of its arrow-key menus) and writes
+``--config_file`` (default: the location rule of ``launch.config_location``,
+applied when the command runs); a path ending in ``.json`` is written as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Callable
 
-from .config_args import ClusterConfig, default_config_file
-from .default import PRECISIONS, write_basic_config
+from .config_args import cache_dir, current_default_config_file, default_config_file, default_yaml_config_file, load_config_from_file  # noqa: F401
+from .config_args import ClusterConfig
+from .default import PRECISIONS
+
+description = (
+    "Launches a series of prompts to create and save a `default_config.yaml` configuration file for your training "
+    "system. Should always be ran first on your machine"
+)
 
 MACHINE_TYPES = {"no": "NO", "multi-cpu": "MULTI_CPU", "multi-gpu": "MULTI_GPU", "tpu": "XLA"}
 
@@ -65,9 +73,11 @@ def get_user_input() -> ClusterConfig:
     num_processes = 1 if distributed_type == "NO" else _ask("How many processes in total?", int, 2)
     precision = _ask(f"Do you wish to use mixed precision? ({'/'.join(PRECISIONS)})", _choice(PRECISIONS), "no")
     return ClusterConfig(
+        compute_environment="LOCAL_MACHINE",
         distributed_type=distributed_type,
         mixed_precision=precision,
         use_cpu=bool(use_cpu),
+        debug=False,
         num_processes=num_processes,
         num_machines=num_machines,
         machine_rank=machine_rank,
@@ -76,26 +86,36 @@ def get_user_input() -> ClusterConfig:
     )
 
 
-def config_command(args: argparse.Namespace) -> int:
-    """Run ``config`` (prompts) or ``config default``; return the exit status."""
-    path = args.config_file or default_config_file()
-    if args.config_subcommand == "default":
-        written = write_basic_config(args.mixed_precision, path)
-        if written:
-            print(f"accelerate-ref configuration saved at {written}")
-        return 0
+def config_command(args: argparse.Namespace) -> None:
+    """Ask the questions, then write ``args.config_file`` (default: the location rule, applied now)."""
     config = get_user_input()
-    config.to_yaml_file(path)
-    print(f"accelerate-ref configuration saved at {path}")
-    return 0
+    config_file = args.config_file if args.config_file is not None else current_default_config_file()
+    os.makedirs(os.path.dirname(os.path.abspath(config_file)), exist_ok=True)
+    if config_file.endswith(".json"):
+        config.to_json_file(config_file)
+    else:
+        config.to_yaml_file(config_file)
+    print(f"accelerate-ref configuration saved at {config_file}")
 
 
-def config_command_parser(subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("config", help="write the launcher's config (prompts on stdin, or `config default`)")
-    parser.add_argument("--config_file", "--config-file", default=None, help="where to write (default: the HF cache location)")
-    nested = parser.add_subparsers(dest="config_subcommand")
-    default = nested.add_parser("default", help="write a basic config for this machine (write_basic_config)")
-    default.add_argument("--config_file", "--config-file", default=argparse.SUPPRESS)
-    default.add_argument("--mixed_precision", "--mixed-precision", default="no", choices=PRECISIONS)
-    parser.set_defaults(func=config_command, config_subcommand=None)
+def config_command_parser(subparsers=None):
+    """The ``config`` parser: a subcommand of ``subparsers`` when given, else a parser of its own."""
+    if subparsers is not None:
+        parser = subparsers.add_parser("config", description=description, help="write the launcher's config")
+    else:
+        parser = argparse.ArgumentParser("accelerate-ref config command", description=description)
+    parser.add_argument("--config_file", "--config-file", default=None,
+                        help="where to write (default: default_config.yaml under $HF_HOME/accelerate)")
+    if subparsers is not None:
+        parser.set_defaults(func=config_command)
     return parser
+
+
+def main():
+    """``python -m accelerate_ref.commands.config.config``: ask, then write."""
+    parser = config_command_parser()
+    config_command(parser.parse_args())
+
+
+if __name__ == "__main__":
+    main()
