@@ -624,14 +624,12 @@ def prepare_data_loader(
       start so every process gets the same number of batches; without it
       nothing is duplicated and processes may get one batch fewer;
     * ``rng_types`` are synchronised from process 0 before each epoch; for
-      ``"generator"`` a shuffling sampler is given its own generator (seeded
-      from torch's RNG) if it has none; ``"generator"`` is ignored where
-      there is no generator to synchronise;
+      ``"generator"`` a shuffling sampler without one gets its own (seeded
+      from torch's RNG), and it is ignored where there is none to synchronise;
     * ``use_seedable_sampler`` replaces a `RandomSampler` with a
       `SeedableRandomSampler` (order = f(``data_seed`` or the torch seed, epoch));
     * batches go to ``device`` when ``put_on_device``;
-    * ``use_stateful_dataloader`` backs the loader with torchdata's
-      `StatefulDataLoader` (`DataLoaderAdapter`: ImportError without it);
+    * ``use_stateful_dataloader``: torchdata's `StatefulDataLoader` underneath (ImportError without it);
     * with ``torch_device_mesh``, shares are the mesh's data-parallel ones (`parallelism.data_parallel_share`);
     * anything but a `DataLoader` is a TypeError; a map-style loader
       without batches (``batch_size=None`` and no batch sampler) a ValueError.
