@@ -43,7 +43,14 @@ PROPERTIES = [
 
 #: A handler stand-in for tp and sp: HF's default ones need transformers (absent here) or are another area's
 #: (DeepSpeedSequenceParallelConfig); neither configuration checks a given tp or sp handler's type.
-HANDLER = object()
+class _Handler:
+    """Named in test ids (an `object()`'s address would differ between pytest-xdist workers)."""
+
+    def __repr__(self) -> str:
+        return "HANDLER"
+
+
+HANDLER = _Handler()
 
 CONFIGS = [
     {},
