@@ -367,6 +367,16 @@ def _wrap_policy_check(values, world):
         expect_equal(v["by_size"], ["blocks.0.linear", "blocks.1.linear"], "units wrapped by min_num_params=50")
 
 
+def _require_traceable(acc: Any) -> None:
+    """NOT_SUPPORTED where the accelerator's tensors are the simulator's mock-device subclass, which dynamo refuses."""
+    on_device = torch.empty(0, device=acc.device)
+    if type(on_device) is not torch.Tensor:
+        raise NotSupported(
+            f"torch.compile cannot trace {acc.device.type} tensors here: they are a {type(on_device).__name__} "
+            "tensor subclass (the simulator's mock device), which dynamo's fake tensors refuse"
+        )
+
+
 def _check_compiles(impl: Any, label: str, **accelerator_kwargs: Any) -> None:
     from torch._dynamo.eval_frame import OptimizedModule
     from torch._dynamo.utils import counters
@@ -375,12 +385,7 @@ def _check_compiles(impl: Any, label: str, **accelerator_kwargs: Any) -> None:
     x = torch.randn(3, WIDTH, generator=torch.Generator().manual_seed(7))
     expected = _net()(x)
     acc = impl.Accelerator(**accelerator_kwargs)
-    on_device = torch.empty(0, device=acc.device)
-    if type(on_device) is not torch.Tensor:
-        raise NotSupported(
-            f"torch.compile cannot trace {acc.device.type} tensors here: they are a {type(on_device).__name__} "
-            "tensor subclass (the simulator's mock device), which dynamo's fake tensors refuse"
-        )
+    _require_traceable(acc)
     model = acc.prepare(_net())
     expect_true(isinstance(model, OptimizedModule), f"{label}: prepare returns a torch.compile module, got {type(model).__name__}")
     graphs = counters["stats"]["unique_graphs"]
@@ -422,8 +427,7 @@ def plugin_dynamo_regional(impl, world):
     expected.sum().backward()
     plugin = impl.utils.TorchDynamoPlugin(backend="eager", use_regional_compilation=True)
     acc = impl.Accelerator(dynamo_plugin=plugin)
-    if type(torch.empty(0, device=acc.device)) is not torch.Tensor:
-        raise NotSupported(f"torch.compile cannot trace the simulator's mock {acc.device.type} tensors (dynamo's fake tensors refuse them)")
+    _require_traceable(acc)
     model = acc.prepare(_net())
     expect_true(not isinstance(model, OptimizedModule), "regional compilation does not wrap the whole model")
     inner = getattr(model, "module", model)
@@ -447,6 +451,7 @@ def plugin_dynamo_regional_fsdp(impl, world):
     torch._dynamo.reset()
     plugin = impl.utils.TorchDynamoPlugin(backend="eager", use_regional_compilation=True)
     acc = impl.Accelerator(fsdp_plugin=impl.utils.FullyShardedDataParallelPlugin(fsdp_version=2), dynamo_plugin=plugin)
+    _require_traceable(acc)
     model = _net()
     total = sum(p.numel() for p in model.parameters())
     loader = torch.utils.data.DataLoader(list(range(STEPS * BATCH * world.size)), batch_size=BATCH)
