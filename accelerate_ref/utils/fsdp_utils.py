@@ -558,6 +558,47 @@ def _load_rank_shard(path: Path, template: Any) -> Any:
     return place(torch.load(path, map_location="cpu", weights_only=True), template)
 
 
+#: The key each kind of state has inside a torch.distributed.checkpoint folder.
+_DCP_KEYS = {FSDP_MODEL_NAME: "model", OPTIMIZER_NAME: "optimizer"}
+
+
+def _optimizer_kind(plugin: FullyShardedDataParallelPlugin) -> str:
+    """The layout an optimizer's state is written in: FULL, else SHARDED (an optimizer has no LOCAL layout)."""
+    return "FULL_STATE_DICT" if _state_dict_type(plugin) == "FULL_STATE_DICT" else "SHARDED_STATE_DICT"
+
+
+def _write_state(state: Any, kind: str, use_dcp: bool, accelerator: Any, output_dir: str | os.PathLike, index: int, name: str) -> None:
+    """Write a model's or an optimizer's ``state`` in the layout of ``kind`` (see `save_fsdp_model`), then wait for every rank."""
+    import torch.distributed.checkpoint as dcp
+
+    if kind == "FULL_STATE_DICT":
+        if accelerator.process_index == 0:
+            torch.save(state, _full_file(output_dir, index, name))
+    elif kind == "SHARDED_STATE_DICT" and use_dcp:
+        dcp.save({_DCP_KEYS[name]: state}, checkpoint_id=_sharded_dir(output_dir, index, name))
+    else:
+        _save_rank_shard(state, _rank_file(output_dir, index, accelerator.process_index, name, local=kind == "LOCAL_STATE_DICT"))
+    accelerator.wait_for_everyone()
+
+
+def _read_state(
+    kind: str, use_dcp: bool, accelerator: Any, input_dir: str | os.PathLike, index: int, name: str,
+    read_full: bool, template: Callable[[], Any],
+) -> Any:
+    """What `_write_state` wrote: a full file (``{}`` where this rank does not ``read_full``), or this rank's shard,
+    shaped like ``template()`` (this rank's current state, built only when a shard is read)."""
+    import torch.distributed.checkpoint as dcp
+
+    if kind == "FULL_STATE_DICT":
+        return torch.load(_full_file(input_dir, index, name), map_location="cpu", weights_only=True) if read_full else {}
+    if kind == "SHARDED_STATE_DICT" and use_dcp:
+        holder = {_DCP_KEYS[name]: template()}
+        dcp.load(holder, checkpoint_id=_sharded_dir(input_dir, index, name))
+        return holder[_DCP_KEYS[name]]
+    path = _rank_file(input_dir, index, accelerator.process_index, name, local=kind == "LOCAL_STATE_DICT")
+    return _load_rank_shard(path, template())
+
+
 def save_fsdp_model(
     fsdp_plugin: FullyShardedDataParallelPlugin,
     accelerator: Any,
@@ -578,20 +619,10 @@ def save_fsdp_model(
     ``adapter_only`` saves a peft model's adapter only. Collective.
     Catalog: plugin.fsdp_state_dict.
     """
-    import torch.distributed.checkpoint as dcp
-
     os.makedirs(output_dir, exist_ok=True)
     _full_for_processes(fsdp_plugin, accelerator)
-    kind = _state_dict_type(fsdp_plugin)
     state = _model_state_dict(model, adapter_only, _prepare_sd_options(fsdp_plugin))
-    if kind == "FULL_STATE_DICT":
-        if accelerator.process_index == 0:
-            torch.save(state, _full_file(output_dir, model_index))
-    elif kind == "SHARDED_STATE_DICT" and use_dcp:
-        dcp.save({"model": state}, checkpoint_id=_sharded_dir(output_dir, model_index))
-    else:
-        _save_rank_shard(state, _rank_file(output_dir, model_index, accelerator.process_index, local=kind == "LOCAL_STATE_DICT"))
-    accelerator.wait_for_everyone()
+    _write_state(state, _state_dict_type(fsdp_plugin), use_dcp, accelerator, output_dir, model_index, FSDP_MODEL_NAME)
 
 
 def load_fsdp_model(
@@ -607,22 +638,12 @@ def load_fsdp_model(
     missing/unexpected keys. FULL_STATE_DICT on several processes: the main process reads the file and broadcasts.
     ``input_dir`` may be the sharded folder itself. Collective. Catalog: plugin.fsdp_state_dict.
     """
-    import torch.distributed.checkpoint as dcp
-
     accelerator.wait_for_everyone()
     _full_for_processes(fsdp_plugin, accelerator)
-    kind = _state_dict_type(fsdp_plugin)
     options = _prepare_sd_options(fsdp_plugin)
-    if kind == "FULL_STATE_DICT":
-        read = not options.broadcast_from_rank0 or accelerator.is_main_process
-        state = torch.load(_full_file(input_dir, model_index), map_location="cpu", weights_only=True) if read else {}
-    elif kind == "SHARDED_STATE_DICT" and use_dcp:
-        holder = {"model": _model_state_dict(model, adapter_only, options)}
-        dcp.load(holder, checkpoint_id=_sharded_dir(input_dir, model_index))
-        state = holder["model"]
-    else:
-        path = _rank_file(input_dir, model_index, accelerator.process_index, local=kind == "LOCAL_STATE_DICT")
-        state = _load_rank_shard(path, _model_state_dict(model, adapter_only, options))
+    read_full = not options.broadcast_from_rank0 or accelerator.is_main_process
+    state = _read_state(_state_dict_type(fsdp_plugin), use_dcp, accelerator, input_dir, model_index, FSDP_MODEL_NAME,
+                        read_full, lambda: _model_state_dict(model, adapter_only, options))
     result = _set_model_state(model, state, adapter_only, options)
     accelerator.wait_for_everyone()
     return result
@@ -657,19 +678,11 @@ def save_fsdp_optimizer(
     ``use_dcp=False`` to ``optimizer_<i>_rank<r>.bin``. Collective.
     Catalog: plugin.fsdp_state_dict.
     """
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     os.makedirs(output_dir, exist_ok=True)
     state = get_optimizer_state_dict(model, _torch_optimizer(optimizer), options=_prepare_sd_options(fsdp_plugin))
-    if _state_dict_type(fsdp_plugin) == "FULL_STATE_DICT":
-        if accelerator.process_index == 0:
-            torch.save(state, _full_file(output_dir, optimizer_index, OPTIMIZER_NAME))
-    elif use_dcp:
-        dcp.save({"optimizer": state}, checkpoint_id=_sharded_dir(output_dir, optimizer_index, OPTIMIZER_NAME))
-    else:
-        _save_rank_shard(state, _rank_file(output_dir, optimizer_index, accelerator.process_index, OPTIMIZER_NAME))
-    accelerator.wait_for_everyone()
+    _write_state(state, _optimizer_kind(fsdp_plugin), use_dcp, accelerator, output_dir, optimizer_index, OPTIMIZER_NAME)
 
 
 def load_fsdp_optimizer(
@@ -691,23 +704,15 @@ def load_fsdp_optimizer(
     HF's (it changes nothing for the optimizer). Collective.
     Catalog: plugin.fsdp_state_dict.
     """
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
     accelerator.wait_for_everyone()
     options = _prepare_sd_options(fsdp_plugin)
     inner = _torch_optimizer(optimizer)
-    if _state_dict_type(fsdp_plugin) == "FULL_STATE_DICT":
-        state: Any = {}
-        if accelerator.process_index == 0 or not getattr(fsdp_plugin.optim_state_dict_config, "rank0_only", False) or not options.broadcast_from_rank0:
-            state = torch.load(_full_file(input_dir, optimizer_index, OPTIMIZER_NAME), map_location="cpu", weights_only=True)
-    elif use_dcp:
-        holder = {"optimizer": get_optimizer_state_dict(model, inner, options=options)}
-        dcp.load(holder, checkpoint_id=_sharded_dir(input_dir, optimizer_index, OPTIMIZER_NAME))
-        state = holder["optimizer"]
-    else:
-        path = _rank_file(input_dir, optimizer_index, accelerator.process_index, OPTIMIZER_NAME)
-        state = _load_rank_shard(path, get_optimizer_state_dict(model, inner, options=options))
+    rank0_only = getattr(fsdp_plugin.optim_state_dict_config, "rank0_only", False)
+    read_full = accelerator.process_index == 0 or not rank0_only or not options.broadcast_from_rank0
+    state = _read_state(_optimizer_kind(fsdp_plugin), use_dcp, accelerator, input_dir, optimizer_index, OPTIMIZER_NAME,
+                        read_full, lambda: get_optimizer_state_dict(model, inner, options=options))
     set_optimizer_state_dict(model, inner, state, options=options)
     accelerator.wait_for_everyone()
 
