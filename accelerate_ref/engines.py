@@ -113,9 +113,10 @@ def resolve_engines(
                 raise NotImplementedError(f"{name}: accelerate_ref does not drive {module} yet (it is installed)")
     if "torch_tp_plugin" in given:
         _check_tensor_parallel(given["torch_tp_plugin"])
+    # The precision the state will run (the launcher's environment when none is given), unvalidated: the state checks it.
+    precision = str(mixed_precision if mixed_precision is not None else os.environ.get("ACCELERATE_MIXED_PRECISION", "no")).lower()
     if any(handlers.get(recipe) is not None for recipe in FP8_RECIPE_CLASSES):
-        precision = mixed_precision if mixed_precision is not None else os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
-        if str(precision).lower() == "fp8":
+        if precision == "fp8":
             _refuse_fp8(fp8_backend_of(handlers))  # without a recipe, `precision.MixedPrecision` refuses naming every engine
         if not exclusive:  # HF's rule and words (FSDP and DeepSpeed take the recipe in their own precision)
             raise ValueError("Passing in an FP8 configuration requires setting `mixed_precision='fp8'`.")
@@ -124,7 +125,6 @@ def resolve_engines(
     if dynamo_plugin is None:
         dynamo_plugin = TorchDynamoPlugin(backend=dynamo_backend)
     fsdp_plugin = given.get("fsdp_plugin")
-    precision = str(mixed_precision if mixed_precision is not None else os.environ.get("ACCELERATE_MIXED_PRECISION", "no")).lower()
     if fsdp_plugin is not None and precision in MIXED_PRECISION_DTYPES:  # HF's rule: any precision but "no" (fp8: bf16)
         fsdp_plugin.set_mixed_precision(precision)
     deepspeed_plugins = _deepspeed_plugins(given, mixed_precision)
