@@ -275,7 +275,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin, EnginesMixin, ParallelismMi
     @property
     def should_save_model(self) -> bool:
         """Whether this process writes the model in `save_model`: the local main process, as HF 1.15 without a
-        ParallelismConfig (accelerate_ref has none)."""
+        ParallelismConfig (with one, HF answers True on every process; accelerate_ref does not follow that yet)."""
         return self.state.is_local_main_process
 
     @property
