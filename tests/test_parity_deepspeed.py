@@ -369,7 +369,7 @@ def deepspeed_rank_checks() -> dict:
     batches = [{"input_ids": torch.arange(4).view(1, 4) + 10 * rank + 100 * step, "position_ids": torch.arange(4).view(1, 4),
                 "labels": torch.arange(4).view(1, 4)} for step in range(2)]
     plain = accelerator.deepspeed_ulysses_dl_adapter(batches, engine)
-    accelerator.parallelism_config = types.SimpleNamespace(sp_size=2)
+    accelerator.state.parallelism_config = types.SimpleNamespace(sp_size=2)  # the property reads the state
     groups.mpu = _SequenceParallelGroups()
     sharded = [_listed(batch) for batch in accelerator.deepspeed_ulysses_dl_adapter(batches, engine)]
     hf_self = types.SimpleNamespace(parallelism_config=accelerator.parallelism_config)  # all HF's method reads of self
