@@ -588,7 +588,6 @@ class TorchTensorParallelPlugin:
     torch_device_mesh: Optional["torch.distributed.DeviceMesh"] = None
 
 
-
 # --------------------------------------------------------------------------
 # Tensor- and context-parallel handlers of a `ParallelismConfig`
 # --------------------------------------------------------------------------

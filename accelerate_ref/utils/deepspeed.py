@@ -487,13 +487,13 @@ def deepspeed_ulysses_dl_adapter(accelerator: Any, dl: Any, model: Any) -> Any:
     over it, on the sequence-parallel group DeepSpeed's engine set up.
 
     Rules (HF's): the sequence-parallel size is the Accelerator's
-    ``parallelism_config.sp_size`` (1 without a parallelism config; accelerate_ref has
-    none yet, so the loader comes back as given); the adapter gathers one batch per
+    ``parallelism_config.sp_size`` (1 without a parallelism config; the Accelerator
+    refuses sp_size > 1 today, so the loader comes back as given); the adapter gathers one batch per
     sequence-parallel rank and hands each rank its slice of every batch's sequence,
     on ``model.device``. For a loader prepared apart from its model, after
     ``prepare(model)``. Catalog: plugin.deepspeed_config.
     """
-    parallelism_config = getattr(accelerator, "parallelism_config", None)
+    parallelism_config = accelerator.parallelism_config
     if (parallelism_config.sp_size if parallelism_config else 1) == 1:
         return dl
     from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPDataLoaderAdapter
