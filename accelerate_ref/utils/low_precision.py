@@ -52,7 +52,7 @@ AmaxComputeAlgorithm = Literal["max", "most_recent"]
 class CustomDtype(enum.Enum):
     """Element types torch lacks, for sizing weights (`dtype_byte_size`, `infer_auto_device_map`'s ``special_dtypes``).
 
-    Catalog: modeling.compute_module_sizes.
+    Catalog: modeling.sizes.
     """
 
     FP8 = "fp8"

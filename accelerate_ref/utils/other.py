@@ -290,7 +290,7 @@ def get_module_children_bottom_up(model: torch.nn.Module, return_fqns: bool = Fa
 
 
 def wait_for_everyone() -> None:
-    """Block until every process reaches this point (``PartialState().wait_for_everyone()``). Catalog: process.wait."""
+    """Block until every process reaches this point (``PartialState().wait_for_everyone()``). Catalog: sync.wait_for_everyone."""
     from ..state import PartialState
 
     PartialState().wait_for_everyone()

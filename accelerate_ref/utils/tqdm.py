@@ -1,4 +1,4 @@
-"""``tqdm`` that draws on the main process of each machine only (catalog utils.tqdm, 🤗 Accelerate's wrapper).
+"""``tqdm`` that draws on the main process of each machine only (🤗 Accelerate's wrapper; no catalog ID).
 
 ``tqdm(*args, main_process_only=True, **kwargs)`` is ``tqdm.auto.tqdm`` with ``disable``
 set on every process whose local index is not 0 (``disable=True`` always wins). A bool
