@@ -3,8 +3,8 @@
 While a probe runs under the reference, :class:`Recorder` notes every Python
 function of the reference's package that is called (``sys.setprofile``).
 :func:`report` matches those calls against the public callables of the
-modules issue 20 names (``COVERED_MODULES``): each function, method and
-property a probe reached, directly or through another public call, counts as
+modules issue 20 names (``COVERED_MODULES``): each function, method,
+property, constructor and dataclass validator (``__post_init__``) a probe reached, directly or through another public call, counts as
 probed. ``python -m conformance differential --coverage`` prints the ones
 no probe reaches yet.
 """
@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, ModuleType
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 #: The modules whose every public function and method the probes must reach (issue 20, item 1).
 COVERED_MODULES = (
@@ -85,6 +85,17 @@ def _code_key(value: Any, root: str) -> CodeKey | None:
     return code.co_filename[len(root):], code.co_firstlineno
 
 
+def _with_constructors(names: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
+    """The public names, and after each class the ``__init__`` and ``__post_init__`` it defines itself
+    (a constructor and a dataclass's validator are public behaviour too)."""
+    for name, value in names:
+        yield name, value
+        if inspect.isclass(value):
+            for special in ("__init__", "__post_init__"):
+                if special in vars(value):
+                    yield f"{name}.{special}", vars(value)[special]
+
+
 def report(calls: set[CodeKey]) -> Coverage:
     """Match recorded calls against the public callables of ``COVERED_MODULES``."""
     from .. import parity
@@ -96,7 +107,7 @@ def report(calls: set[CodeKey]) -> Coverage:
     for module_name in COVERED_MODULES:
         module = importlib.import_module(module_name)
         callables = []
-        for name, value in parity.public_names(module):
+        for name, value in _with_constructors(parity.public_names(module)):
             key = _code_key(value, root)
             if key is not None and key not in counted:
                 counted.add(key)
