@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import functools
 import hashlib
 import importlib
 import io
@@ -60,8 +61,9 @@ class ClassIndex:
         self._resolved: dict[str, list[tuple[str, type]]] = {}
 
     @classmethod
+    @functools.cache
     def of_public_api(cls) -> "ClassIndex":
-        """Walk HF accelerate's documented modules (the parity check's list) for their public classes."""
+        """Walk HF accelerate's documented modules (the parity check's list) for their public classes (once)."""
         from .. import parity
 
         seen: dict[int, str] = {}
