@@ -127,6 +127,8 @@ class Normaliser:
         return described
 
     def value(self, value: Any, depth: int = 0) -> Any:  # noqa: PLR0911 - one return per kind of value
+        if isinstance(value, enum.Enum):  # before str and int: DistributedType is a str enum
+            return {"enum": type(value).__name__, "value": self.value(value.value, depth + 1)}
         if value is None or isinstance(value, (bool, int)):
             return value
         if isinstance(value, float):
@@ -142,8 +144,6 @@ class Normaliser:
                                                                                      if value.size <= MAX_LISTED_ELEMENTS else None)}
         if isinstance(value, (torch.dtype, torch.device, Path)):
             return {type(value).__name__: self.text(str(value))}
-        if isinstance(value, enum.Enum):
-            return {"enum": type(value).__name__, "value": self.value(value.value, depth + 1)}
         if isinstance(value, type):
             return {"class": self._by_identity.get(id(value), f"{_root_free(value.__module__)}.{value.__qualname__}")}
         if isinstance(value, BaseException):
