@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from conformance.differential import deviations
-from conformance.differential.observe import Normaliser
-from conformance.differential.probe import Api, Probe
-from conformance.differential.runner import compare, run
+from conformance.differential.observe import ClassIndex, Normaliser
+from conformance.differential.probe import Api, Probe, Subject, run_probe
+from conformance.differential.runner import _within, compare, run
 
 TESTS_DIR = Path(__file__).resolve().parent
 REFERENCE = "accelerate_ref"
@@ -142,3 +142,15 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None
     finished = _cli(*args, timeout=120)
     assert finished.returncode == 2, finished.stdout + finished.stderr
     assert message in finished.stderr and len(finished.stderr.strip().splitlines()) == 1, finished.stderr
+
+
+def _sleeps(api: Api) -> None:
+    import time
+
+    api.observe("a call that never returns", time.sleep, 60)
+
+
+def test_a_probe_past_its_timeout_ends_with_its_stack() -> None:
+    subject = Subject(REFERENCE, REFERENCE, ClassIndex.of_public_api())
+    seen = _within(0.5, run_probe, Probe("meta.sleeps", "meta", _sleeps), subject)
+    assert seen[0][0] == "probe" and "past 0.5 s" in seen[0][1]["timeout"] and "_sleeps" in seen[0][1]["timeout"]

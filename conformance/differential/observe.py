@@ -48,6 +48,10 @@ EXTERNAL_ROOTS = ("torch", "torchdata", "numpy", "builtins", "collections", "abc
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")
 
 
+class ProbeTimeout(BaseException):
+    """A probe ran past its timeout: never kept as a call's observation, it ends the probe."""
+
+
 class ClassIndex:
     """The reference's public classes, each with one public path relative to its package root.
 
@@ -222,7 +226,8 @@ def observe(normaliser: Normaliser, loggers: Iterable[str], function: Callable[.
             **kwargs: Any) -> tuple[dict[str, Any], Any]:
     """Call ``function(*args, **kwargs)``; return what it did (plain data) and its value (None if it raised).
 
-    Every exception is kept, ``SystemExit`` included (argparse's refusals), except ``KeyboardInterrupt``.
+    Every exception is kept, ``SystemExit`` included (argparse's refusals), except ``KeyboardInterrupt`` and
+    :class:`ProbeTimeout`.
     """
     out, err = io.StringIO(), io.StringIO()
     value: Any = None
@@ -233,7 +238,7 @@ def observe(normaliser: Normaliser, loggers: Iterable[str], function: Callable[.
         try:
             value = function(*args, **kwargs)
             observation["value"] = normaliser.value(value)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, ProbeTimeout):
             raise
         except BaseException as error:  # noqa: BLE001 - the exception is the observation
             observation["raises"] = normaliser.exception(error)

@@ -2,7 +2,8 @@
 
 Rules:
 
-* ``cpu/1`` probes run in this process, reference then candidate per probe;
+* ``cpu/1`` probes run in this process, reference then candidate per probe,
+  each stopped at its timeout with its stack as the observation;
 * every other setting (``cpu/2``; ``cuda/1``, ``cuda/2`` on the simulator's
   mock CUDA GPUs) runs in a rank pool of that world, one pool per setting,
   one pool call per probe (:mod:`.rank`), with the probe's timeout; a probe
@@ -17,8 +18,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import sys
 import tempfile
+import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -30,7 +33,7 @@ from simulators.topology import World
 from . import rank
 from .coverage import CodeKey, Coverage, Recorder, report
 from .deviations import Deviation
-from .observe import ClassIndex
+from .observe import ClassIndex, ProbeTimeout
 from .probe import Observations, Probe, Subject, run_probe
 
 IN_PROCESS = "cpu/1"
@@ -158,9 +161,25 @@ def _in_process(candidate: str, reference: str, setting: str, probes: list[Probe
         reply: dict[str, Observations] = {}
         for role, subject in subjects.items():
             with Recorder(subject.impl.module if measure_coverage and role == "reference" else None) as recorder:
-                reply[role] = run_probe(found, subject)
+                reply[role] = _within(found.timeout, run_probe, found, subject)
             calls.update(recorder.calls)
         yield found, {0: reply}
+
+
+def _within(seconds: float, function: Callable[..., Observations], *args: Any) -> Observations:
+    """``function(*args)``, or the probe's stack as its one observation once ``seconds`` pass (SIGALRM)."""
+    def expire(signum: int, frame: Any) -> None:
+        raise ProbeTimeout(f"past {seconds:g} s in:\n" + "".join(traceback.format_stack(frame)[-6:]))
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        return function(*args)
+    except ProbeTimeout as error:
+        return [("probe", {"timeout": str(error)})]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def _on_ranks(candidate: str, reference: str, setting: str, probes: list[Probe], measure_coverage: bool,
