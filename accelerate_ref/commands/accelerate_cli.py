@@ -1,8 +1,9 @@
-"""The ``accelerate-ref`` console script: ``config`` (``default``, ``update``), ``env``, ``launch``,
-``merge-weights``, ``tpu-config``, ``test``, ``to-fsdp2`` (🤗 Accelerate 1.15's commands but ``estimate-memory``).
+"""The ``accelerate-ref`` console script: ``config`` (``default``, ``update``), ``estimate-memory``, ``env``,
+``launch``, ``merge-weights``, ``tpu-config``, ``test``, ``to-fsdp2`` (🤗 Accelerate 1.15's commands).
 
 Every error is one line on stderr: usage errors (unknown flag, bad value,
-missing script, bad config, port in use) exit 2, a failed launch exits 1.
+missing script, bad config, port in use, a model or library that cannot be
+loaded) exit 2, a failed launch exits 1.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from . import config as config_commands
 from .config.config import PromptError
 from .config.config_args import ConfigError
 from .env import env_command_parser
+from .estimate import estimate_command_parser
 from .launch import LaunchError, RankFailure, launch_command_parser
 from .merge import merge_command_parser
 from .test import test_command_parser
@@ -31,7 +33,7 @@ class OneLineParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser("accelerate-ref", allow_abbrev=False)
     subparsers = parser.add_subparsers(dest="cli_command", parser_class=OneLineParser)  # not "command": tpu-config has --command
-    for add in (config_commands.get_config_parser, env_command_parser, launch_command_parser, merge_command_parser,
+    for add in (config_commands.get_config_parser, estimate_command_parser, env_command_parser, launch_command_parser, merge_command_parser,
                 tpu_command_parser, test_command_parser, to_fsdp2_command_parser):
         add(subparsers)
     return parser
@@ -51,8 +53,9 @@ def run(argv: list[str]) -> int:
     except ChildProcessError as error:  # a command it ran (gcloud, the deepspeed runner) failed
         print(f"{prog}: error: {error}", file=sys.stderr)
         return 1
-    except (LaunchError, ConfigError, PromptError, ValueError, OSError) as error:
-        print(f"{prog}: error: {error}", file=sys.stderr)
+    except (LaunchError, ConfigError, PromptError, ValueError, OSError, ImportError, RuntimeError) as error:
+        message = " ".join(line.strip() for line in str(error).splitlines())  # a library's multi-line text, on one line
+        print(f"{prog}: error: {message}", file=sys.stderr)
         return 2
     except RankFailure as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
