@@ -381,7 +381,7 @@ def test_find_executable_batch_size_halves_after_out_of_memory():
 
     assert train("x") == "x" and tried == [64, 32, 16, 8]
     assert train("y") == "y" and tried[-1] == 8, "the size that worked is kept"
-    with pytest.raises(TypeError, match=r"Remove this as the decorator already does so: `train\(label='x'\)`"):
+    with pytest.raises(TypeError, match=r"Remove this as the decorator already does so: `train\(label=x\)`"):
         train(8, "x")
 
 

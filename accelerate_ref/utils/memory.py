@@ -51,12 +51,13 @@ def should_reduce_batch_size(exception: BaseException) -> bool:
     """True when ``exception`` says memory ran out (any device) or cuDNN refused the size.
 
     Rule: a `RuntimeError` (torch's out-of-memory errors are ones) whose
-    single argument contains one of `OUT_OF_MEMORY_MESSAGES`.
-    Catalog: memory.find_executable_batch_size.
+    single argument contains one of `OUT_OF_MEMORY_MESSAGES`; as in HF, that
+    argument is searched as it is, so a non-text one (``RuntimeError(42)``)
+    raises the TypeError of ``in``. Catalog: memory.find_executable_batch_size.
     """
     if not isinstance(exception, RuntimeError) or len(exception.args) != 1:
         return False
-    return any(message in str(exception.args[0]) for message in OUT_OF_MEMORY_MESSAGES)
+    return any(message in exception.args[0] for message in OUT_OF_MEMORY_MESSAGES)
 
 
 def find_executable_batch_size(
@@ -75,10 +76,12 @@ def find_executable_batch_size(
     ``reduction_factor=0.9`` is HF 1.x's back-off (a keyword HF lacks, listed in
     PARITY.toml; HF's 0.9 default is a manifest deviation); the size
     that worked is kept for later calls; any other exception propagates
-    unchanged; reaching 0 raises RuntimeError. The caller does not pass
-    ``batch_size`` (``train(model, optimizer)`` for ``train(batch_size,
-    model, optimizer)``); passing it anyway is a TypeError that says so.
-    Usable bare or as ``@find_executable_batch_size(starting_batch_size=...)``.
+    unchanged; a size of exactly 0 raises RuntimeError (a negative start is
+    passed on, as in HF). The caller does not pass ``batch_size``
+    (``train(model, optimizer)`` for ``train(batch_size, model, optimizer)``);
+    passing it anyway is a TypeError that says so in HF's words. Usable bare
+    or as ``@find_executable_batch_size(starting_batch_size=...)``; the
+    wrapper is HF's plain ``decorator`` (no ``functools.wraps``).
     Catalog: memory.find_executable_batch_size.
     """
     if function is None:
@@ -97,19 +100,18 @@ def find_executable_batch_size(
 
     reduce = reduce_batch_size_fn or scale_down
 
-    @functools.wraps(function)
-    def run_with_executable_batch_size(*args: Any, **kwargs: Any) -> Any:
+    def decorator(*args: Any, **kwargs: Any) -> Any:
         nonlocal batch_size
+        clear_device_cache(garbage_collection=True)
         parameters = list(inspect.signature(function).parameters)
         if len(args) >= len(parameters):
-            passed = ", ".join(f"{name}={value!r}" for name, value in zip(parameters[1:], args[1:]))
-            raise TypeError(  # HF's words
-                f"Batch size was passed into `{function.__name__}` as the first argument when called. "
+            passed = ", ".join(f"{name}={value}" for name, value in zip(parameters[1:], args[1:]))
+            raise TypeError(  # HF's words, without a space after "called."
+                f"Batch size was passed into `{function.__name__}` as the first argument when called."
                 f"Remove this as the decorator already does so: `{function.__name__}({passed})`"
             )
-        clear_device_cache(garbage_collection=True)
         while True:
-            if batch_size <= 0:
+            if batch_size == 0:
                 raise RuntimeError("No executable batch size found, reached zero.")
             try:
                 return function(batch_size, *args, **kwargs)
@@ -120,4 +122,4 @@ def find_executable_batch_size(
             clear_device_cache(garbage_collection=True)
             batch_size = reduce()
 
-    return run_with_executable_batch_size
+    return decorator
