@@ -52,20 +52,11 @@ class EnumWithContains(enum.EnumMeta):
         return True
 
 
-class _CheckedEnum(enum.Enum, metaclass=EnumWithContains):
-    """Enum whose failed lookups name the bad value and every valid one."""
-
-    @classmethod
-    def _missing_(cls, value: object) -> None:
-        valid = ", ".join(repr(member.value) for member in cls)
-        raise ValueError(f"{value!r} is not a valid {cls.__name__}; valid values are: {valid}")
-
-
-class BaseEnum(_CheckedEnum):
+class BaseEnum(enum.Enum, metaclass=EnumWithContains):
     """An enum whose `str()` is its value, with a `list()` of all values.
 
-    Rule: `"value" in SomeEnum` tests values; an unknown value is a
-    ValueError listing the valid ones. Catalog: enums.values.
+    Rule: `"value" in SomeEnum` tests values; an unknown value is Python's
+    ValueError (``'x' is not a valid SomeEnum``), as HF's. Catalog: enums.values.
     """
 
     def __str__(self) -> str:
@@ -77,7 +68,7 @@ class BaseEnum(_CheckedEnum):
         return [str(member) for member in cls]
 
 
-class DistributedType(str, _CheckedEnum):
+class DistributedType(str, enum.Enum):
     """The kind of distributed environment the processes run in.
 
     Rule: a str enum whose values are the member names (JSON-serialisable),
@@ -102,10 +93,9 @@ class DistributedType(str, _CheckedEnum):
     MEGATRON_LM = "MEGATRON_LM"
     MULTI_HPU = "MULTI_HPU"
     MULTI_NEURON = "MULTI_NEURON"
-    TP = "TP"
 
 
-class SageMakerDistributedType(str, _CheckedEnum):
+class SageMakerDistributedType(str, enum.Enum):
     """Distributed mode on Amazon SageMaker: NO, DATA_PARALLEL, MODEL_PARALLEL.
 
     Catalog: enums.values.
@@ -116,7 +106,7 @@ class SageMakerDistributedType(str, _CheckedEnum):
     MODEL_PARALLEL = "MODEL_PARALLEL"
 
 
-class ComputeEnvironment(str, _CheckedEnum):
+class ComputeEnvironment(str, enum.Enum):
     """Where the job runs: LOCAL_MACHINE or AMAZON_SAGEMAKER.
 
     Catalog: enums.values.
@@ -176,8 +166,7 @@ class LoggerType(BaseEnum):
 class PrecisionType(str, BaseEnum):
     """Floating-point precision: "no" (fp32), "fp8", "fp16", "bf16".
 
-    Rule: an unknown string, e.g. `PrecisionType("fp32")`, is a ValueError
-    listing the valid values.
+    Rule: an unknown string, e.g. `PrecisionType("fp32")`, is a ValueError.
     Catalog: enums.values, autocast.bf16, autocast.fp16_scaler.
     """
 
@@ -277,8 +266,10 @@ class AutocastKwargs(KwargsHandler):
 class DistributedDataParallelKwargs(KwargsHandler):
     """Arguments for `torch.nn.parallel.DistributedDataParallel`.
 
-    Rule: the documented fields, passed on unchanged; `bucket_cap_mb` must be
-    positive.
+    Rule (HF 1.15's): the documented fields, passed on unchecked (torch's
+    DDP checks them); `comm_hook`/`comm_wrapper` are used as given, so only a
+    `DDPCommunicationHookType` member registers a hook (a plain string such
+    as "fp16" matches none and registers nothing, as in HF).
     Catalog: kwargs.ddp.
     """
 
@@ -292,15 +283,6 @@ class DistributedDataParallelKwargs(KwargsHandler):
     comm_hook: DDPCommunicationHookType = DDPCommunicationHookType.NO
     comm_wrapper: DDPCommunicationHookType = DDPCommunicationHookType.NO
     comm_state_option: dict = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        _check(self.bucket_cap_mb > 0, f"bucket_cap_mb must be positive, got {self.bucket_cap_mb}")
-        self.comm_hook = DDPCommunicationHookType(self.comm_hook)
-        self.comm_wrapper = DDPCommunicationHookType(self.comm_wrapper)
-        _check(
-            self.comm_wrapper in (DDPCommunicationHookType.NO, DDPCommunicationHookType.FP16, DDPCommunicationHookType.BF16),
-            f"comm_wrapper must be no, fp16 or bf16, got {self.comm_wrapper.value!r}",
-        )
 
     def to_dict(self, ignore_keys: tuple[str, ...] = ("comm_hook", "comm_wrapper", "comm_state_option")) -> dict[str, Any]:
         """Every field but ``ignore_keys`` (deep-copied).
@@ -346,8 +328,8 @@ class GradScalerKwargs(KwargsHandler):
 
     Rule: the documented fields of `torch.amp.GradScaler`. Erratum: the
     utilities reference's example writes `backoff_filter=0.25`; the field is
-    `backoff_factor` (the misspelling is a TypeError). `growth_factor` must be
-    above 1 and `backoff_factor` in (0, 1), as torch requires.
+    `backoff_factor` (the misspelling is a TypeError). Values are passed on
+    unchecked, as HF's (the scaler checks them).
     Catalog: autocast.fp16_scaler.
     """
 
@@ -357,11 +339,6 @@ class GradScalerKwargs(KwargsHandler):
     growth_interval: int = 2000
     enabled: bool = True
 
-    def __post_init__(self) -> None:
-        _check(self.growth_factor > 1.0, f"growth_factor must be > 1.0, got {self.growth_factor}")
-        _check(0.0 < self.backoff_factor < 1.0, f"backoff_factor must be in (0, 1), got {self.backoff_factor}")
-        _check(self.growth_interval > 0, f"growth_interval must be positive, got {self.growth_interval}")
-
 
 @dataclass
 class InitProcessGroupKwargs(KwargsHandler):
@@ -369,8 +346,8 @@ class InitProcessGroupKwargs(KwargsHandler):
 
     Rule: `backend`, `init_method` and `timeout` (a `datetime.timedelta`);
     a timeout left None becomes HF 1.15's default for the backend (600 s for
-    "nccl", 1800 s for any other); a timeout that is not a positive timedelta
-    is a ValueError.
+    "nccl", 1800 s for any other, None included); a given timeout is kept
+    unchecked, as HF's (torch checks it at init).
     Catalog: kwargs.init_process_group.
     """
 
@@ -381,10 +358,6 @@ class InitProcessGroupKwargs(KwargsHandler):
     def __post_init__(self) -> None:
         if self.timeout is None:
             self.timeout = timedelta(seconds=600 if self.backend == "nccl" else 1800)
-        _check(
-            isinstance(self.timeout, timedelta) and self.timeout.total_seconds() > 0,
-            f"timeout must be a positive datetime.timedelta, got {self.timeout!r}",
-        )
 
 
 @dataclass
@@ -410,18 +383,19 @@ class ProfileKwargs(KwargsHandler):
     def build(self) -> torch.profiler.profile:
         """Build the torch profiler these arguments describe.
 
-        Rule: an unknown activity name is a ValueError naming it and the
-        valid ones.
+        Rule (HF 1.15's): activity names are "cpu" and "cuda", plus "hpu",
+        "xpu" and "mtia" where that device is available; any other name is a
+        ValueError naming the first unknown one and the available names.
         Catalog: profile.context.
         """
         import torch.profiler
 
-        known = {name.lower(): activity for name, activity in torch.profiler.ProfilerActivity.__members__.items()}
         activities = None
         if self.activities is not None:
-            unknown = [name for name in self.activities if name not in known]
-            _check(not unknown, f"Invalid profiler activity: {', '.join(unknown)}. Must be one of {sorted(known)}.")
-            activities = [known[name] for name in self.activities]
+            available = _profiler_activities()
+            for name in self.activities:
+                _check(name in available, f"Invalid profiler activity: {name}. Must be one of {list(available)}.")
+            activities = [available[name] for name in self.activities]
         schedule = None if self.schedule_option is None else torch.profiler.schedule(**self.schedule_option)
         return torch.profiler.profile(
             activities=activities,
@@ -435,6 +409,24 @@ class ProfileKwargs(KwargsHandler):
         )
 
 
+def _profiler_activities() -> dict[str, Any]:
+    """Profiler activity name -> torch's ``ProfilerActivity``, for the devices available here (HF's table)."""
+    import torch.profiler
+
+    from .imports import is_hpu_available
+    from .versions import is_torch_version
+
+    activity = torch.profiler.ProfilerActivity
+    available = {"cpu": activity.CPU, "cuda": activity.CUDA}
+    if is_hpu_available():
+        available["hpu"] = activity.HPU
+    if is_torch_version(">=", XPU_PROFILING_AVAILABLE_PYTORCH_VERSION) and torch.xpu.is_available():
+        available["xpu"] = activity.XPU
+    if is_torch_version(">=", MITA_PROFILING_AVAILABLE_PYTORCH_VERSION) and torch.mtia.is_available():
+        available["mtia"] = activity.MTIA
+    return available
+
+
 # --------------------------------------------------------------------------
 # Plugins and configurations
 # --------------------------------------------------------------------------
@@ -442,7 +434,7 @@ class ProfileKwargs(KwargsHandler):
 class GradientAccumulationPlugin(KwargsHandler):
     """How gradient accumulation behaves.
 
-    Rule: `num_steps` (None or a positive int) steps per optimizer update;
+    Rule: `num_steps` steps per optimizer update (unchecked here, as HF's);
     `adjust_scheduler` steps a prepared scheduler only on real updates;
     `sync_with_dataloader` forces a sync on the loader's last batch;
     `sync_each_batch` syncs gradients on every batch.
@@ -453,12 +445,6 @@ class GradientAccumulationPlugin(KwargsHandler):
     adjust_scheduler: bool = True
     sync_with_dataloader: bool = True
     sync_each_batch: bool = False
-
-    def __post_init__(self) -> None:
-        _check(
-            self.num_steps is None or (isinstance(self.num_steps, int) and self.num_steps > 0),
-            f"num_steps must be a positive int or None, got {self.num_steps!r}",
-        )
 
 
 @dataclass
@@ -491,8 +477,8 @@ class ProjectConfiguration:
 
     Rule: `logging_dir` defaults to `project_dir`; with
     `automatic_checkpoint_naming` saves go to
-    `project_dir/checkpoints/checkpoint_<iteration>`; `total_limit` (None or
-    positive) keeps only that many newest checkpoints; `save_on_each_node`
+    `project_dir/checkpoints/checkpoint_<iteration>`; `total_limit` keeps only
+    that many newest checkpoints (values unchecked, as HF's); `save_on_each_node`
     saves once per machine instead of once overall.
     Catalog: save.once_per_machine, save_state.auto_naming, save_state.total_limit.
     """
@@ -514,11 +500,6 @@ class ProjectConfiguration:
             self.logging_dir = project_dir
 
     def __post_init__(self) -> None:
-        _check(
-            self.total_limit is None or self.total_limit > 0,
-            f"total_limit must be a positive int or None, got {self.total_limit!r}",
-        )
-        _check(self.iteration >= 0, f"iteration must be >= 0, got {self.iteration}")
         self.set_directories(self.project_dir)
 
 
@@ -529,8 +510,8 @@ class TorchDynamoPlugin(KwargsHandler):
     Rule: unset fields come from the launcher's environment
     (ACCELERATE_DYNAMO_BACKEND, _MODE, _USE_FULLGRAPH, _USE_DYNAMIC,
     _USE_REGIONAL_COMPILATION), else backend "NO" and mode "default";
-    `backend` is converted to `DynamoBackend` case-insensitively, an unknown
-    name being a ValueError. ``use_regional_compilation`` makes `prepare`
+    `backend` (a string) is converted to `DynamoBackend` case-insensitively, an
+    unknown name being a ValueError. ``use_regional_compilation`` makes `prepare`
     compile each block of a repeated ``ModuleList`` (and the rest of the
     model piece by piece) with `utils.other.compile_regions` instead of the
     whole model; it is not a `torch.compile` argument, so `to_kwargs` leaves
@@ -547,8 +528,9 @@ class TorchDynamoPlugin(KwargsHandler):
 
     def __post_init__(self) -> None:
         prefix = "ACCELERATE_DYNAMO_"
-        backend = self.backend if self.backend is not None else os.environ.get(prefix + "BACKEND", "no")
-        self.backend = DynamoBackend(str(backend).upper())
+        if self.backend is None:
+            self.backend = os.environ.get(prefix + "BACKEND", "no")
+        self.backend = DynamoBackend(self.backend.upper())
         if self.mode is None:
             self.mode = os.environ.get(prefix + "MODE", "default")
         if self.fullgraph is None:

@@ -25,18 +25,19 @@ _FALSE_STRINGS = frozenset({"n", "no", "f", "false", "off", "0"})
 def str_to_bool(value: str, to_bool: bool = False) -> int | bool:
     """Convert a truthy/falsy string to 1 or 0 (``True``/``False`` with ``to_bool``).
 
-    Rule: case-insensitive; "y", "yes", "t", "true", "on", "1" give 1 and
-    "n", "no", "f", "false", "off", "0" give 0; anything else is a ValueError
-    naming the value. Returns an int (not a bool) unless ``to_bool``, as HF accelerate does.
+    Rule (HF's): case-insensitive, surrounding spaces included; "y", "yes",
+    "t", "true", "on", "1" give 1 and "n", "no", "f", "false", "off", "0"
+    give 0; anything else is a ValueError naming the lower-cased value
+    (``invalid truth value maybe``). Returns an int (not a bool) unless
+    ``to_bool``, as HF accelerate does.
     Catalog: env.checks (helper of the environment flags).
     """
-    lowered = value.strip().lower()
+    lowered = value.lower()
     if lowered in _TRUE_STRINGS:
         return True if to_bool else 1
     if lowered in _FALSE_STRINGS:
         return False if to_bool else 0
-    valid = sorted(_TRUE_STRINGS | _FALSE_STRINGS)
-    raise ValueError(f"Invalid truth value {value!r}; expected one of {valid}")
+    raise ValueError(f"invalid truth value {lowered}")
 
 
 def parse_flag_from_env(key: str, default: bool = False) -> bool:

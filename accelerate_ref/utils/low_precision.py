@@ -33,7 +33,7 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Optional, get_args
 
-from .dataclasses import KwargsHandler, _check, _CheckedEnum
+from .dataclasses import KwargsHandler, _check
 from .environment import parse_choice_from_env, parse_flag_from_env
 from .imports import is_msamp_available, is_torchao_available, is_transformer_engine_available
 
@@ -60,7 +60,7 @@ class CustomDtype(enum.Enum):
     INT2 = "int2"
 
 
-class FP8BackendType(str, _CheckedEnum):
+class FP8BackendType(str, enum.Enum):
     """The engine that runs FP8 training: NO (none), TE (TransformerEngine), MSAMP (MS-AMP), AO (torchao).
 
     Catalog: plugin.unavailable_engines.
