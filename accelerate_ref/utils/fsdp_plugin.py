@@ -27,40 +27,42 @@ from .constants import FSDP2_PYTORCH_VERSION, FSDP_AUTO_WRAP_POLICY, FSDP_BACKWA
 from .environment import str_to_bool
 from .versions import is_torch_version
 
-logger = logging.getLogger(__name__)
+#: HF logs the plugin's FSDP2 notes from ``accelerate.utils.dataclasses``, where it defines the plugin.
+logger = logging.getLogger(__name__.rpartition(".")[0] + ".dataclasses")
 
 #: ``mixed_precision`` names -> the dtype FSDP computes in (HF's table: fp8 runs FSDP in bf16).
 MIXED_PRECISION_DTYPES = {"fp8": torch.bfloat16, "fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 _ENV = "FSDP_"
+#: The heading HF joins its FSDP2 notes with (``heading.join(notes)``: one note is logged alone).
+_FSDP2_NOTES_HEADING = "Multiple deprecation warnings due to FSDP2 conversion:\n"
 
 
 def _env_flag(name: str) -> bool:
     return str_to_bool(os.environ.get(_ENV + name, "False")) == 1
 
 
-def _torch_enum(enum_class: Any, value: Any, names: list[str], field_name: str) -> Any:
-    """``value`` (a name in any case, a 1-based number or its digits, or the enum) as a member of torch's ``enum_class``.
+def _torch_enum(enum_class: Any, value: Any, names: Iterable[str] = ()) -> Any:
+    """``value`` (a name of ``names`` in any case, a number or its digits, or a member name) as torch's ``enum_class``.
 
-    Rule: an unknown name or number is a ValueError naming the field (HF lets torch's KeyError escape).
+    Rule (HF's): a name of ``names`` is its position + 1, a number or digits
+    are the member's value, anything else is looked up by member name
+    (torch's KeyError or ValueError for an unknown one, as HF lets them escape).
     """
-    if isinstance(value, enum_class):
-        return value
+    names = list(names)
     if isinstance(value, str) and value.upper() in names:
         value = names.index(value.upper()) + 1
-    try:
-        if isinstance(value, int) or (isinstance(value, str) and value.isdigit()):
-            return enum_class(int(value))
-        return enum_class[str(value).upper()]
-    except (KeyError, ValueError):
-        raise ValueError(f"{field_name} must be one of {names} (or its 1-based number); got {value!r}") from None
+    if isinstance(value, int) or value.isdigit():
+        return enum_class(int(value))
+    return enum_class[value.upper()]
 
 
 def current_device() -> torch.device:
     """The device ``param_init_fn`` materialises meta modules on: the current accelerator's, else the CPU.
 
     HF refuses ``sync_module_states`` on a machine without an accelerator; torch's
-    FSDP shards over gloo on the CPU, so accelerate_ref materialises there.
+    FSDP shards over gloo on the CPU, so accelerate_ref materialises there
+    (catalog plugin.fsdp; a deviation listed in DIFFERENTIAL.toml).
     """
     accelerator = torch.accelerator.current_accelerator() if hasattr(torch, "accelerator") else None
     if accelerator is None:
@@ -72,20 +74,23 @@ def current_device() -> torch.device:
 class FullyShardedDataParallelPlugin:
     """How `prepare` shards a model with torch's FSDP; HF 1.15's fields, defaults and validation.
 
-    Rules (HF's): ``fsdp_version`` 1 or 2 (``FSDP_VERSION``, else 1).
-    FSDP1: ``sharding_strategy`` FULL_SHARD, SHARD_GRAD_OP, NO_SHARD,
-    HYBRID_SHARD, HYBRID_SHARD_ZERO2 (a name, torch's ``ShardingStrategy`` or its
-    number 1-5), ``reshard_after_forward`` a strategy too, never a bool.
-    FSDP2: ``reshard_after_forward`` a bool (default True), ``sharding_strategy``,
-    ``forward_prefetch`` and LOCAL_STATE_DICT refused, ``backward_prefetch``,
-    ``use_orig_params`` and ``sync_module_states`` dropped with a warning.
-    ``state_dict_type`` FULL_STATE_DICT (FSDP1's default), LOCAL_STATE_DICT or
-    SHARDED_STATE_DICT (FSDP2's default), with the matching torch state dict
-    configs; ``auto_wrap_policy`` transformer_based_wrap, size_based_wrap or
-    no_wrap (or a torch wrap policy callable); ``cpu_ram_efficient_loading``
-    forces ``sync_module_states`` under FSDP1; ``activation_checkpointing_offload``
-    needs ``activation_checkpointing`` and FSDP2. An unknown name is a ValueError
-    naming the field. Catalog: plugin.fsdp, plugin.fsdp_strategies,
+    Rules (HF's): ``fsdp_version`` (``FSDP_VERSION``, else 1) is 1 or 2
+    (other values are taken as HF takes them: neither FSDP2's rules nor FSDP1's
+    conversions apply). FSDP1: ``sharding_strategy`` a name (FULL_SHARD,
+    SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2, any case) or the
+    digits of its number becomes torch's ``ShardingStrategy`` (a non-string is
+    kept as given); ``reshard_after_forward`` likewise, never a bool. FSDP2:
+    ``reshard_after_forward`` a bool (default True), ``forward_prefetch`` and
+    LOCAL_STATE_DICT refused; ``sharding_strategy``, ``backward_prefetch``,
+    ``use_orig_params`` and ``sync_module_states`` noted in one warning log
+    (``accelerate.utils.dataclasses``) and dropped. ``state_dict_type``
+    FULL_STATE_DICT (FSDP1's default), LOCAL_STATE_DICT or SHARDED_STATE_DICT
+    (FSDP2's default), with the matching torch state dict configs;
+    ``auto_wrap_policy`` transformer_based_wrap, size_based_wrap or no_wrap (a
+    non-string is kept as given); ``cpu_ram_efficient_loading`` forces
+    ``sync_module_states`` under FSDP1; ``activation_checkpointing_offload``
+    needs ``activation_checkpointing`` and FSDP2. An unknown name escapes as
+    torch's KeyError. Catalog: plugin.fsdp, plugin.fsdp_strategies,
     plugin.fsdp_state_dict, plugin.fsdp_wrap_policy.
     """
 
@@ -112,27 +117,27 @@ class FullyShardedDataParallelPlugin:
     min_num_params: Optional[int] = None
 
     def __post_init__(self) -> None:
-        from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
+        from torch.distributed.fsdp import ShardingStrategy
 
         notes: set[str] = set()
         if self.fsdp_version is None:
             self.fsdp_version = int(os.environ.get(_ENV + "VERSION", "1"))
-        if self.fsdp_version not in (1, 2):
-            raise ValueError(f"fsdp_version must be 1 or 2, got {self.fsdp_version!r}")
         if self.fsdp_version == 2 and not is_torch_version(">=", FSDP2_PYTORCH_VERSION):
             raise ImportError(f"FSDP2 requires PyTorch >= {FSDP2_PYTORCH_VERSION}")
         if self.sharding_strategy is not None:
-            notes.add("sharding_strategy is deprecated in favor of reshard_after_forward.")
+            notes.add("sharding_strategy is deprecated in favor of reshard_after_forward. "
+                      "This will be removed in a future version of Accelerate.")
         if self.fsdp_version == 1:
             if self.sharding_strategy is None:
                 self.sharding_strategy = os.environ.get(_ENV + "SHARDING_STRATEGY", "FULL_SHARD")
-            self.sharding_strategy = _torch_enum(ShardingStrategy, self.sharding_strategy, FSDP_SHARDING_STRATEGY, "sharding_strategy")
+            if isinstance(self.sharding_strategy, str):
+                self.sharding_strategy = _torch_enum(ShardingStrategy, self.sharding_strategy, FSDP_SHARDING_STRATEGY)
         self._resolve_reshard_after_forward(ShardingStrategy)
         if self.cpu_offload is None:
             self.cpu_offload = _env_flag("OFFLOAD_PARAMS")
         self.set_cpu_offload()
         self.validate_cpu_offload()
-        self._resolve_backward_prefetch(BackwardPrefetch, notes)
+        self._resolve_backward_prefetch(notes)
         self.set_state_dict_type()
         self._resolve_auto_wrap_policy()
         self._resolve_fsdp1_flags(notes)
@@ -163,7 +168,7 @@ class FullyShardedDataParallelPlugin:
             device = current_device()
             self.param_init_fn = lambda module: module.to_empty(device=device, recurse=False)
         if notes:
-            logger.warning("Multiple deprecation warnings due to FSDP2 conversion:\n%s", "\n".join(sorted(notes)))
+            logger.warning(_FSDP2_NOTES_HEADING.join(notes))
 
     def _resolve_reshard_after_forward(self, sharding_strategy_enum: Any) -> None:
         """HF's rule: a bool under FSDP2 (``FSDP_RESHARD_AFTER_FORWARD``, else True), a strategy under FSDP1."""
@@ -173,9 +178,7 @@ class FullyShardedDataParallelPlugin:
             if self.fsdp_version == 2:
                 self.reshard_after_forward = str_to_bool(self.reshard_after_forward.lower(), to_bool=True)
             else:
-                self.reshard_after_forward = _torch_enum(
-                    sharding_strategy_enum, self.reshard_after_forward, FSDP_SHARDING_STRATEGY, "reshard_after_forward"
-                )
+                self.reshard_after_forward = _torch_enum(sharding_strategy_enum, self.reshard_after_forward, FSDP_SHARDING_STRATEGY)
         if self.fsdp_version == 2 and not isinstance(self.reshard_after_forward, bool):
             raise ValueError(
                 f"reshard_after_forward set to {self.reshard_after_forward}. This is not supported with FSDP2, please set to a `bool`"
@@ -186,13 +189,16 @@ class FullyShardedDataParallelPlugin:
                 "`str` or an instance of `torch.distributed.fsdp.fully_sharded_data_parallel.ShardingStrategy`"
             )
 
-    def _resolve_backward_prefetch(self, backward_prefetch_enum: Any, notes: set[str]) -> None:
+    def _resolve_backward_prefetch(self, notes: set[str]) -> None:
+        """A name, number or digits become torch's ``BackwardPrefetch`` (NO_PREFETCH: None); FSDP2 drops it."""
+        from torch.distributed.fsdp import BackwardPrefetch
+
         if self.backward_prefetch is None:
             self.backward_prefetch = os.environ.get(_ENV + "BACKWARD_PREFETCH", None)
         if isinstance(self.backward_prefetch, str) and self.backward_prefetch.upper() == "NO_PREFETCH":
             self.backward_prefetch = None
-        if self.backward_prefetch is not None:
-            self.backward_prefetch = _torch_enum(backward_prefetch_enum, self.backward_prefetch, FSDP_BACKWARD_PREFETCH, "backward_prefetch")
+        if self.backward_prefetch is not None and not isinstance(self.backward_prefetch, BackwardPrefetch):
+            self.backward_prefetch = _torch_enum(BackwardPrefetch, self.backward_prefetch, FSDP_BACKWARD_PREFETCH)
         if self.fsdp_version == 2 and self.backward_prefetch is not None:
             notes.add("backward_prefetch is not supported in FSDP2. Setting backward prefetch to None.")
             self.backward_prefetch = None
@@ -204,12 +210,10 @@ class FullyShardedDataParallelPlugin:
         if self.auto_wrap_policy is None:
             self.auto_wrap_policy = os.environ.get(_ENV + "AUTO_WRAP_POLICY", "NO_WRAP")
         if not isinstance(self.auto_wrap_policy, str):
-            if not callable(self.auto_wrap_policy):
-                raise ValueError(f"auto_wrap_policy must be one of {FSDP_AUTO_WRAP_POLICY} or a callable, got {self.auto_wrap_policy!r}")
             return
         name = self.auto_wrap_policy.upper()
         if name not in FSDP_AUTO_WRAP_POLICY:
-            raise ValueError(f"Invalid auto_wrap_policy: {self.auto_wrap_policy}. Must be one of {FSDP_AUTO_WRAP_POLICY}")
+            raise ValueError(f"Invalid auto wrap policy: {self.auto_wrap_policy}. Must be one of {FSDP_AUTO_WRAP_POLICY}")
         if name == "TRANSFORMER_BASED_WRAP":
             self.auto_wrap_policy = transformer_auto_wrap_policy
             if self.transformer_cls_names_to_wrap is None:
@@ -227,12 +231,17 @@ class FullyShardedDataParallelPlugin:
 
     def _resolve_fsdp1_flags(self, notes: set[str]) -> None:
         """``use_orig_params``, ``sync_module_states`` and ``forward_prefetch``: FSDP1 options FSDP2 drops or refuses."""
-        for name, env in (("use_orig_params", "USE_ORIG_PARAMS"), ("sync_module_states", "SYNC_MODULE_STATES")):
-            if getattr(self, name) is None and self.fsdp_version == 1:
-                setattr(self, name, _env_flag(env))
-            if self.fsdp_version == 2 and getattr(self, name) is not None:
-                notes.add(f"{name} is obsolete in FSDP2. Setting {name} to None.")
-                setattr(self, name, None)
+        if self.use_orig_params is None and self.fsdp_version == 1:
+            self.use_orig_params = _env_flag("USE_ORIG_PARAMS")
+        if self.fsdp_version == 2 and self.use_orig_params is not None:
+            notes.add("use_orig_params is obsolete in FSDP2, as FSDP2 always uses the original parameters.")
+            self.use_orig_params = None
+        if self.sync_module_states is None and self.fsdp_version == 1:
+            self.sync_module_states = _env_flag("SYNC_MODULE_STATES")
+        if self.fsdp_version == 2 and self.sync_module_states is not None:
+            notes.add("sync_module_states is obsolete in FSDP2, as it is not needed anymore."
+                      "Setting sync_module_states to None.")
+            self.sync_module_states = None
         if self.forward_prefetch is None and self.fsdp_version == 1:
             self.forward_prefetch = _env_flag("FORWARD_PREFETCH")
         if self.fsdp_version == 2 and self.forward_prefetch is not None:
@@ -256,8 +265,8 @@ class FullyShardedDataParallelPlugin:
         if self.state_dict_type is None:
             default = "FULL_STATE_DICT" if self.fsdp_version == 1 else "SHARDED_STATE_DICT"
             self.state_dict_type = os.environ.get(_ENV + "STATE_DICT_TYPE", default)
-        names = [member.name for member in StateDictType]  # torch's numbering, not FSDP_STATE_DICT_TYPE's order
-        self.state_dict_type = _torch_enum(StateDictType, self.state_dict_type, names, "state_dict_type")
+        if isinstance(self.state_dict_type, str):  # a member name or torch's number (not FSDP_STATE_DICT_TYPE's order)
+            self.state_dict_type = _torch_enum(StateDictType, self.state_dict_type)
         if self.state_dict_type == StateDictType.FULL_STATE_DICT:
             if self.state_dict_config is None:
                 self.state_dict_config = FullStateDictConfig(offload_to_cpu=True, rank0_only=True)
@@ -315,8 +324,8 @@ class FullyShardedDataParallelPlugin:
             invalid = [key for key, value in self.mixed_precision_policy.items() if value not in MIXED_PRECISION_DTYPES.values()]
             if missing or invalid:
                 raise ValueError(
-                    f"Invalid mixed_precision_policy: {self.mixed_precision_policy}. Must be a `dict` with keys {valid_keys}; "
-                    f"values must be one of {list(MIXED_PRECISION_DTYPES.values())}"
+                    f"Invalid mixed precision policy: {self.mixed_precision_policy}. Must be a `dict` with keys {valid_keys}."
+                    f"Values must be one of {list(MIXED_PRECISION_DTYPES.values())}"
                 )
             self.mixed_precision_policy = policy_class(**self.mixed_precision_policy)
 
