@@ -7,11 +7,13 @@ Rules (HF accelerate 1.15's, field for field):
   ``ACCELERATE_GRADIENT_CLIPPING``, ``ACCELERATE_DEEPSPEED_ZERO_STAGE``, ...) and then HF's
   defaults: accumulation steps and clipping "auto", stage 2, offload devices and NVMe paths
   "none", no 16-bit save, MS-AMP off at level O1.
-* ``hf_ds_config`` (a dict, a JSON file path, JSON text, or an `HfDeepSpeedConfig`) becomes an
-  `HfDeepSpeedConfig`, whose dict is ``deepspeed_config``; it needs a ``zero_optimization``
-  section. Its "auto" values take the plugin's fields; then the fields take the config's set
-  values. Without a config one is built from the fields (the NVMe paths only for an "nvme"
-  device). ``steps_per_print`` is infinite (DeepSpeed prints nothing).
+* ``hf_ds_config`` (a dict, a JSON file path, base64 JSON text, or an `HfDeepSpeedConfig`) becomes
+  an `HfDeepSpeedConfig`, whose dict is ``deepspeed_config`` (a missing or broken file escapes as
+  its ValueError); it needs a ``zero_optimization`` section. Its "auto" values take the plugin's
+  fields; then the fields take the config's set values. Without a config (or with anything else,
+  a ``pathlib.Path`` included, as HF's) one is built from the fields (the NVMe paths only for an
+  "nvme" device). ``steps_per_print`` is infinite (DeepSpeed prints nothing). Field values are
+  not checked (DeepSpeed checks its config).
 * One deliberate difference from HF (catalog plugin.deepspeed_config): a field *given to the
   constructor* that contradicts a set config value is a ValueError naming the key (HF keeps the
   config's value silently); the environment's defaults only fill "auto".
@@ -29,7 +31,7 @@ import copy
 import os
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
 from .dataclasses import _check
@@ -78,24 +80,16 @@ class DeepSpeedPlugin:
     transformer_moe_cls_names: Optional[str] = None
     enable_msamp: Optional[bool] = None
     msamp_opt_level: Optional[str] = None
-    #: Whether this is the plugin `prepare` uses (one of ``Accelerator(deepspeed_plugins=...)``); see `select`.
-    _selected: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         from .deepspeed import HfDeepSpeedConfig
 
         given = {name for name in DEEPSPEED_PLUGIN_KEYS if getattr(self, name) is not None}
         self._fill_from_environment()
-        if self.zero_stage is not None:
-            _check(self.zero_stage in (0, 1, 2, 3), f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
-        for name in ("offload_optimizer_device", "offload_param_device"):
-            value = getattr(self, name)
-            _check(value in ("none", "cpu", "nvme"), f"{name} must be none, cpu or nvme, got {value!r}")
         if self.hf_ds_config is None:
             self.hf_ds_config = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE", "none")
-        if isinstance(self.hf_ds_config, os.PathLike):
-            self.hf_ds_config = os.fspath(self.hf_ds_config)
-        if isinstance(self.hf_ds_config, (dict, HfDeepSpeedConfig)) or self.hf_ds_config != "none":
+        config = self.hf_ds_config
+        if isinstance(config, (dict, HfDeepSpeedConfig)) or (isinstance(config, str) and config != "none"):
             self._take_config(HfDeepSpeedConfig, given)
         else:
             self.hf_ds_config = HfDeepSpeedConfig(self._config_from_fields())
@@ -107,6 +101,7 @@ class DeepSpeedPlugin:
         if self.zero3_init_flag and not self.hf_ds_config.is_zero3():
             warnings.warn("DeepSpeed Zero3 Init flag is only applicable for ZeRO Stage 3. Setting it to False.")
             self.zero3_init_flag = False
+        #: Whether this is the plugin `prepare` uses (one of ``Accelerator(deepspeed_plugins=...)``); see `select`.
         self._selected = False
         if self.enable_msamp and "msamp" not in self.deepspeed_config:
             if self.zero_stage == 3:
@@ -137,10 +132,7 @@ class DeepSpeedPlugin:
     def _take_config(self, config_class: type, given: set[str]) -> None:
         """Read ``hf_ds_config``, fill its "auto" values from the fields, then the fields from its set values."""
         if not isinstance(self.hf_ds_config, config_class):
-            try:
-                self.hf_ds_config = config_class(self.hf_ds_config)
-            except ValueError as error:  # a broken JSON file: name the file
-                raise ValueError(f"hf_ds_config {self.hf_ds_config!r} is not a DeepSpeed config: {error}") from None
+            self.hf_ds_config = config_class(self.hf_ds_config)
         config = self.hf_ds_config.config
         config.setdefault("gradient_accumulation_steps", 1)
         _check("zero_optimization" in config, "Please specify the ZeRO optimization config in the DeepSpeed config.")
@@ -188,7 +180,9 @@ class DeepSpeedPlugin:
                 f"When using `deepspeed_config_file`, the following accelerate config variables will be ignored: "
                 f"{list(_CONFIG_FILE_REPLACES)}.\nPlease specify them appropriately in the DeepSpeed config file.\n"
                 "If you are using an accelerate config file, remove others config variables mentioned in the above "
-                "specified list."
+                "specified list.\nThe easiest method is to create a new config following the questionnaire via "
+                "`accelerate config`.\nIt will only ask for the necessary config variables when using "
+                "`deepspeed_config_file`."
             )
 
     # -- the config, by dotted key ------------------------------------------------------------
@@ -319,9 +313,12 @@ class DeepSpeedPlugin:
             self.transformer_moe_cls_names = os.environ.get("ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES")
         if self.transformer_moe_cls_names is None:
             return
-        from deepspeed.utils import set_z3_leaf_modules
-
         from .engine_plugins import get_module_class_from_name
+        from .versions import compare_versions
+
+        if compare_versions("deepspeed", "<", "0.14.0"):  # not installed: importlib's PackageNotFoundError, as HF
+            raise ImportError("DeepSpeed version must be >= 0.14.0 to use MOE support. Please update DeepSpeed.")
+        from deepspeed.utils import set_z3_leaf_modules
 
         classes = []
         for name in self.transformer_moe_cls_names.split(","):
