@@ -1,21 +1,24 @@
 """Experiment tracking: trackers, and the `Accelerator` methods that drive them (a mixin).
 
-``Accelerator(log_with=...)`` takes tracker names (`LoggerType` values,
-``"all"``, or ``"jsonl"``) and `GeneralTracker` instances. On the main
-process only, `init_trackers` creates and starts them, `log` reaches every
-one, `end_training` finishes them; the other processes create nothing and
-write nothing, so a metric logged by every process is recorded once.
+``Accelerator(log_with=...)`` takes `LoggerType` members or their names,
+``"all"``, names given to `register_tracker_class`, and `GeneralTracker`
+instances. On the main process only, `init_trackers` creates and starts
+them, `log` reaches every one, `end_training` finishes them; the other
+processes create nothing and write nothing, so a metric logged by every
+process is recorded once.
 
-Built in: `JSONLinesTracker` (``"jsonl"``, no extra package: one JSON
-object per `log` call in ``<logging_dir>/<project>/log.jsonl``),
-`TensorBoardTracker` (``"tensorboard"``, when tensorboard or tensorboardX
-is installed), `MLflowTracker` (``"mlflow"``, the ``mlflow`` or
-``mlflow-skinny`` package) and `WandBTracker` (``"wandb"``), whose
-packages are in the ``trackers`` extra; and, from `tracking_more` (extra
-``trackers-more``), `CometMLTracker`, `AimTracker`, `ClearMLTracker`,
-`DVCLiveTracker`, `SwanLabTracker`, `TrackioTracker`. Any other
-tracker is a `GeneralTracker` subclass passed in ``log_with``, or one
-registered by name with `register_tracker_class`.
+Built in, as in 🤗 Accelerate 1.15 (same names, constructors, methods,
+refusals, warnings and DEBUG log lines): `TensorBoardTracker`
+(``"tensorboard"``, when tensorboard or tensorboardX is installed),
+`MLflowTracker` (``"mlflow"``, the ``mlflow`` or ``mlflow-skinny``
+package) and `WandBTracker` (``"wandb"``), whose packages are in the
+``trackers`` extra; and, from `tracking_more` (extra ``trackers-more``),
+`CometMLTracker`, `AimTracker`, `ClearMLTracker`, `DVCLiveTracker`,
+`SwanLabTracker`, `TrackioTracker`. A tracker is created without its
+package; starting it imports the package (a ModuleNotFoundError where it is
+absent). Beyond 🤗 Accelerate: `JSONLinesTracker`, which needs no package;
+register it (``register_tracker_class(JSONLinesTracker)``) to use it as
+``log_with="jsonl"``.
 
 Catalog: tracking.init_log_end.
 """
@@ -28,8 +31,9 @@ import time
 import warnings
 from typing import Any, Optional, Union
 
-from .logging import get_logger
-from .tracking_base import _PACKAGES, GeneralTracker, _package_available, on_main_process
+import yaml
+
+from .tracking_base import GeneralTracker, debug_started, installed_trackers, logger, on_main_process
 from .tracking_more import (
     AimTracker,
     ClearMLTracker,
@@ -40,9 +44,8 @@ from .tracking_more import (
 )
 from .utils.dataclasses import LoggerType
 from .utils.environment import str_to_bool
+from .utils.operations import listify
 from .utils.serialization import write_atomically
-
-logger = get_logger(__name__)
 
 
 def _plain(value: Any) -> Any:
@@ -51,7 +54,8 @@ def _plain(value: Any) -> Any:
 
 
 class JSONLinesTracker(GeneralTracker):
-    """A tracker with no extra package: JSON lines in ``<logging_dir>/<run_name>/``.
+    """A tracker with no extra package: JSON lines in ``<logging_dir>/<run_name>/`` (not in 🤗 Accelerate;
+    ``register_tracker_class(JSONLinesTracker)`` makes ``log_with="jsonl"`` use it).
 
     Rules: `start` creates the folder and opens ``log.jsonl`` for
     appending; `store_init_configuration` writes ``config.json``; each
@@ -101,10 +105,14 @@ class JSONLinesTracker(GeneralTracker):
 class TensorBoardTracker(GeneralTracker):
     """TensorBoard, through ``torch.utils.tensorboard`` (or tensorboardX): events in ``<logging_dir>/<run_name>``.
 
-    Rules: numbers are logged with ``add_scalar``, strings with
-    ``add_text``, dicts of numbers with ``add_scalars``; the configuration
-    with ``add_hparams``; ``kwargs`` of `__init__` go to ``SummaryWriter``.
-    Main process only. Catalog: tracking.init_log_end.
+    Rules: `start` creates the ``SummaryWriter`` (``kwargs`` of `__init__`
+    go to it) and sets ``logging_dir`` (``logging_dir_param`` is the folder
+    given); tensors in `log`'s values become numbers, then numbers are
+    logged with ``add_scalar``, strings with ``add_text``, dicts of numbers
+    with ``add_scalars`` (other values are skipped); the configuration goes
+    to ``add_hparams`` and to ``<logging_dir>/<time>/hparams.yml``. Before
+    `start` the tracker has no ``writer``. Main process only. Catalog:
+    tracking.init_log_end.
     """
 
     name = "tensorboard"
@@ -113,9 +121,8 @@ class TensorBoardTracker(GeneralTracker):
     def __init__(self, run_name: str, logging_dir: Union[str, os.PathLike], **kwargs: Any) -> None:
         super().__init__()
         self.run_name = run_name
-        self.logging_dir = os.path.join(os.fspath(logging_dir), run_name)
+        self.logging_dir_param = logging_dir
         self.init_kwargs = kwargs
-        self.writer: Any = None
 
     @property
     def tracker(self) -> Any:
@@ -127,16 +134,27 @@ class TensorBoardTracker(GeneralTracker):
             from torch.utils import tensorboard
         except ModuleNotFoundError:
             import tensorboardX as tensorboard
+        self.logging_dir = os.path.join(self.logging_dir_param, self.run_name)
         self.writer = tensorboard.SummaryWriter(self.logging_dir, **self.init_kwargs)
+        debug_started("TensorBoard project", self.run_name, f" logging to {self.logging_dir}")
 
     @on_main_process
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         self.writer.add_hparams(values, metric_dict={})
         self.writer.flush()
+        folder = os.path.join(self.logging_dir, str(time.time()))
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "hparams.yml"), "w") as stream:
+            try:
+                yaml.dump(values, stream)
+            except yaml.representer.RepresenterError:
+                logger.error("Serialization to store hyperparameters failed")
+                raise
+        logger.debug("Stored initial configuration hyperparameters to TensorBoard and hparams yaml file")
 
     @on_main_process
     def log(self, values: dict[str, Any], step: Optional[int] = None, **kwargs: Any) -> None:
-        for key, value in values.items():
+        for key, value in listify(values).items():
             if isinstance(value, (int, float)):
                 self.writer.add_scalar(key, value, global_step=step, **kwargs)
             elif isinstance(value, str):
@@ -144,16 +162,19 @@ class TensorBoardTracker(GeneralTracker):
             elif isinstance(value, dict):
                 self.writer.add_scalars(key, value, global_step=step, **kwargs)
         self.writer.flush()
+        logger.debug("Successfully logged to TensorBoard")
 
     @on_main_process
     def log_images(self, values: dict[str, Any], step: Optional[int] = None, **kwargs: Any) -> None:
         """Log each batch of images of ``values`` (``N x C x H x W`` arrays or tensors) with ``add_images``."""
         for key, images in values.items():
             self.writer.add_images(key, images, global_step=step, **kwargs)
+        logger.debug("Successfully logged images to TensorBoard")
 
     @on_main_process
     def finish(self) -> None:
         self.writer.close()
+        logger.debug("TensorBoard writer closed")
 
 
 class MLflowTracker(GeneralTracker):
@@ -163,13 +184,13 @@ class MLflowTracker(GeneralTracker):
     ``MLFLOW_RUN_ID``, ``MLFLOW_TAGS`` (a JSON object) and
     ``MLFLOW_NESTED_RUN`` take precedence over the arguments of the same
     meaning. `start` uses the experiment of that name (the first when there
-    are several), creating it with ``logging_dir`` as its artifact location
-    when there is none, and starts (or, with ``run_id``, resumes) a run
-    there. `store_init_configuration` logs the configuration as parameters,
-    100 at a time, dropping a value longer than MLflow accepts with a
-    warning; `log` logs the numbers of ``values`` as metrics at ``step``
-    (other values are dropped with a warning); `finish` ends the run.
-    ``Accelerator.init_trackers`` passes the project name as
+    are several, with a warning), creating it with ``logging_dir`` as its
+    artifact location when there is none, and starts (or, with ``run_id``,
+    resumes) a run there. `store_init_configuration` logs the configuration
+    as parameters, 100 at a time, dropping a value longer than MLflow
+    accepts with a warning; `log` logs the numbers of ``values`` as metrics
+    at ``step`` (other values are dropped with a warning); `finish` ends the
+    run. ``Accelerator.init_trackers`` passes the project name as
     ``experiment_name``. Main process only. Catalog: tracking.init_log_end.
     """
 
@@ -196,11 +217,10 @@ class MLflowTracker(GeneralTracker):
         self.nested_run = str_to_bool(nested_run) == 1 if isinstance(nested_run, str) else nested_run
         self.run_name = run_name
         self.description = description
-        self.active_run: Any = None
 
     @property
     def tracker(self) -> Any:
-        """The active ``mlflow.ActiveRun`` (None before `start`)."""
+        """The active ``mlflow.ActiveRun`` (set by `start`)."""
         return self.active_run
 
     @on_main_process
@@ -209,12 +229,13 @@ class MLflowTracker(GeneralTracker):
 
         found = mlflow.search_experiments(filter_string=f"name = '{self.experiment_name}'")
         if len(found) > 1:
-            logger.warning(f"several MLflow experiments are called {self.experiment_name!r}; using the first")
+            logger.warning("Multiple experiments with the same name found. Using first one.")
         if found:
             experiment_id = found[0].experiment_id
         else:
-            location = None if self.logging_dir is None else os.fspath(self.logging_dir)
-            experiment_id = mlflow.create_experiment(self.experiment_name, artifact_location=location, tags=self.tags)
+            experiment_id = mlflow.create_experiment(
+                name=self.experiment_name, artifact_location=self.logging_dir, tags=self.tags
+            )
         self.active_run = mlflow.start_run(
             run_id=self.run_id,
             experiment_id=experiment_id,
@@ -223,6 +244,7 @@ class MLflowTracker(GeneralTracker):
             tags=self.tags,
             description=self.description,
         )
+        debug_started("mlflow experiment", self.experiment_name)
 
     @on_main_process
     def store_init_configuration(self, values: dict[str, Any]) -> None:
@@ -233,27 +255,32 @@ class MLflowTracker(GeneralTracker):
         for key, value in values.items():
             if len(str(value)) > MAX_PARAM_VAL_LENGTH:
                 logger.warning_once(
-                    f"MLflow takes parameter values of at most {MAX_PARAM_VAL_LENGTH} characters: {key!r} dropped"
+                    f'Accelerate is attempting to log a value of "{value}" for key "{key}" as a parameter. MLflow\'s'
+                    f" log_param() only accepts values no longer than {MAX_PARAM_VAL_LENGTH} characters so we dropped"
+                    " this attribute."
                 )
             else:
                 kept.append((key, value))
         for first in range(0, len(kept), MAX_PARAMS_TAGS_PER_BATCH):
             mlflow.log_params(dict(kept[first : first + MAX_PARAMS_TAGS_PER_BATCH]))
+        logger.debug("Stored initial configuration hyperparameters to MLflow")
 
     @on_main_process
     def log(self, values: dict[str, Any], step: Optional[int] = None, **kwargs: Any) -> None:
         """Log the numbers of ``values`` at ``step``; ``kwargs`` go to ``mlflow.log_metrics``."""
-        import mlflow
-
         metrics = {}
         for key, value in values.items():
             if isinstance(value, (int, float)):
                 metrics[key] = value
             else:
                 logger.warning_once(
-                    f"MLflow metrics are numbers: {key!r} ({type(value).__name__}) dropped from MLflowTracker.log"
+                    f'MLflowTracker is attempting to log a value of "{value}" of type {type(value)} for key "{key}" as'
+                    " a metric. MLflow's log_metric() only accepts float and int types so we dropped this attribute."
                 )
+        import mlflow
+
         mlflow.log_metrics(metrics, step=step, **kwargs)
+        logger.debug("Successfully logged to mlflow")
 
     @on_main_process
     def log_figure(self, figure: Any, artifact_file: str, **save_kwargs: Any) -> None:
@@ -261,6 +288,7 @@ class MLflowTracker(GeneralTracker):
         import mlflow
 
         mlflow.log_figure(figure=figure, artifact_file=artifact_file, **save_kwargs)
+        logger.debug("Successfully logged image to mlflow")
 
     @on_main_process
     def log_artifacts(self, local_dir: str, artifact_path: Optional[str] = None) -> None:
@@ -268,6 +296,7 @@ class MLflowTracker(GeneralTracker):
         import mlflow
 
         mlflow.log_artifacts(local_dir=local_dir, artifact_path=artifact_path)
+        logger.debug("Successfully logged artofact to mlflow")  # 🤗 Accelerate's spelling
 
     @on_main_process
     def log_artifact(self, local_path: str, artifact_path: Optional[str] = None) -> None:
@@ -275,6 +304,7 @@ class MLflowTracker(GeneralTracker):
         import mlflow
 
         mlflow.log_artifact(local_path=local_path, artifact_path=artifact_path)
+        logger.debug("Successfully logged artofact to mlflow")  # 🤗 Accelerate's spelling
 
     @on_main_process
     def finish(self) -> None:
@@ -287,13 +317,14 @@ class WandBTracker(GeneralTracker):
     """Weights & Biases, through the ``wandb`` package (``WANDB_MODE=offline`` writes the run to local files only).
 
     Rules: `start` calls ``wandb.init(project=run_name, **kwargs)``;
-    `store_init_configuration` updates the run's config (changed values
-    allowed); `log` is ``run.log(values, step=step, **kwargs)``;
-    `log_images` logs each list of images as ``wandb.Image``s and
-    `log_table` a ``wandb.Table``; `finish` finishes the run. As in 🤗
-    Accelerate its ``main_process_only`` is False: the methods run on any
-    process that calls them, and ``Accelerator.init_trackers`` creates the
-    tracker on the main process only. Catalog: tracking.init_log_end.
+    `store_init_configuration` updates ``wandb.config`` (changed values
+    allowed; before `start`, wandb's own refusal); `log` is
+    ``run.log(values, step=step, **kwargs)``; `log_images` logs each list of
+    images as ``wandb.Image``s and `log_table` a ``wandb.Table``; `finish`
+    finishes the run. As in 🤗 Accelerate its ``main_process_only`` is
+    False: the methods run on any process that calls them, and
+    ``Accelerator.init_trackers`` creates the tracker on the main process
+    only. Catalog: tracking.init_log_end.
     """
 
     name = "wandb"
@@ -304,11 +335,10 @@ class WandBTracker(GeneralTracker):
         super().__init__()
         self.run_name = run_name
         self.init_kwargs = kwargs
-        self.run: Any = None
 
     @property
     def tracker(self) -> Any:
-        """The ``wandb`` run (None before `start`)."""
+        """The ``wandb`` run (set by `start`)."""
         return self.run
 
     @on_main_process
@@ -316,15 +346,20 @@ class WandBTracker(GeneralTracker):
         import wandb
 
         self.run = wandb.init(project=self.run_name, **self.init_kwargs)
+        debug_started("WandB project", self.run_name)
 
     @on_main_process
     def store_init_configuration(self, values: dict[str, Any]) -> None:
-        self.run.config.update(values, allow_val_change=True)
+        import wandb
+
+        wandb.config.update(values, allow_val_change=True)
+        logger.debug("Stored initial configuration hyperparameters to WandB")
 
     @on_main_process
     def log(self, values: dict[str, Any], step: Optional[int] = None, **kwargs: Any) -> None:
         """``run.log(values, step=step, **kwargs)``."""
         self.run.log(values, step=step, **kwargs)
+        logger.debug("Successfully logged to WandB")
 
     @on_main_process
     def log_images(self, values: dict[str, Any], step: Optional[int] = None, **kwargs: Any) -> None:
@@ -333,6 +368,7 @@ class WandBTracker(GeneralTracker):
 
         for key, images in values.items():
             self.log({key: [wandb.Image(image) for image in images]}, step=step, **kwargs)
+        logger.debug("Successfully logged images to WandB")
 
     @on_main_process
     def log_table(
@@ -352,32 +388,22 @@ class WandBTracker(GeneralTracker):
     @on_main_process
     def finish(self) -> None:
         self.run.finish()
+        logger.debug("WandB run closed")
 
 
-#: Tracker classes by name (the names ``log_with`` accepts besides "all"); `register_tracker_class` adds to it.
+#: Tracker classes by name (the names ``log_with`` accepts besides "all"), in 🤗 Accelerate's order;
+#: `register_tracker_class` adds to it.
 LOGGER_TYPE_TO_CLASS: dict[str, type[GeneralTracker]] = {
-    JSONLinesTracker.name: JSONLinesTracker,
-    TensorBoardTracker.name: TensorBoardTracker,
-    MLflowTracker.name: MLflowTracker,
-    WandBTracker.name: WandBTracker,
-    # the trackers of the trackers-more extra (accelerate_ref.tracking_more)
-    AimTracker.name: AimTracker,
-    CometMLTracker.name: CometMLTracker,
-    ClearMLTracker.name: ClearMLTracker,
-    DVCLiveTracker.name: DVCLiveTracker,
-    SwanLabTracker.name: SwanLabTracker,
-    TrackioTracker.name: TrackioTracker,
+    tracker_class.name: tracker_class
+    for tracker_class in (AimTracker, CometMLTracker, MLflowTracker, TensorBoardTracker, WandBTracker,
+                          ClearMLTracker, DVCLiveTracker, SwanLabTracker, TrackioTracker)
 }
-#: The names of LOGGER_TYPE_TO_CLASS that come with this reference (the others were registered).
-_BUILT_IN = tuple(LOGGER_TYPE_TO_CLASS)
 
 
-def get_available_trackers() -> list[str]:
-    """Names of the built-in trackers usable here: "jsonl", then each one whose package is installed.
-
-    Catalog: tracking.init_log_end.
-    """
-    return [name for name in _BUILT_IN if name not in LoggerType.list() or _package_available(name)]
+def get_available_trackers() -> list[LoggerType]:
+    """The built-in trackers whose packages are installed, as `LoggerType` members (TensorBoard, W&B, Comet,
+    Aim, MLflow, ClearML, DVCLive, SwanLab, Trackio, in that order). Catalog: tracking.init_log_end."""
+    return installed_trackers()
 
 
 def register_tracker_class(tracker_class: type[GeneralTracker]) -> None:
@@ -394,59 +420,60 @@ def register_tracker_class(tracker_class: type[GeneralTracker]) -> None:
     if not getattr(tracker_class, "name", None):
         raise ValueError("The tracker class to register must define a non-empty `name` attribute.")
     if not hasattr(tracker_class, "requires_logging_directory"):
-        raise ValueError("The tracker class to register must define a `requires_logging_directory` class attribute.")
+        raise ValueError(
+            "The tracker class to register must define a `requires_logging_directory` class attribute. "
+            "Set it to `True` if the tracker needs a logging directory, or `False` otherwise."
+        )
     if tracker_class.name in LOGGER_TYPE_TO_CLASS:
-        warnings.warn(f"a tracker called {tracker_class.name!r} is already registered; {tracker_class} replaces it")
+        warnings.warn(
+            f"A tracker with the name '{tracker_class.name}' is already registered and will be overwritten by "
+            f"{tracker_class}. This is especially significant when shadowing a built-in tracker."
+        )
     LOGGER_TYPE_TO_CLASS[tracker_class.name] = tracker_class
-
-
-def _tracker_name(item: Any) -> Optional[str]:
-    """The tracker name ``item`` stands for, or None when it names nothing this reference knows."""
-    name = item.value if isinstance(item, LoggerType) else str(item)
-    return name if name in LOGGER_TYPE_TO_CLASS or name in LoggerType.list() else None
 
 
 def filter_trackers(
     log_with: Any, logging_dir: Optional[Union[str, os.PathLike]] = None
-) -> list[Union[str, GeneralTracker]]:
-    """The trackers ``log_with`` asks for: `GeneralTracker` instances and tracker names, without repeats.
+) -> list[Union[LoggerType, str, GeneralTracker]]:
+    """The trackers ``log_with`` asks for that can run here.
 
-    Rules: ``log_with`` is one item or a list of `LoggerType` members, their
-    names (``"mlflow"``, ``"wandb"``, ...), names given to
-    `register_tracker_class`, and `GeneralTracker` instances; ``"all"`` adds every
-    available built-in tracker; a name of a tracker whose package is not
-    installed is dropped with a warning (as a script that lists several
-    trackers expects); a built-in tracker that writes files needs a
-    ``logging_dir`` (ValueError); anything else a ValueError listing the
-    choices.
-    Catalog: tracking.init_log_end.
+    Rules: ``log_with`` is one item or a list (or tuple) of `LoggerType`
+    members, their names, names given to `register_tracker_class`, and
+    `GeneralTracker` instances. With ``"all"`` (or ``LoggerType.ALL``) among
+    them: the instances given, then every installed built-in tracker.
+    Otherwise, in order: an instance is kept (each time it is given); a
+    built-in name becomes its `LoggerType` member, kept once, and only when
+    its package is installed (else dropped, with a DEBUG log line); a
+    registered name is kept once; anything else is a ValueError listing the
+    `LoggerType` values. A tracker kept whose class writes files needs a
+    ``logging_dir`` (ValueError). Catalog: tracking.init_log_end.
     """
     if log_with is None:
         return []
-    items = list(log_with) if isinstance(log_with, (list, tuple)) else [log_with]
-    chosen: list[Union[str, GeneralTracker]] = []
+    items = log_with if isinstance(log_with, (list, tuple)) else [log_with]
+    if "all" in items or LoggerType.ALL in items:
+        return [item for item in items if isinstance(item, GeneralTracker)] + get_available_trackers()
+    chosen: list[Union[LoggerType, str, GeneralTracker]] = []
     for item in items:
         if isinstance(item, GeneralTracker):
-            chosen += [] if any(item is known for known in chosen) else [item]
+            chosen.append(item)
             continue
-        name = _tracker_name(item)
-        if name is None:
-            known = LoggerType.list() + [name for name in LOGGER_TYPE_TO_CLASS if name not in LoggerType.list()]
-            raise ValueError(f"Unsupported logging capability: {item}. Choose between {known}")  # HF's words
-        for candidate in get_available_trackers() if name == LoggerType.ALL.value else [name]:
-            if candidate not in chosen and _usable(candidate, logging_dir):
-                chosen.append(candidate)
+        if item in LoggerType:
+            member = LoggerType(item)
+            if member in chosen:
+                continue
+            if member not in get_available_trackers():
+                logger.debug(f"Tried adding logger {member}, but package is unavailable in the system.")
+                continue
+            item = member
+        elif str(item) not in LOGGER_TYPE_TO_CLASS:
+            raise ValueError(f"Unsupported logging capability: {item}. Choose between {LoggerType.list()}")
+        elif item in chosen:
+            continue
+        if LOGGER_TYPE_TO_CLASS[str(item)].requires_logging_directory and logging_dir is None:
+            raise ValueError(f"Logging with `{item}` requires a `logging_dir` to be passed in.")
+        chosen.append(item)
     return chosen
-
-
-def _usable(name: str, logging_dir: Optional[Union[str, os.PathLike]]) -> bool:
-    """Whether tracker ``name`` can run here (see `filter_trackers` for the errors)."""
-    if name in LoggerType.list() and not _package_available(name):
-        warnings.warn(f"log_with asks for {name}, but {_PACKAGES[LoggerType(name)][0]} is not installed: not tracking with it")
-        return False
-    if LOGGER_TYPE_TO_CLASS[name].requires_logging_directory and logging_dir is None:
-        raise ValueError(f"tracking with {name} needs a logging_dir (ProjectConfiguration(logging_dir=...) or project_dir)")
-    return True
 
 
 class TrackingMixin:
@@ -459,18 +486,26 @@ class TrackingMixin:
     """
 
     @property
-    def log_with(self) -> list[Union[str, GeneralTracker]]:
-        """The trackers asked for, checked (see `filter_trackers`). Catalog: tracking.init_log_end."""
+    def log_with(self) -> list[Union[LoggerType, str, GeneralTracker]]:
+        """The trackers asked for that can run here (see `filter_trackers`); when ``log_with`` was given and
+        none can, a UserWarning says so. Catalog: tracking.init_log_end."""
         return self.__dict__.get("log_with", [])
 
     @log_with.setter
     def log_with(self, value: Any) -> None:
-        self.__dict__["log_with"] = filter_trackers(value, self.logging_dir)
+        trackers = filter_trackers(value, self.logging_dir)
+        if not trackers and value is not None:
+            warnings.warn(f"`log_with={value}` was passed but no supported trackers are currently installed.")
+        self.__dict__["log_with"] = trackers
 
     @property
     def trackers(self) -> list[GeneralTracker]:
         """The started trackers (on the main process; empty elsewhere)."""
         return self.__dict__.setdefault("trackers", [])
+
+    @trackers.setter
+    def trackers(self, value: list[GeneralTracker]) -> None:
+        self.__dict__["trackers"] = value
 
     def init_trackers(self, project_name: str, config: Optional[dict[str, Any]] = None, init_kwargs: Optional[dict[str, dict[str, Any]]] = None) -> None:
         """On the main process, create and start every tracker of ``log_with`` for ``project_name``.
@@ -489,7 +524,7 @@ class TrackingMixin:
             if isinstance(item, GeneralTracker):
                 self.trackers.append(item)
                 continue
-            tracker_class, options = LOGGER_TYPE_TO_CLASS[item], init_kwargs.get(item, {})
+            tracker_class, options = LOGGER_TYPE_TO_CLASS[str(item)], init_kwargs.get(str(item), {})
             if tracker_class.requires_logging_directory:
                 self.trackers.append(tracker_class(project_name, self.logging_dir, **options))
             else:
@@ -503,16 +538,16 @@ class TrackingMixin:
     def get_tracker(self, name: str, unwrap: bool = False) -> Any:
         """The started tracker called ``name`` (its ``tracker`` object with ``unwrap=True``).
 
-        Rules: on the main process an unknown name is a ValueError; on the
-        others, which start no tracker, a do-nothing `GeneralTracker`.
-        Catalog: tracking.init_log_end.
+        Rules: with trackers started, an unknown name is a ValueError;
+        without any (the other processes, which start none), a do-nothing
+        `GeneralTracker`. Catalog: tracking.init_log_end.
         """
         if not self.trackers:
             return GeneralTracker(_blank=True)
         for tracker in self.trackers:
             if tracker.name == name:
                 return tracker.tracker if unwrap else tracker
-        raise ValueError(f"no started tracker is called {name!r}; started: {[t.name for t in self.trackers]}")
+        raise ValueError(f"{name} is not an available tracker stored inside the `Accelerator`.")
 
     def log(self, values: dict[str, Any], step: Optional[int] = None, log_kwargs: Optional[dict[str, dict[str, Any]]] = None) -> None:
         """Log ``values`` at ``step`` to every started tracker, on the main process only.
@@ -526,11 +561,10 @@ class TrackingMixin:
             tracker.log(values, step=step, **(log_kwargs or {}).get(tracker.name, {}))
 
     def end_training(self) -> None:
-        """Finish every tracker (main process), then tear down the process group; call it at the end of a script.
+        """Finish every started tracker, then tear down the process group; call it at the end of a script.
 
         Catalog: tracking.init_log_end.
         """
-        if self.is_main_process:
-            for tracker in self.trackers:
-                tracker.finish()
+        for tracker in self.trackers:
+            tracker.finish()
         self.state.destroy_process_group()

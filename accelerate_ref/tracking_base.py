@@ -1,4 +1,5 @@
-"""What every tracker shares: `GeneralTracker`, `on_main_process`, and the package each built-in tracker needs.
+"""What every tracker shares: `GeneralTracker`, `on_main_process`, the trackers' logger, and which
+built-in trackers' packages are installed.
 
 `accelerate_ref.tracking` (the trackers with their offline tests in the
 ``trackers`` extra, and the Accelerator's tracking methods) and
@@ -13,40 +14,45 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Optional, TypeVar
 
+from .logging import get_logger
 from .state import PartialState
 from .utils import imports
 from .utils.dataclasses import LoggerType
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+#: The logger of every tracker (``accelerate_ref.tracking``, as 🤗 Accelerate's trackers log under its tracking module).
+logger = get_logger(f"{__package__}.tracking")
 
-#: The package each `LoggerType` needs and the check that finds it (``imports.is_<name>_available``).
-_PACKAGES = {
-    LoggerType.AIM: ("aim", "is_aim_available"),
-    LoggerType.TENSORBOARD: ("tensorboard", "is_tensorboard_available"),
-    LoggerType.WANDB: ("wandb", "is_wandb_available"),
-    LoggerType.TRACKIO: ("trackio", "is_trackio_available"),
-    LoggerType.COMETML: ("comet_ml", "is_comet_ml_available"),
-    LoggerType.MLFLOW: ("mlflow", "is_mlflow_available"),
-    LoggerType.CLEARML: ("clearml", "is_clearml_available"),
-    LoggerType.DVCLIVE: ("dvclive", "is_dvclive_available"),
-    LoggerType.SWANLAB: ("swanlab", "is_swanlab_available"),
+#: The availability check (``imports.is_<name>_available``) of each built-in tracker's package, in the order
+#: `get_available_trackers` lists them (🤗 Accelerate's).
+_AVAILABILITY = {
+    LoggerType.TENSORBOARD: "is_tensorboard_available",
+    LoggerType.WANDB: "is_wandb_available",
+    LoggerType.COMETML: "is_comet_ml_available",
+    LoggerType.AIM: "is_aim_available",
+    LoggerType.MLFLOW: "is_mlflow_available",
+    LoggerType.CLEARML: "is_clearml_available",
+    LoggerType.DVCLIVE: "is_dvclive_available",
+    LoggerType.SWANLAB: "is_swanlab_available",
+    LoggerType.TRACKIO: "is_trackio_available",
 }
 
 
-def _package_available(name: str) -> bool:
-    """Whether the package of the built-in tracker ``name`` is installed (checked when asked, not at import)."""
-    return getattr(imports, _PACKAGES[LoggerType(name)][1])()
+def installed_trackers() -> list[LoggerType]:
+    """The built-in trackers whose packages are installed (checked when asked, without importing them)."""
+    return [member for member, check in _AVAILABILITY.items() if getattr(imports, check)()]
 
 
 def on_main_process(function: F) -> F:
-    """Run a tracker method only on the main process when the tracker's ``main_process_only`` is true.
+    """Run a tracker method only on the main process when the tracker's ``main_process_only`` is true
+    (an object without that attribute runs it everywhere); elsewhere the call does nothing and returns None.
 
-    Catalog: tracking.init_log_end.
+    The check happens at each call, so decorating creates no process state. Catalog: tracking.init_log_end.
     """
 
     @functools.wraps(function)
-    def run(self: "GeneralTracker", *args: Any, **kwargs: Any) -> Any:
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
         if getattr(self, "main_process_only", False) and not PartialState().is_main_process:
             return None
         return function(self, *args, **kwargs)
@@ -78,7 +84,8 @@ class GeneralTracker:
         missing += [] if "tracker" in dir(self) else ["tracker"]
         if missing:
             raise NotImplementedError(
-                f"{type(self).__name__} is missing the tracker attributes {', '.join(missing)}; define them in the class"
+                "The implementation for this tracker class is missing the following required attributes. "
+                f"Please define them in the class definition: {', '.join(f'`{name}`' for name in missing)}"
             )
 
     def start(self) -> None:
@@ -94,18 +101,7 @@ class GeneralTracker:
         """End the run."""
 
 
-
-def require_package(tracker_name: str) -> None:
-    """Refuse to create the built-in tracker ``tracker_name`` when its package is not installed.
-
-    Rule: a ModuleNotFoundError naming the package (and the extra that
-    installs it), raised when the tracker is created, not when it starts.
-    The check does not import the package. Catalog: tracking.init_log_end.
-    """
-    if not _package_available(tracker_name):
-        package = _PACKAGES[LoggerType(tracker_name)][0]
-        raise ModuleNotFoundError(
-            f"the {tracker_name} tracker needs the {package} package, which is not installed "
-            f"(pip install {package}, or accelerate-ref[trackers-more])",
-            name=package,
-        )
+def debug_started(kind: str, run_name: Any, where: str = "") -> None:
+    """The two DEBUG lines a tracker logs when it starts (🤗 Accelerate's words)."""
+    logger.debug(f"Initialized {kind} {run_name}{where}")
+    logger.debug("Make sure to log any initial configurations with `self.store_init_configuration` before training!")

@@ -1,10 +1,11 @@
 """The trackers of the ``trackers-more`` extra: Comet, Aim, ClearML, DVCLive, SwanLab, Trackio.
 
 Each is a `GeneralTracker` over its own package, with the name, the
-constructor and the methods of 🤗 Accelerate 1.15's class of the same name
-(reached as ``accelerate_ref.tracking.<Class>``). Each refuses to be
-created when its package is not installed (`require_package`: a
-ModuleNotFoundError naming it), and imports the package only when it starts.
+constructor, the methods, the warnings and DEBUG log lines of 🤗 Accelerate
+1.15's class of the same name (reached as ``accelerate_ref.tracking.<Class>``).
+Each is created without its package and imports it when it starts (a
+ModuleNotFoundError where it is absent); before `start` it has no run, so
+the methods that use one raise AttributeError, as 🤗 Accelerate's do.
 Unless noted, the methods run on the main process only.
 
 Offline use (how the tests read the stores back): Comet with
@@ -20,20 +21,19 @@ Catalog: tracking.init_log_end.
 from __future__ import annotations
 
 import importlib
-
 import os
 from typing import Any, Optional, Union
 
-from .logging import get_logger
-from .tracking_base import GeneralTracker, on_main_process, require_package
+from .tracking_base import GeneralTracker, debug_started, logger, on_main_process
 from .utils.versions import compare_versions
 
-logger = get_logger(__name__)
 
-
-def _drop_non_scalar(tracker: str, key: str, value: Any) -> None:
-    """Warn (once per message) that ``value`` of ``key`` is not a number ``tracker`` records, and is dropped."""
-    logger.warning_once(f"{tracker} records numbers: {key!r} ({type(value).__name__}) was dropped from log()")
+def _drop_non_scalar(verb: str, key: str, value: Any, call: str) -> None:
+    """Warn (once per message) that ``value`` of ``key`` is not a scalar ``call`` records, and is dropped."""
+    logger.warning_once(
+        f'Accelerator {verb} a value of "{value}" of type {type(value)} for key "{key}" as a scalar. '
+        f"This invocation of {call} is incorrect so we dropped this attribute."
+    )
 
 
 class CometMLTracker(GeneralTracker):
@@ -51,14 +51,12 @@ class CometMLTracker(GeneralTracker):
 
     def __init__(self, run_name: str, **kwargs: Any) -> None:
         super().__init__()
-        require_package(self.name)
         self.run_name = run_name
         self.init_kwargs = kwargs
-        self.writer: Any = None
 
     @property
     def tracker(self) -> Any:
-        """The Comet experiment (None before `start`)."""
+        """The Comet experiment (set by `start`)."""
         return self.writer
 
     @on_main_process
@@ -68,11 +66,14 @@ class CometMLTracker(GeneralTracker):
         if compare_versions("comet_ml", ">=", "3.41.0"):
             self.writer = comet_ml.start(project_name=self.run_name, **self.init_kwargs)
         else:
+            logger.info("Update `comet_ml` (>=3.41.0) for experiment reuse and offline support.")
             self.writer = comet_ml.Experiment(project_name=self.run_name, **self.init_kwargs)
+        debug_started("CometML project", self.run_name)
 
     @on_main_process
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         self.writer.log_parameters(values)
+        logger.debug("Stored initial configuration hyperparameters to Comet")
 
     @on_main_process
     def log(self, values: dict[str, Any], step: Optional[int] = None, **kwargs: Any) -> None:
@@ -86,10 +87,12 @@ class CometMLTracker(GeneralTracker):
                 self.writer.log_other(key, value, **kwargs)
             elif isinstance(value, dict):
                 self.writer.log_metrics(value, step=step, **kwargs)
+        logger.debug("Successfully logged to Comet")
 
     @on_main_process
     def finish(self) -> None:
         self.writer.end()
+        logger.debug("Comet run flushed")
 
 
 class AimTracker(GeneralTracker):
@@ -108,23 +111,22 @@ class AimTracker(GeneralTracker):
 
     def __init__(self, run_name: str, logging_dir: Optional[Union[str, os.PathLike]] = ".", **kwargs: Any) -> None:
         super().__init__()
-        require_package(self.name)
         self.run_name = run_name
         self.aim_repo_path = logging_dir
         self.init_kwargs = kwargs
-        self.writer: Any = None
 
     @property
     def tracker(self) -> Any:
-        """The ``aim.Run`` (None before `start`)."""
+        """The ``aim.Run`` (set by `start`)."""
         return self.writer
 
     @on_main_process
     def start(self) -> None:
         from aim import Run
 
-        self.writer = Run(repo=os.fspath(self.aim_repo_path), **self.init_kwargs)
+        self.writer = Run(repo=self.aim_repo_path, **self.init_kwargs)
         self.writer.name = self.run_name
+        debug_started("Aim project", self.run_name)
 
     @on_main_process
     def store_init_configuration(self, values: dict[str, Any]) -> None:
@@ -172,15 +174,13 @@ class ClearMLTracker(GeneralTracker):
 
     def __init__(self, run_name: Optional[str] = None, **kwargs: Any) -> None:
         super().__init__()
-        require_package(self.name)
         self.user_provided_run_name = run_name
         self._initialized_externally = False
         self.init_kwargs = kwargs
-        self.task: Any = None
 
     @property
     def tracker(self) -> Any:
-        """The ClearML ``Task`` (None before `start`)."""
+        """The ClearML ``Task`` (set by `start`)."""
         return self.task
 
     @on_main_process
@@ -206,7 +206,7 @@ class ClearMLTracker(GeneralTracker):
         clearml_logger = self.task.get_logger()
         for key, value in values.items():
             if not isinstance(value, (int, float)):
-                _drop_non_scalar("ClearML", key, value)
+                _drop_non_scalar("is attempting to log", key, value, "ClearML logger's  report_scalar()")
             elif step is None:
                 clearml_logger.report_single_value(name=key, value=value, **kwargs)
             else:
@@ -274,7 +274,6 @@ class DVCLiveTracker(GeneralTracker):
 
     def __init__(self, run_name: Optional[str] = None, live: Optional[Any] = None, **kwargs: Any) -> None:
         super().__init__()
-        require_package(self.name)
         self.live = live
         self.init_kwargs = kwargs
 
@@ -304,7 +303,7 @@ class DVCLiveTracker(GeneralTracker):
             if Metric.could_log(value):
                 self.live.log_metric(key, value, **kwargs)
             else:
-                _drop_non_scalar("DVCLive", key, value)
+                _drop_non_scalar("attempted to log", key, value, "DVCLive's Live.log_metric()")
         self.live.next_step()
 
     @on_main_process
@@ -314,7 +313,7 @@ class DVCLiveTracker(GeneralTracker):
 
 class _PackageRunTracker(GeneralTracker):
     """A run that the package ``name`` starts with ``<name>.init(project=run_name, **kwargs)`` and
-    configures through ``<name>.config`` (SwanLab, Trackio).
+    configures through ``<name>.config`` (SwanLab, Trackio); ``label`` names it in the DEBUG log lines.
 
     Rules: `store_init_configuration` updates the package's config; `log` is
     ``run.log(values, step=step, **kwargs)``; `finish` finishes the run. As in
@@ -324,17 +323,16 @@ class _PackageRunTracker(GeneralTracker):
 
     requires_logging_directory = False
     main_process_only = False
+    label = ""
 
     def __init__(self, run_name: str, **kwargs: Any) -> None:
         super().__init__()
-        require_package(self.name)
         self.run_name = run_name
         self.init_kwargs = kwargs
-        self.run: Any = None
 
     @property
     def tracker(self) -> Any:
-        """The run (None before `start`)."""
+        """The run (set by `start`)."""
         return self.run
 
     def _package(self) -> Any:
@@ -342,37 +340,44 @@ class _PackageRunTracker(GeneralTracker):
 
     @on_main_process
     def start(self) -> None:
+        self._start()
+        debug_started(f"{self.label} project", self.run_name)
+
+    def _start(self) -> None:
         self.run = self._package().init(project=self.run_name, **self.init_kwargs)
 
     @on_main_process
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         self._package().config.update(values, allow_val_change=True)
+        logger.debug(f"Stored initial configuration hyperparameters to {self.label}")
 
     @on_main_process
     def log(self, values: dict[str, Any], step: Optional[int] = None, **kwargs: Any) -> None:
         """``run.log(values, step=step, **kwargs)``."""
         self.run.log(values, step=step, **kwargs)
+        logger.debug(f"Successfully logged to {self.label}")
 
     @on_main_process
     def finish(self) -> None:
         self.run.finish()
+        logger.debug(f"{self.label} run closed")
 
 
 class SwanLabTracker(_PackageRunTracker):
     """SwanLab, through the ``swanlab`` package: ``swanlab.init(project=run_name, **kwargs)``.
 
     Rules: those of the package-run trackers; `start` also records
-    ``FRAMEWORK`` in the run's config (as 🤗 Accelerate does, with its own
-    name); `log_images` logs each list of images as ``swanlab.Image``s.
+    ``FRAMEWORK`` in the run's config (🤗 Accelerate's logo);
+    `log_images` logs each list of images as ``swanlab.Image``s.
     Catalog: tracking.init_log_end.
     """
 
     name = "swanlab"
+    label = "SwanLab"
 
-    @on_main_process
-    def start(self) -> None:
-        super().start()
-        self._package().config["FRAMEWORK"] = "accelerate_ref"
+    def _start(self) -> None:
+        super()._start()
+        self._package().config["FRAMEWORK"] = "🤗Accelerate"
 
     @on_main_process
     def log_images(self, values: dict[str, Any], step: Optional[int] = None, **kwargs: Any) -> None:
@@ -380,6 +385,7 @@ class SwanLabTracker(_PackageRunTracker):
         image = self._package().Image
         for key, images in values.items():
             self.log({key: [image(each) for each in images]}, step=step, **kwargs)
+        logger.debug("Successfully logged images to SwanLab")
 
 
 class TrackioTracker(_PackageRunTracker):
@@ -387,3 +393,4 @@ class TrackioTracker(_PackageRunTracker):
     rules of the package-run trackers. Catalog: tracking.init_log_end."""
 
     name = "trackio"
+    label = "trackio"
