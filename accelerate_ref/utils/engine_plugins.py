@@ -34,7 +34,8 @@ class BnbQuantizationConfig:
     unquantized) defaults to float16 for 8-bit and to the compute dtype for
     4-bit; ``target_dtype`` (how quantized weights are sized) is ``torch.int8``
     or ``CustomDtype.INT4``; module lists are lists; ``llm_int8_threshold``
-    with 4-bit is warned about. Catalog: quantization.load_and_quantize.
+    with 4-bit is warned about. The checks run in HF's order, with HF's
+    messages. Catalog: quantization.load_and_quantize.
     """
 
     load_in_8bit: bool = False
@@ -52,29 +53,35 @@ class BnbQuantizationConfig:
 
         from .low_precision import CustomDtype
 
-        for name in ("load_in_8bit", "load_in_4bit", "bnb_4bit_use_double_quant"):
-            _check(isinstance(getattr(self, name), bool), f"{name} must be a boolean")
-        _check(not (self.load_in_8bit and self.load_in_4bit), "load_in_4bit and load_in_8bit can't be both True")
-        _check(self.load_in_8bit or self.load_in_4bit, "load_in_4bit and load_in_8bit can't be both False")
+        _check(isinstance(self.load_in_8bit, bool), "load_in_8bit must be a boolean")
+        _check(isinstance(self.load_in_4bit, bool), "load_in_4bit must be a boolean")
+        _check(not (self.load_in_4bit and self.load_in_8bit), "load_in_4bit and load_in_8bit can't be both True")
+        _check(self.load_in_4bit or self.load_in_8bit, "load_in_4bit and load_in_8bit can't be both False")
         _check(isinstance(self.llm_int8_threshold, (int, float)), "llm_int8_threshold must be a float or an int")
-        _check(self.bnb_4bit_quant_type in ("fp4", "nf4"), f"bnb_4bit_quant_type must be in ['fp4','nf4'] but found {self.bnb_4bit_quant_type!r}")
-        self.bnb_4bit_compute_dtype = _dtype(self.bnb_4bit_compute_dtype, "bnb_4bit_compute_dtype")
-        for name in ("skip_modules", "keep_in_fp32_modules"):
-            value = getattr(self, name)
-            _check(value is None or isinstance(value, list), f"{name} must be a list of module names, got {value!r}")
+        _check(isinstance(self.bnb_4bit_quant_type, str), "bnb_4bit_quant_type must be a string")
+        _check(self.bnb_4bit_quant_type in ("fp4", "nf4"),
+               f"bnb_4bit_quant_type must be in ['fp4','nf4'] but found {self.bnb_4bit_quant_type}")
+        _check(isinstance(self.bnb_4bit_use_double_quant, bool), "bnb_4bit_use_double_quant must be a boolean")
+        if isinstance(self.bnb_4bit_compute_dtype, str):
+            self.bnb_4bit_compute_dtype = _dtype_by_name(self.bnb_4bit_compute_dtype, "bnb_4bit_compute_dtype")
+        _check(isinstance(self.bnb_4bit_compute_dtype, torch.dtype), "bnb_4bit_compute_dtype must be a string or a torch.dtype")
+        _check(self.skip_modules is None or isinstance(self.skip_modules, list), "skip_modules must be a list of strings")
+        _check(self.keep_in_fp32_modules is None or isinstance(self.keep_in_fp32_modules, list),
+               "keep_in_fp_32_modules must be a list of strings")
         self.target_dtype = CustomDtype.INT4 if self.load_in_4bit else torch.int8
         if self.load_in_4bit and self.llm_int8_threshold != 6.0:
             warnings.warn("llm_int8_threshold can only be used for model loaded in 8bit")
+        if isinstance(self.torch_dtype, str):
+            self.torch_dtype = _dtype_by_name(self.torch_dtype, "torch_dtype")
         if self.torch_dtype is None:
             self.torch_dtype = torch.float16 if self.load_in_8bit else self.bnb_4bit_compute_dtype
-        self.torch_dtype = _dtype(self.torch_dtype, "torch_dtype")
+        _check(isinstance(self.torch_dtype, torch.dtype), "torch_dtype must be a torch.dtype")
 
 
-def _dtype(value: Any, field_name: str) -> Any:
+def _dtype_by_name(name: str, field_name: str) -> Any:
+    """"fp32", "fp16" or "bf16" as torch's dtype; another name is a ValueError naming ``field_name`` (HF's text)."""
     import torch
 
     names = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-    if isinstance(value, torch.dtype):
-        return value
-    _check(value in names, f"{field_name} must be in ['fp32','fp16','bf16'] or a torch.dtype, got {value!r}")
-    return names[value]
+    _check(name in names, f"{field_name} must be in ['fp32','fp16','bf16'] but found {name}")
+    return names[name]

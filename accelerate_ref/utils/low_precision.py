@@ -80,8 +80,9 @@ def _env_int(name: str, default: int) -> int:
     return int(os.environ.get(ENV_PREFIX + name, default))
 
 
-def _one_of(value: str, choices: Any, field_name: str) -> str:
-    _check(value in get_args(choices), f"`{field_name}` must be one of {' or '.join(get_args(choices))}, got {value!r}")
+def _one_of(value: str, choices: Any, field_name: str, end: str = "") -> str:
+    """``value`` when it is one of the ``Literal`` ``choices``, else HF's ValueError (``end``: its final stop, or none)."""
+    _check(value in get_args(choices), f"`{field_name}` must be one of {' or '.join(get_args(choices))}{end}")
     return value
 
 
@@ -145,7 +146,7 @@ class TERecipeKwargs(KwargsHandler):
             self.interval = _env_int("INTERVAL", 1)
         if self.fp8_format is None:
             self.fp8_format = os.environ.get(ENV_PREFIX + "FORMAT", "HYBRID")
-        self.fp8_format = _one_of(self.fp8_format.upper(), FP8Format, "fp8_format")
+        self.fp8_format = _one_of(self.fp8_format.upper(), FP8Format, "fp8_format", end=".")
         if self.amax_compute_algo is None:
             self.amax_compute_algo = os.environ.get(ENV_PREFIX + "AMAX_COMPUTE_ALGO", "most_recent")
         self.amax_compute_algo = _one_of(self.amax_compute_algo.lower(), AmaxComputeAlgorithm, "amax_compute_algo")
@@ -195,7 +196,7 @@ class FP8RecipeKwargs(TERecipeKwargs, MSAMPRecipeKwargs):
         self.backend = self.backend.upper()
         _check(
             self.backend in get_args(Backend),
-            f"`backend` must be 'MSAMP' or 'TE' (TransformerEngine) to use `FP8RecipeKwargs`, got {self.backend!r}.",
+            "`backend` must be 'MSAMP' or 'TE' (TransformerEngine) to use `FP8RecipeKwargs`.",
         )
         self._fill_transformer_engine_fields()
 
