@@ -635,10 +635,13 @@ _ENGINE_PLUGINS = (
 )
 # Low-precision types and FP8 recipes, likewise in their own module.
 _LOW_PRECISION = ("AORecipeKwargs", "CustomDtype", "FP8BackendType", "FP8RecipeKwargs", "MSAMPRecipeKwargs", "TERecipeKwargs")
+# Megatron-LM's plugin and model-config parsers, likewise.
+_MEGATRON = ("MegatronLMPlugin", "MODEL_CONFIGS_TO_MEGATRON_PARSERS", "add_model_config_to_megatron_parser",
+             "parse_bert_config", "parse_glm4_moe_config", "parse_gpt2_config", "parse_llama_config", "parse_t5_config")
 __getattr__, __dir__ = lazy_exports(
     __name__,
     globals(),
     {name: (".engine_plugins", name) for name in _ENGINE_PLUGINS}
     | {name: (".low_precision", name) for name in _LOW_PRECISION}
-    | {"MegatronLMPlugin": (".megatron_plugin", "MegatronLMPlugin")},
+    | {name: (".megatron_plugin", name) for name in _MEGATRON},
 )
