@@ -53,7 +53,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
       (catalog ``accumulate.doc_example``, ``accumulate.plugin``).
     * With a ``scaler`` (fp16), ``step()`` goes through ``scaler.step`` and
       ``scaler.update``; a step the scaler skips because gradients overflowed
-      sets `step_was_skipped` (catalog ``autocast.fp16_scaler``).
+      sets `step_was_skipped` (HF's ``_is_overflow``, which a script may set
+      itself; catalog ``autocast.fp16_scaler``).
     * With ``device_placement``, the optimizer's state is moved to the
       state's device.
 
@@ -72,7 +73,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.device_placement = device_placement
         self.accelerator_state = AcceleratorState()
         self.gradient_state = GradientState()
-        self._step_was_skipped = False
+        self._is_overflow = False
         if device_placement:
             self.optimizer.load_state_dict(move_to_device(self.optimizer.state_dict(), self.accelerator_state.device))
 
@@ -145,18 +146,27 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         """Update the weights, but only on a step where gradients are synchronised.
 
         Under fp16 the scaler unscales, skips the update if any gradient is
-        inf/NaN, and adjusts its scale; a skip shows as a scale that went
-        down, recorded in `step_was_skipped`.
+        inf/NaN, and adjusts its scale; whether it called the optimizer's
+        ``step`` (`patch_optimizer_step`, as HF detects it) is recorded in
+        `step_was_skipped`.
         Catalog: accumulate.doc_example, autocast.fp16_scaler.
         """
         if not self.gradient_state.sync_gradients:
             return None
         if self.scaler is None:
             return self.optimizer.step(closure)
-        scale_before = self.scaler.get_scale()
-        result = self.scaler.step(self.optimizer, closure)  # positional: GradScaler refuses closure=...
-        self.scaler.update()
-        self._step_was_skipped = self.scaler.get_scale() < scale_before
+        self._accelerate_step_called = False
+        own_step = self.optimizer.__dict__.get("step")
+        self.optimizer.step = patch_optimizer_step(self, self.optimizer.step)
+        try:
+            result = self.scaler.step(self.optimizer, closure)  # positional: GradScaler refuses closure=...
+            self.scaler.update()
+        finally:
+            if own_step is None:
+                del self.optimizer.step
+            else:
+                self.optimizer.step = own_step
+        self._is_overflow = not self._accelerate_step_called
         return result
 
     @property
@@ -165,7 +175,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
         Catalog: autocast.fp16_scaler.
         """
-        return self._step_was_skipped
+        return self._is_overflow
 
     # torch's Optimizer pickles only defaults, state and param_groups, which here are the wrapped
     # optimizer's: pickle the wrapper's own attributes instead (the wrapped optimizer among them).

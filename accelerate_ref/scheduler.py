@@ -16,21 +16,25 @@ from .state import AcceleratorState, GradientState
 class AcceleratedScheduler:
     """Wraps the user's scheduler; `Accelerator.prepare` returns it in its place.
 
-    Rules of ``step()`` (catalog ``accumulate.scheduler``):
+    Rules of ``step()`` (HF 1.15's, measured side by side in
+    tests/test_switching_behaviour.py; catalog ``accumulate.scheduler``):
 
     * ``step_with_optimizer=False`` (``Accelerator(step_scheduler_with_optimizer=False)``):
-      every call steps the scheduler; the script decides when.
-    * Otherwise the scheduler follows the optimizer's real updates: on a
-      micro-batch that only accumulates gradients it does not step (unless
-      the `GradientAccumulationPlugin` says ``adjust_scheduler=False``: then
-      the scheduler was not to be adjusted for accumulation and steps on
-      every call), and it does not step when fp16 overflow made an optimizer
-      skip its update.
-    * On a real update it steps once per process unless ``split_batches``:
-      each process consumed a batch of the script's size, so one update saw
-      ``num_processes`` of the script's batches, and a scheduler written for
-      one process stays on schedule. A scheduler with ``total_steps``
-      (OneCycleLR) never steps past it.
+      every call steps the scheduler once; the script decides when.
+    * Otherwise the scheduler follows the optimizer's real updates. On a
+      micro-batch that only accumulates gradients it does not step; with
+      the `GradientAccumulationPlugin`'s ``adjust_scheduler`` (the default)
+      only its ``_step_count`` goes up by one (what OneCycleLR's limit
+      below counts), its learning rate is left alone. When an optimizer
+      skipped its update (fp16 overflow: `AcceleratedOptimizer.step_was_skipped`)
+      it does not step.
+    * On a real update it steps once with ``split_batches``, else once per
+      process: each process consumed a batch of the script's size, so one
+      update saw ``num_processes`` of the script's batches, and a scheduler
+      written for one process stays on schedule. In those per-process
+      steps a scheduler with ``total_steps`` (OneCycleLR) is not stepped
+      once its ``_step_count`` is past ``total_steps``; it is not guarded
+      otherwise (a single step past the total is torch's ValueError).
     """
 
     def __init__(
@@ -48,21 +52,25 @@ class AcceleratedScheduler:
 
     def step(self, *args: Any, **kwargs: Any) -> None:
         """Step the wrapped scheduler as the class rules say. Catalog: accumulate.scheduler."""
-        for _ in range(self._steps_now()):
-            total = getattr(self.scheduler, "total_steps", None)
-            if total is not None and self.scheduler._step_count > total:
-                return
-            self.scheduler.step(*args, **kwargs)
-
-    def _steps_now(self) -> int:
-        """How many times the wrapped scheduler steps for this call."""
         if not self.step_with_optimizer:
-            return 1
+            self.scheduler.step(*args, **kwargs)
+            return
         if not self.gradient_state.sync_gradients:
-            return 0 if self.gradient_state.adjust_scheduler else 1
+            if self.gradient_state.adjust_scheduler:
+                self.scheduler._step_count += 1
+            return
         if any(optimizer.step_was_skipped for optimizer in self.optimizers):
-            return 0
-        return 1 if self.split_batches else AcceleratorState().num_processes
+            return
+        if self.split_batches:
+            self.scheduler.step(*args, **kwargs)
+            return
+        for _ in range(AcceleratorState().num_processes):
+            if not self._past_total_steps():
+                self.scheduler.step(*args, **kwargs)
+
+    def _past_total_steps(self) -> bool:
+        """Whether a scheduler with ``total_steps`` (OneCycleLR) has counted past it."""
+        return hasattr(self.scheduler, "total_steps") and self.scheduler._step_count > self.scheduler.total_steps
 
     # -- the wrapped scheduler's methods ------------------------------------
 

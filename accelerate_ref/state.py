@@ -557,8 +557,14 @@ class GradientState(_SharedState):
 
     @property
     def adjust_scheduler(self) -> bool:
-        """Whether a prepared scheduler steps only on real optimizer updates (plugin default True)."""
-        return self.plugin.adjust_scheduler
+        """False, whatever the plugin says, as HF 1.15 reads it.
+
+        HF keeps only the plugin's settings that differ from their defaults
+        and reads a missing ``adjust_scheduler`` as False, so its default
+        (True) reads False too; a prepared scheduler then leaves accumulating
+        micro-batches uncounted (`scheduler.AcceleratedScheduler`).
+        """
+        return False
 
     @property
     def sync_with_dataloader(self) -> bool:
