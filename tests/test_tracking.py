@@ -49,7 +49,14 @@ class Recorder(GeneralTracker):
         self.calls.append("finish")
 
 
-def test_jsonl_tracker_writes_config_and_one_line_per_log(tmp_path):
+@pytest.fixture
+def jsonl_registered(monkeypatch):
+    """JSONLinesTracker registered as "jsonl" (it is not by default, as 🤗 Accelerate has no such tracker)."""
+    monkeypatch.setattr(tracking, "LOGGER_TYPE_TO_CLASS", dict(tracking.LOGGER_TYPE_TO_CLASS))
+    tracking.register_tracker_class(JSONLinesTracker)
+
+
+def test_jsonl_tracker_writes_config_and_one_line_per_log(tmp_path, jsonl_registered):
     acc = fresh(log_with="jsonl", project_config=ProjectConfiguration(project_dir=str(tmp_path)))
     assert acc.log_with == ["jsonl"]
     acc.init_trackers("run", config={"lr": 0.1, "device": torch.device("cpu")})
@@ -67,12 +74,13 @@ def test_jsonl_tracker_writes_config_and_one_line_per_log(tmp_path):
 
 def test_custom_tracker_lifecycle_and_kwargs():
     recorder = Recorder()
-    acc = fresh(log_with=[recorder, recorder])
-    assert acc.log_with == [recorder], "repeats are dropped"
+    assert filter_trackers([recorder, recorder]) == [recorder, recorder], "an instance is kept each time, as in HF"
+    acc = fresh(log_with=recorder)
+    assert acc.log_with == [recorder]
     acc.init_trackers("run", config={"a": 1})
     acc.log({"x": 1.0}, step=3, log_kwargs={"recorder": {"commit": False}, "other": {"ignored": True}})
     assert acc.get_tracker("recorder") is recorder and acc.get_tracker("recorder", unwrap=True) is recorder.calls
-    with pytest.raises(ValueError, match="no started tracker is called 'missing'"):
+    with pytest.raises(ValueError, match="missing is not an available tracker stored inside the `Accelerator`."):
         acc.get_tracker("missing")
     acc.end_training()
     assert recorder.calls == ["start", ("config", {"a": 1}), ("log", {"x": 1.0}, 3, {"commit": False}), "finish"]
@@ -86,17 +94,18 @@ def test_without_trackers_get_tracker_is_a_blank_tracker():
     acc.log({"x": 1})
 
 
-def test_log_with_is_checked_when_the_accelerator_is_created(tmp_path):
+def test_log_with_is_checked_when_the_accelerator_is_created(tmp_path, jsonl_registered):
     with pytest.raises(ValueError, match="Unsupported logging capability: nonsense"):
         fresh(log_with="nonsense")
-    with pytest.raises(ValueError, match="logging_dir"):
+    with pytest.raises(ValueError, match="Logging with `jsonl` requires a `logging_dir` to be passed in."):
         fresh(log_with="jsonl")
-    assert filter_trackers(LoggerType.ALL, tmp_path) == get_available_trackers()
-    installed = [name for name in tracking.LOGGER_TYPE_TO_CLASS if name != "jsonl" and tracking_base._package_available(name)]
-    assert get_available_trackers() == ["jsonl"] + installed
-    assert {"tensorboard", "mlflow", "wandb"} & set(installed) == {
-        name for name, present in [("tensorboard", is_tensorboard_available()), ("mlflow", is_mlflow_available()),
-                                   ("wandb", is_wandb_available())] if present
+    assert filter_trackers(LoggerType.ALL) == get_available_trackers(), "all: no logging_dir check"
+    installed = get_available_trackers()
+    assert all(isinstance(member, LoggerType) for member in installed) and "jsonl" not in installed
+    assert {LoggerType.TENSORBOARD, LoggerType.MLFLOW, LoggerType.WANDB} & set(installed) == {
+        member for member, present in [(LoggerType.TENSORBOARD, is_tensorboard_available()),
+                                       (LoggerType.MLFLOW, is_mlflow_available()),
+                                       (LoggerType.WANDB, is_wandb_available())] if present
     }
     assert filter_trackers(None) == []
 
@@ -104,18 +113,23 @@ def test_log_with_is_checked_when_the_accelerator_is_created(tmp_path):
 def test_log_with_takes_names_and_logger_types(monkeypatch, tmp_path):
     for check in ("is_mlflow_available", "is_wandb_available"):
         monkeypatch.setattr(imports, check, lambda: True)
-    assert filter_trackers([LoggerType.MLFLOW, "wandb", "mlflow", LoggerType.WANDB], tmp_path) == ["mlflow", "wandb"]
+    assert filter_trackers([LoggerType.MLFLOW, "wandb", "mlflow", LoggerType.WANDB], tmp_path) == [
+        LoggerType.MLFLOW, LoggerType.WANDB]
     assert tracking.LOGGER_TYPE_TO_CLASS["mlflow"] is tracking.MLflowTracker
     from accelerate_ref import accelerator
 
     assert accelerator.LOGGER_TYPE_TO_CLASS is tracking.LOGGER_TYPE_TO_CLASS
 
 
-def test_a_tracker_whose_package_is_missing_is_dropped_with_a_warning(monkeypatch, tmp_path):
+def test_a_tracker_whose_package_is_missing_is_dropped(monkeypatch, caplog):
     monkeypatch.setattr(imports, "is_wandb_available", lambda: False)
-    assert "wandb" not in get_available_trackers()
-    with pytest.warns(UserWarning, match="wandb is not installed"):
-        assert filter_trackers(["wandb", "jsonl"], tmp_path) == ["jsonl"]
+    assert LoggerType.WANDB not in get_available_trackers()
+    recorder = Recorder()
+    with caplog.at_level("DEBUG", logger="accelerate_ref.tracking"):
+        assert filter_trackers(["wandb", recorder]) == [recorder]
+    assert "[RANK 0] Tried adding logger wandb, but package is unavailable in the system." in caplog.messages
+    with pytest.warns(UserWarning, match=r"`log_with=wandb` was passed but no supported trackers are currently installed."):
+        assert fresh(log_with="wandb").log_with == []
 
 
 #: The trackers of accelerate_ref.tracking_more, by name, with the availability check of their package.
@@ -138,19 +152,25 @@ def test_every_logger_type_has_its_tracker_class():
 
 
 @pytest.mark.parametrize("name", sorted(MORE_TRACKERS))
-def test_a_tracker_whose_package_is_absent_refuses_to_be_created(monkeypatch, tmp_path, name):
+def test_a_tracker_whose_package_is_absent_refuses_to_start(monkeypatch, name):
     class_name, check, package = MORE_TRACKERS[name]
     monkeypatch.setattr(imports, check, lambda: False)
-    with pytest.raises(ModuleNotFoundError, match=f"needs the {package} package, which is not installed"):
-        getattr(tracking, class_name)("run")
-    with pytest.warns(UserWarning, match=f"{package} is not installed"):
-        assert filter_trackers([name, "jsonl"], tmp_path) == ["jsonl"], "log_with drops it, as for the other trackers"
+    monkeypatch.setitem(__import__("sys").modules, package, None)  # an import of it fails
+    tracker = getattr(tracking, class_name)("run")
+    with pytest.raises(ModuleNotFoundError):
+        tracker.start()
+    if name == "dvclive":
+        assert tracker.tracker is None, "the Live given (none), as in HF"
+    else:
+        with pytest.raises(AttributeError):
+            tracker.tracker  # no run before start, as in HF  # noqa: B018
+    assert filter_trackers([name, Recorder()])[0].name == "recorder", "log_with drops it, as the other trackers"
 
 
 @pytest.mark.parametrize("name", sorted(MORE_TRACKERS))
 def test_an_installed_tracker_is_accepted_by_log_with(monkeypatch, tmp_path, name):
     monkeypatch.setattr(imports, MORE_TRACKERS[name][1], lambda: True)
-    assert filter_trackers(name, tmp_path) == [name]
+    assert filter_trackers(name, tmp_path) == [LoggerType(name)]
 
 
 def test_availability_checks_do_not_import_the_packages(monkeypatch):
@@ -195,7 +215,7 @@ def test_incomplete_custom_tracker_is_named():
     class Nameless(GeneralTracker):
         pass
 
-    with pytest.raises(NotImplementedError, match="name, requires_logging_directory, tracker"):
+    with pytest.raises(NotImplementedError, match="define them in the class definition: `name`, `requires_logging_directory`, `tracker`"):
         Nameless()
 
 
@@ -351,7 +371,7 @@ def test_a_file_that_is_not_a_wandb_run_is_refused(tmp_path):
 
 
 def tracking_on_every_rank(folder: str) -> dict:
-    acc = Accelerator(log_with=["jsonl", Recorder()], project_config=ProjectConfiguration(logging_dir=folder))
+    acc = Accelerator(log_with=[JSONLinesTracker("run", folder), Recorder()])
     acc.init_trackers("run", config={"world": acc.num_processes})
     acc.log({"rank": acc.process_index}, step=0)
     found = acc.get_tracker("recorder")
@@ -422,7 +442,7 @@ def comet_and_clearml_extras(folder: str) -> dict:
 
 @pytest.mark.slow
 def test_comet_and_clearml_log_read_back_offline(tmp_path):
-    if not (tracking_base._package_available("comet_ml") or tracking_base._package_available("clearml")):
+    if not (imports.is_comet_ml_available() or imports.is_clearml_available()):
         pytest.skip("neither comet_ml nor clearml is installed (pip install .[trackers-more])")
     (found,) = simulators.run(comet_and_clearml_extras, world=1, args=(str(tmp_path),), timeout=240)
     if "comet" in found:
