@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import logging
 import os
 import signal
 import subprocess
@@ -29,8 +30,20 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from ..utils.environment import convert_dict_to_env_variables, patch_environment
-from ..utils.imports import is_deepspeed_available
+from ..utils.dataclasses import ComputeEnvironment, DistributedType
+from ..utils.environment import convert_dict_to_env_variables, get_int_from_env, patch_environment
+from ..utils.imports import (
+    is_bf16_available,
+    is_deepspeed_available,
+    is_hpu_available,
+    is_mlu_available,
+    is_musa_available,
+    is_neuron_available,
+    is_npu_available,
+    is_sdaa_available,
+    is_torch_xla_available,
+    is_xpu_available,
+)
 from ..utils.launch import (
     PrepareForLaunch,
     is_port_in_use,
@@ -42,6 +55,9 @@ from ..utils.launch import (
 from ..utils.constants import DEEPSPEED_MULTINODE_LAUNCHERS, TORCH_DYNAMO_MODES  # noqa: F401
 from .config.config_args import ConfigError, SageMakerConfig, current_default_config_file, default_config_file, load_config_from_file  # noqa: F401
 from .config.config_utils import DYNAMO_BACKENDS  # noqa: F401
+
+
+logger = logging.getLogger(__name__)
 
 
 class LaunchError(Exception):
@@ -194,10 +210,201 @@ def _apply_config(args: argparse.Namespace) -> None:
             setattr(args, name, from_config if from_config is not None else default)
 
 
+#: Flags of 🤗 Accelerate's launch parser that its validation reads and this parser lacks, with their defaults there.
+HF_ONLY_FLAG_DEFAULTS = {
+    "use_deepspeed": False,
+    "use_fsdp": False,
+    "use_megatron_lm": False,
+    "fsdp_version": "1",
+    "use_parallelism_config": False,
+    "tpu_use_cluster": False,
+    "num_cpu_threads_per_process": None,
+}
+
+#: Config ``distributed_type``s that mean one process per accelerator (``--multi_gpu``).
+MULTI_DEVICE_TYPES = (
+    DistributedType.MULTI_GPU, DistributedType.MULTI_NPU, DistributedType.MULTI_MLU, DistributedType.MULTI_SDAA,
+    DistributedType.MULTI_MUSA, DistributedType.MULTI_XPU, DistributedType.MULTI_HPU, DistributedType.MULTI_NEURON,
+)
+
+#: Accelerator families other than CUDA, as ``(torch attribute, availability check)``, in the order HF asks them.
+DEVICE_FAMILIES = (
+    ("xpu", is_xpu_available), ("mlu", is_mlu_available), ("sdaa", is_sdaa_available), ("musa", is_musa_available),
+    ("npu", is_npu_available), ("hpu", is_hpu_available), ("neuron", is_neuron_available),
+)
+
+#: A config section -> (the key prefix its keys already have, the prefix they get as launch flags).
+SECTION_FLAG_PREFIXES = {"fsdp_config": ("fsdp", "fsdp_"), "fp8_config": ("fp8", "fp8_"), "dynamo_config": ("dynamo_", "dynamo_")}
+
+
+def _check_launch_flags(args: argparse.Namespace) -> None:
+    """The flag combinations 🤗 Accelerate's launch refuses, as its ValueErrors (one paradigm at a time, ``--multi_gpu``
+    with fewer than 2 processes, ``--use_parallelism_config`` without FSDP 2). Flags the namespace lacks are set to
+    their defaults in HF's parser (``HF_ONLY_FLAG_DEFAULTS``)."""
+    for name, default in HF_ONLY_FLAG_DEFAULTS.items():
+        if not hasattr(args, name):
+            setattr(args, name, default)
+    if sum([args.multi_gpu, args.cpu, args.tpu, args.use_deepspeed, args.use_fsdp]) > 1:
+        raise ValueError(
+            "You can only use one of `--cpu`, `--multi_gpu`, `--tpu`, `--use_deepspeed`, `--use_fsdp` at a time."
+        )
+    if args.multi_gpu and args.num_processes is not None and args.num_processes < 2:
+        raise ValueError("You need to use at least 2 processes to use `--multi_gpu`.")
+    # HF compares the parser's string "1" with the number 1, so only a missing --use_fsdp refuses here
+    if (not args.use_fsdp or args.fsdp_version == 1) and args.use_parallelism_config:
+        raise ValueError("You cannot use `--use_parallelism_config` without `--use_fsdp` and `--fsdp_version=2`. ")
+
+
+def _accelerator_count() -> int:
+    """The devices of the first accelerator family found (CUDA last; 0 on a CPU-only machine)."""
+    import torch
+
+    for family, available in DEVICE_FAMILIES:
+        if available():
+            return getattr(torch, family).device_count()
+    return torch.cuda.device_count()
+
+
+def _several_accelerators() -> bool:
+    import torch
+
+    return any(available() and getattr(torch, family).device_count() > 1 for family, available in DEVICE_FAMILIES) or (
+        torch.cuda.is_available() and torch.cuda.device_count() > 1
+    )
+
+
+def _fill_from_config(args: argparse.Namespace, defaults) -> bool:
+    """Fill ``args`` from the config ``defaults`` as HF's launch does; True when the precision came from the config.
+
+    No paradigm flag: the config's ``distributed_type`` picks one. A local machine's config fills every setting no
+    flag gave (a section's keys, prefixed as flags, where the namespace records which flags were given).
+    """
+    if not (args.multi_gpu or args.tpu or args.tpu_use_cluster or args.use_deepspeed or args.use_fsdp or args.use_megatron_lm):
+        kind = defaults.distributed_type
+        args.use_deepspeed = kind == DistributedType.DEEPSPEED
+        args.multi_gpu = kind in MULTI_DEVICE_TYPES
+        args.tpu = kind == DistributedType.XLA
+        args.use_fsdp = kind == DistributedType.FSDP
+        args.use_megatron_lm = kind == DistributedType.MEGATRON_LM
+        args.tpu_use_cluster = defaults.tpu_use_cluster if args.tpu else False
+        args.use_parallelism_config = defaults.parallelism_config != {}
+    if args.gpu_ids is None:
+        args.gpu_ids = defaults.gpu_ids if defaults.gpu_ids is not None else "all"
+    if args.multi_gpu and args.num_machines is None:
+        args.num_machines = defaults.num_machines
+    if len(args.gpu_ids.split(",")) < 2 and args.gpu_ids != "all" and args.multi_gpu and args.num_machines <= 1:
+        raise ValueError(
+            "Less than two GPU ids were configured and tried to run on multiple GPUs. "
+            "Please ensure at least two are specified for `--gpu_ids`, or use `--gpu_ids='all'`."
+        )
+    if defaults.compute_environment == ComputeEnvironment.LOCAL_MACHINE:
+        for name, value in defaults.__dict__.items():
+            if isinstance(value, dict):
+                have, prefix = SECTION_FLAG_PREFIXES.get(name, (None, None))
+                for key, item in value.items():
+                    flag = prefix + key if have and not key.startswith(have) else key
+                    if hasattr(args, "nondefault") and flag not in args.nondefault:
+                        setattr(args, flag, item)
+            elif name not in ("compute_environment", "mixed_precision", "distributed_type") and getattr(args, name, None) is None:
+                setattr(args, name, value)
+    if not args.debug:
+        args.debug = defaults.debug
+    from_config = False
+    if not args.mixed_precision:
+        args.mixed_precision = "no" if defaults.mixed_precision is None else defaults.mixed_precision
+        from_config = defaults.mixed_precision is not None
+    elif args.mixed_precision == "bf16" and not is_bf16_available(True) and not (args.tpu and is_torch_xla_available(check_is_tpu=True)):
+        raise ValueError("bf16 mixed precision requires PyTorch >= 1.10 and a supported device.")
+    if args.dynamo_backend is None:
+        args.dynamo_backend = "no"
+    if args.num_processes == -1:
+        raise ValueError("You need to manually pass in `--num_processes` using this config yaml.")
+    return from_config
+
+
+def _fill_without_config(args: argparse.Namespace) -> list[str]:
+    """Fill ``args`` with HF's defaults when no config is read (one process per accelerator found); return the
+    warning lines naming each default used."""
+    warned = []
+    if args.num_processes is None:
+        args.num_processes = _accelerator_count()
+        warned.append(f"\t`--num_processes` was set to a value of `{args.num_processes}`")
+    if args.debug is None:
+        args.debug = False
+    if not args.multi_gpu and args.num_processes > 1 and _several_accelerators():
+        warned.append(
+            "\t\tMore than one GPU was found, enabling multi-GPU training.\n"
+            "\t\tIf this was unintended please pass in `--num_processes=1`."
+        )
+        args.multi_gpu = True
+    if args.num_machines is None:
+        warned.append("\t`--num_machines` was set to a value of `1`")
+        args.num_machines = 1
+    if args.mixed_precision is None:
+        warned.append("\t`--mixed_precision` was set to a value of `'no'`")
+        args.mixed_precision = "no"
+    if not hasattr(args, "use_cpu"):
+        args.use_cpu = args.cpu
+    if args.dynamo_backend is None:
+        warned.append("\t`--dynamo_backend` was set to a value of `'no'`")
+        args.dynamo_backend = "no"
+    return warned
+
+
+def _fill_cpu_threads(args: argparse.Namespace, defaults, warned: list[str]) -> None:
+    """``--num_cpu_threads_per_process`` off SageMaker: OMP_NUM_THREADS, else 1; CPU ranks without OMP_NUM_THREADS
+    share the physical cores (a warning line says so when that gives each more than one)."""
+    if defaults is not None and defaults.compute_environment == ComputeEnvironment.AMAZON_SAGEMAKER:
+        return
+    if args.num_cpu_threads_per_process is not None:
+        return
+    args.num_cpu_threads_per_process = get_int_from_env(["OMP_NUM_THREADS"], 1)
+    if args.use_cpu and args.num_processes >= 1 and get_int_from_env(["OMP_NUM_THREADS"], 0) == 0:
+        import psutil
+
+        local_size = get_int_from_env(["MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE"],
+                                      max(int(args.num_processes / args.num_machines), 1))
+        threads_per_process = int(psutil.cpu_count(logical=False) / local_size)
+        if threads_per_process > 1:
+            args.num_cpu_threads_per_process = threads_per_process
+            warned.append(f"\t`--num_cpu_threads_per_process` was set to `{threads_per_process}` to improve "
+                          "out-of-box performance when training on CPUs")
+
+
+def _validate_launch_command(args: argparse.Namespace):
+    """🤗 Accelerate 1.15's launch validation on its launch namespace: ``(args, config or None, precision from config)``.
+
+    Refuses what ``_check_launch_flags`` refuses; then reads the config file (``--config_file``, else the default
+    file unless ``--cpu``) and fills what no flag gave from it (``_fill_from_config``), or, with none, fills HF's
+    defaults (``_fill_without_config``: as many processes as accelerators, 0 on a CPU-only machine); then the CPU
+    thread count. The defaults used without a config are one warning of this module's logger. accelerate-ref's own
+    ``launch`` applies the flag checks alone (``validate``): its config rules and ``--cpu`` ranks are its own
+    (catalog launch.cli, launch.cpu_ranks).
+    """
+    _check_launch_flags(args)
+    defaults, from_config, warned = None, False, []
+    default_file = current_default_config_file()
+    if args.config_file is not None or os.path.isfile(default_file) and not args.cpu:
+        defaults = load_config_from_file(args.config_file if args.config_file is not None else default_file)
+        from_config = _fill_from_config(args, defaults)
+    else:
+        warned = _fill_without_config(args)
+    if args.debug:
+        logger.debug("Running script in debug mode, expect distributed operations to be slightly slower.")
+    _fill_cpu_threads(args, defaults, warned)
+    if warned:
+        logger.warning(
+            "The following values were not passed to `accelerate launch` and had defaults used instead:\n"
+            + "\n".join(warned)
+            + "\nTo avoid this warning pass in values for each of the problematic parameters or run `accelerate config`."
+        )
+    return args, defaults, from_config
+
+
 def validate(args: argparse.Namespace) -> None:
-    """Raise LaunchError for a launch that cannot start (catalog "Launching", bad input)."""
-    if sum([args.cpu, args.multi_gpu, args.tpu]) > 1:
-        raise LaunchError("use only one of --cpu, --multi_gpu, --tpu")
+    """Raise LaunchError for a launch that cannot start (catalog "Launching", bad input); the flag combinations HF
+    refuses are its ValueErrors (``_check_launch_flags``)."""
+    _check_launch_flags(args)
     _apply_config(args)
     if args.num_processes < 1 or args.num_machines < 1:
         raise LaunchError("--num_processes and --num_machines must be at least 1")

@@ -78,11 +78,15 @@ def load_config_from_file(config_file):
     """The config in ``config_file`` (the default file when None): a ``SageMakerConfig`` when its
     ``compute_environment`` is ``AMAZON_SAGEMAKER``, else a ``ClusterConfig``.
 
-    A ``config_file`` that does not exist is a FileNotFoundError, as in 🤗 Accelerate.
+    A ``config_file`` that does not exist is a FileNotFoundError with 🤗 Accelerate's text.
     """
     if config_file is not None:
         if not os.path.isfile(config_file):
-            raise FileNotFoundError(f"config file {config_file!r} does not exist")
+            raise FileNotFoundError(
+                f"The passed configuration file `{config_file}` does not exist. Please pass an existing file to "
+                "`accelerate launch`, or use the default one created through `accelerate config` and run "
+                "`accelerate launch` without the `--config_file` argument."
+            )
     else:
         config_file = default_config_file
     values = _read_mapping(config_file)
