@@ -55,8 +55,9 @@ def has_compiled_regions(module: torch.nn.Module) -> bool:
     compiled in place (``module.compile()``) are not wrappers and do not count.
     Catalog: plugin.dynamo.
     """
+    children = module._modules  # read first: a non-module is an AttributeError, as in HF
     wrapper = _optimized_module_class()
-    return wrapper is not None and bool(module._modules) and any(isinstance(sub, wrapper) for sub in module.modules())
+    return wrapper is not None and bool(children) and any(isinstance(sub, wrapper) for sub in module.modules())
 
 
 def is_repeated_blocks(module: torch.nn.Module) -> bool:
@@ -175,8 +176,9 @@ def extract_model_from_parallel(
     same way, through the original it keeps under ``__dict__["_orig_mod"]``.
     Catalog: prepare.unwrap, unwrap.keep_fp32_wrapper, plugin.dynamo.
     """
-    regional = not is_compiled_module(model) and "_orig_mod" in model.__dict__ and has_compiled_regions(model)
-    compiled = model if is_compiled_module(model) or regional else None
+    whole = is_compiled_module(model)
+    regional = has_compiled_regions(model) and not whole and "_orig_mod" in model.__dict__
+    compiled = model if whole or regional else None
     if compiled is not None:
         model = compiled.__dict__["_orig_mod"] if regional else compiled._orig_mod
     containers = _distributed_containers()
@@ -225,23 +227,27 @@ MIN_LINUX_KERNEL = "5.5.0"
 def check_os_kernel() -> None:
     """Warn on Linux when the kernel is older than ``MIN_LINUX_KERNEL`` (it can make processes hang).
 
-    Catalog: env.checks.
+    Rule (HF 1.15's): the version is the first ``x.y.z`` of the release (a
+    release without one is a ValueError, as HF's unpacking raises); the
+    warning goes through `accelerate_ref.logging.get_logger` on the main
+    process, so it needs an initialised state. Catalog: env.checks.
     """
-    import logging
     import platform
     import re
 
     from packaging.version import Version
 
+    from ..logging import get_logger
+
     info = platform.uname()
     if info.system != "Linux":
         return
-    found = re.search(r"\d+\.\d+\.\d+", info.release)
-    if found and Version(found.group()) < Version(MIN_LINUX_KERNEL):
-        logging.getLogger(__name__).warning(
-            f"Detected kernel version {found.group()}, which is below the recommended minimum of "
-            f"{MIN_LINUX_KERNEL}; this can cause the process to hang. It is recommended to upgrade the kernel "
-            "to the minimum version or higher.")
+    _, version, *_ = re.split(r"(\d+\.\d+\.\d+)", info.release)
+    if Version(version) < Version(MIN_LINUX_KERNEL):
+        get_logger(__name__).warning(
+            f"Detected kernel version {version}, which is below the recommended minimum of {MIN_LINUX_KERNEL}; "
+            "this can cause the process to hang. It is recommended to upgrade the kernel to the minimum version "
+            "or higher.", main_process_only=True)
 
 
 def convert_bytes(size: float) -> str:
@@ -254,10 +260,14 @@ def convert_bytes(size: float) -> str:
 
 
 def get_pretty_name(obj: object) -> str:
-    """``obj``'s qualified name, else its class's, else ``str(obj)``. Catalog: env.checks."""
+    """``obj``'s ``__qualname__``, else its ``__name__``, looked up on its class when ``obj`` has neither; else
+    ``str(obj)``. Catalog: env.checks."""
     if not hasattr(obj, "__qualname__") and not hasattr(obj, "__name__"):
         obj = getattr(obj, "__class__", obj)
-    return getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or str(obj)
+    for attribute in ("__qualname__", "__name__"):
+        if hasattr(obj, attribute):
+            return getattr(obj, attribute)
+    return str(obj)
 
 
 def merge_dicts(source: dict, destination: dict) -> dict:
