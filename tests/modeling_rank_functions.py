@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import os
-
 
 def load_broadcast_from_rank0(path: str, partial_path: str) -> tuple[dict[str, list[float]], str]:
     """Load ``path``, then ``partial_path`` with ``strict=True``, both with ``broadcast_from_rank0=True``.
 
-    Only rank 0 is given the files; each rank starts from different
-    weights (seeded by its rank). Returns what the model holds after the
-    first load and the error the strict load of the partial file raised.
+    Every rank names the files (HF resolves them on each rank) but only
+    rank 0 reads them; each rank starts from different weights (seeded by
+    its rank). Returns what the model holds after the first load and the
+    error the strict load of the partial file raised.
     """
     import torch.distributed as dist
 
@@ -21,12 +20,11 @@ def load_broadcast_from_rank0(path: str, partial_path: str) -> tuple[dict[str, l
     try:
         rank = dist.get_rank()
         model = built(seed=10 + rank, width=4, depth=1)
-        absent = os.path.join(os.devnull, "absent")
-        load_checkpoint_in_model(model, path if rank == 0 else absent, broadcast_from_rank0=True)
+        load_checkpoint_in_model(model, path, broadcast_from_rank0=True)
         loaded = {name: tensor.flatten().tolist() for name, tensor in model.state_dict().items()}
         try:
-            load_checkpoint_in_model(model, partial_path if rank == 0 else absent, strict=True, broadcast_from_rank0=True)
-        except ValueError as error:
+            load_checkpoint_in_model(model, partial_path, strict=True, broadcast_from_rank0=True)
+        except RuntimeError as error:
             return loaded, str(error)
         return loaded, ""
     finally:

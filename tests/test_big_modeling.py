@@ -1,7 +1,7 @@
-"""Unit tests of accelerate_ref's big-model loading: bad input gets a clear error and leaves nothing half-written.
+"""Unit tests of accelerate_ref's big-model loading: bad input gets HF accelerate 1.15's error, warning or log line.
 
-Each error names the key, file or value at fault, and is raised before any
-weight is loaded or any offload file is written.
+Each names the key, file or value at fault; a ``"disk"`` entry without an
+offload folder is refused before anything is loaded or written.
 """
 
 from __future__ import annotations
@@ -30,36 +30,38 @@ def _empty():
         return Net(width=4, depth=1)
 
 
-def test_device_map_naming_a_missing_module_is_refused_with_its_name(tmp_path):
+def test_device_map_naming_a_missing_module_is_warned_about_with_its_name(tmp_path):
     checkpoint = _checkpoint(tmp_path)
-    with pytest.raises(ValueError, match="blocks.7"):
-        load_checkpoint_in_model(_empty(), checkpoint, device_map={"": "cpu", "blocks.7": "cpu"})
-    with pytest.raises(ValueError, match="nothing"):
+    model = _empty()
+    load_checkpoint_in_model(model, checkpoint, device_map={"": "cpu", "blocks.7": "cpu"})  # HF ignores the key
+    assert not model.embed.weight.is_meta
+    with pytest.warns(UserWarning, match=r"do not match any submodules in the model: \['nothing'\]"):
         dispatch_model(built(width=4, depth=1), {"": "cpu", "nothing": "cpu"})
 
 
 def test_budget_string_that_does_not_parse_names_the_value():
     with pytest.raises(ValueError, match="12 parsecs"):
         get_max_memory({0: "12 parsecs"})
-    with pytest.raises(ValueError, match="'gpu'"):
+    with pytest.raises(ValueError, match="Device gpu is not recognized"):
         infer_auto_device_map(built(width=4, depth=1), {"gpu": "1GB"})
 
 
-def test_missing_and_unexpected_weights_are_named(tmp_path):
+def test_unexpected_weights_are_logged_and_missing_ones_left_alone(tmp_path, caplog):
     state = {k: v.contiguous() for k, v in built(width=4, depth=1).state_dict().items()}
     del state["head.weight"]
     state["extra.weight"] = torch.ones(2)
     checkpoint = _checkpoint(tmp_path, state)
-    with pytest.raises(ValueError, match=r"head\.weight.*extra\.weight"):
-        load_checkpoint_in_model(_empty(), checkpoint, device_map={"": "cpu"}, strict=True)
-    with pytest.warns(UserWarning, match="head.weight"):
-        load_checkpoint_in_model(_empty(), checkpoint, device_map={"": "cpu"})
+    model = _empty()
+    with caplog.at_level("WARNING", logger="accelerate_ref.utils.modeling"):
+        load_checkpoint_in_model(model, checkpoint, device_map={"": "cpu"})
+    assert "were not used when initializing Net: {'extra.weight'}" in caplog.text
+    assert model.head.weight.is_meta, "a weight the checkpoint lacks stays as it was"
 
 
 def test_folder_with_two_index_files_is_refused(tmp_path):
     for name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         (tmp_path / name).write_text(json.dumps({"weight_map": {}}))
-    with pytest.raises(ValueError, match="several .index.json"):
+    with pytest.raises(ValueError, match="containing more than one `.index.json` file"):
         load_checkpoint_in_model(_empty(), tmp_path, device_map={"": "cpu"})
 
 
@@ -67,7 +69,7 @@ def test_disk_entries_without_offload_folder_are_refused_before_anything_is_writ
     checkpoint = _checkpoint(tmp_path)
     model = _empty()
     before = sorted(os.listdir(tmp_path))
-    with pytest.raises(ValueError, match=r"\['head'\].*offload_folder"):
+    with pytest.raises(ValueError, match="please pass along an `offload_folder`"):
         load_checkpoint_in_model(model, checkpoint, device_map={"embed": "cpu", "blocks": "cpu", "head": "disk"})
     assert sorted(os.listdir(tmp_path)) == before
     assert model.embed.weight.is_meta, "nothing was loaded"
@@ -75,20 +77,11 @@ def test_disk_entries_without_offload_folder_are_refused_before_anything_is_writ
         dispatch_model(built(width=4, depth=1), {"embed": "cpu", "blocks": "cpu", "head": "disk"})
 
 
-def test_shape_mismatch_in_a_later_shard_writes_no_offload_file(tmp_path):
+def test_shape_mismatch_names_both_shapes(tmp_path):
     state = {k: v.contiguous() for k, v in built(width=4, depth=1).state_dict().items()}
-    names = sorted(state)
-    first, second = names[: len(names) // 2], names[len(names) // 2 :]
-    save_file({k: state[k] for k in first}, str(tmp_path / "a.safetensors"))
-    wrong = {k: state[k] for k in second}
-    wrong[second[0]] = torch.zeros(7)
-    save_file(wrong, str(tmp_path / "b.safetensors"))
-    index = {"weight_map": {**dict.fromkeys(first, "a.safetensors"), **dict.fromkeys(second, "b.safetensors")}}
-    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
-    offload = tmp_path / "offload"
-    with pytest.raises(ValueError, match=second[0]):
-        load_checkpoint_in_model(_empty(), tmp_path, device_map={"": "disk"}, offload_folder=offload)
-    assert not offload.exists() or not os.listdir(offload)
+    state["head.bias"] = torch.zeros(7)
+    with pytest.raises(ValueError, match=r'shape torch.Size\(\[7\]\) in "bias"'):
+        load_checkpoint_in_model(_empty(), _checkpoint(tmp_path, state), device_map={"": "cpu"})
 
 
 def test_unknown_strategy_names_the_choices(tmp_path):

@@ -1,6 +1,8 @@
 """Placing a model's modules on accelerators, CPU and disk: `infer_auto_device_map` and its helpers.
 
-Part of `accelerate_ref.utils.modeling` (re-exported there).
+Part of `accelerate_ref.utils.modeling` (re-exported there), with HF 1.15's
+algorithm, messages and verbose output (the behaviour is the spec where the
+documents are silent).
 
 The four placement rules (catalog: modeling.device_map):
 1. devices are filled in order: accelerators by index, then ``"cpu"``, then ``"disk"``;
@@ -18,29 +20,37 @@ modeling.tied_parameters).
 from __future__ import annotations
 
 import warnings
+from collections import OrderedDict
 from typing import Optional, Union
 
 import torch
 from torch import nn
 
+from .imports import is_mps_available
 from .module_sizes import (
     MaxMemory,
+    accelerator_backend,
+    check_tied_parameters_in_config,
     compute_module_sizes,
     compute_module_total_buffer_size,
     find_tied_parameters,
     get_max_layer_size,
+    get_max_memory,
     get_module_leaves,
     get_module_size_with_ties,
-    get_max_memory,
+    logger,
     top_level_entries,
 )
 
 DeviceMap = dict[str, Union[int, str, torch.device]]
 Entry = tuple[str, Union[nn.Module, torch.Tensor]]
+_NOT_TIED = "The model weights are not tied. Please use the `tie_weights` method before using the `infer_auto_device` function."
 
 
-def _is_prefix(prefix: str, name: str) -> bool:
-    return prefix == "" or name == prefix or name.startswith(prefix + ".")
+def warn_if_untied(model: nn.Module, tied_params: list[list[str]]) -> None:
+    """Log HF's warning when a 🤗 Transformers config asks for tied weights and the model has none tied."""
+    if check_tied_parameters_in_config(model) and len(tied_params) == 0:
+        logger.warning(_NOT_TIED)
 
 
 def clean_device_map(device_map: DeviceMap, module_name: str = "") -> DeviceMap:
@@ -62,18 +72,41 @@ def clean_device_map(device_map: DeviceMap, module_name: str = "") -> DeviceMap:
     return device_map
 
 
-def _accelerators(budget: dict) -> list[int]:
-    return [device for device in budget if device not in ("cpu", "disk", "mps")]
-
-
 def reserving_devices(budget: dict) -> list:
     """The devices that keep room for the largest layer still to place (rule 4): accelerator 0 and the CPU.
 
     Accelerator 0 executes the layers offloaded to CPU or disk, and the CPU
     stages the layers read from disk; on Apple silicon ``mps`` alone.
     """
-    accelerators = _accelerators(budget)
-    return ["mps"] if "mps" in budget else ([accelerators[0], "cpu"] if accelerators else ["cpu"])
+    gpus = [device for device in budget if device not in ("cpu", "disk")]
+    return ["mps"] if "mps" in gpus else ([gpus[0], "cpu"] if gpus else ["cpu"])
+
+
+def _as_list(no_split_module_classes: Optional[Union[str, list[str]]]) -> list[str]:
+    if no_split_module_classes is None:
+        return []
+    return [no_split_module_classes] if isinstance(no_split_module_classes, str) else list(no_split_module_classes)
+
+
+def _inside(name: str, other: str) -> bool:
+    """Whether parameter ``other`` lies inside entry ``name`` (HF's test with trailing dots)."""
+    return name + "." in other + "."
+
+
+def _outside_twins(name: str, tied_parameters: list[list[str]]) -> tuple[list[list[str]], list[str]]:
+    """The tied groups with members both inside and outside entry ``name``, and those outside members."""
+    groups = [group for group in tied_parameters
+              if any(_inside(name, p) for p in group) and not all(_inside(name, p) for p in group)]
+    return groups, sum([[p for p in group if not _inside(name, p)] for group in groups], [])
+
+
+def _children_of(module: Union[nn.Module, torch.Tensor]) -> list[tuple[str, nn.Module]]:
+    return [] if isinstance(module, (nn.Parameter, torch.Tensor)) else list(module.named_children())
+
+
+def _opened(name: str, module: nn.Module) -> list[Entry]:
+    """What replaces a split entry: its own parameters, then its children (its own buffers are not placed, as in HF)."""
+    return [(f"{name}.{child}", value) for child, value in list(module.named_parameters(recurse=False)) + list(module.named_children())]
 
 
 def infer_auto_device_map(
@@ -87,89 +120,139 @@ def infer_auto_device_map(
     offload_buffers: bool = False,
     fallback_allocation: bool = False,
 ) -> DeviceMap:
-    """A device map for ``model`` within ``max_memory`` following the module's four rules.
+    """A device map (an OrderedDict) for ``model`` within ``max_memory`` following the module's four rules.
 
     ``dtype`` and ``special_dtypes`` size the weights as they will be
     loaded; ``clean_result`` merges submodules sharing a device into their
-    parent; ``verbose`` prints each decision. ``fallback_allocation`` is
-    accepted for compatibility and changes nothing here.
+    parent; ``verbose`` prints each decision in HF's words;
+    ``fallback_allocation`` lets a device that would stay empty take the
+    first module (breadth first) that fits it (`fallback_allocate`). The
+    buffers of modules placed on CPU or disk that fit no accelerator's
+    remaining memory are a UserWarning (unless ``offload_buffers``); devices
+    left empty are logged at INFO with the memory they would need.
     Catalog: modeling.device_map, modeling.tied_parameters.
     """
-    budget = get_max_memory(None if max_memory is None else dict(max_memory))
-    no_split = [no_split_module_classes] if isinstance(no_split_module_classes, str) else list(no_split_module_classes or [])
+    budget = get_max_memory(max_memory)
+    no_split = _as_list(no_split_module_classes)
     devices = list(budget) + ([] if "disk" in budget else ["disk"])
-    accelerators = _accelerators(budget)
-    reserving = reserving_devices(budget)
-    sizes = compute_module_sizes(model, dtype, special_dtypes)
-    tied_groups = find_tied_parameters(model)
+    gpus = [device for device in devices if device not in ("cpu", "disk")]
+    main_devices = reserving_devices(budget)
+    sizes = compute_module_sizes(model, dtype=dtype, special_dtypes=special_dtypes)
+    tied_parameters = find_tied_parameters(model)
+    warn_if_untied(model, tied_parameters)
     pending: list[Entry] = top_level_entries(model)
-    used = dict.fromkeys(devices, 0)
-    buffer_bytes: dict = {}
-    device_map: DeviceMap = {}
+    device_map: DeviceMap = OrderedDict()
     current = 0
+    used = dict.fromkeys(devices, 0)
+    buffer_sizes: dict = {}
+    minimum_needed: dict = {}
     layer_size, layer_names = get_max_layer_size(pending, sizes, no_split)
 
     def say(message: str) -> None:
         if verbose:
             print(message)
 
-    def remaining_largest_layer() -> tuple[int, list[str]]:
+    def largest_remaining() -> tuple[int, list[str]]:
         return get_max_layer_size([(n, m) for n, m in pending if isinstance(m, nn.Module)], sizes, no_split)
 
     while pending:
         name, module = pending.pop(0)
-        say(f"Treating {name}.")
-        layer_names = [n for n in layer_names if not _is_prefix(name, n)]
+        say(f"\nTreating module {name}.")
+        layer_names = [n for n in layer_names if n != name and not n.startswith(name + ".")]
         if not layer_names:
-            layer_size, layer_names = remaining_largest_layer()
-        size = sizes[name]
-        twins = [p for group in tied_groups if any(_is_prefix(name, p) for p in group) and not all(_is_prefix(name, p) for p in group) for p in group if not _is_prefix(name, p)]
-        twin_modules = [next(entry for entry in pending if _is_prefix(entry[0], twin)) for twin in twins]
-        size_with_twins = size + sum(sizes[entry[0]] - sizes[twin] for twin, entry in zip(twins, twin_modules))
+            layer_size, layer_names = largest_remaining()
+        module_size = sizes[name]
+        groups, twins = _outside_twins(name, tied_parameters)
+        if groups:
+            say(f"  Found the relevant tied param groups {groups}")
+        if twins:
+            say(f"  So those parameters need to be taken into account {twins}")
         device = devices[current]
-        reserve = layer_size if device in reserving else 0
-        limit = None if device == "disk" else budget[device] - reserve
-        if limit is None or used[device] + size_with_twins <= limit:
-            say(f"Putting {name} ({size_with_twins} bytes with tied modules) on {device}.")
-            used[device] += size_with_twins
+        limit = budget[device] if device != "disk" else None
+        reserved = 0
+        if device in main_devices:
+            limit, reserved = limit - layer_size, layer_size
+        size_with_ties, twin_names, twin_modules = get_module_size_with_ties(twins, module_size, sizes, pending)
+        if limit is None or used[device] + size_with_ties <= limit:
+            if verbose:
+                placed = f" and {twin_names}" if twin_names else f" (size={module_size})"
+                room = f" (available={limit - used[device]})" if limit is not None else ""
+                print(f"Putting {name}{placed}{room} on {device}.")
+            used[device] += size_with_ties
             device_map[name] = device
-            for twin_name, _ in twin_modules:
-                pending = [entry for entry in pending if entry[0] != twin_name]
+            for twin_name in twin_names:
+                if twin_name in [n for n, _ in pending]:
+                    pending.pop(next(i for i, (n, _) in enumerate(pending) if n == twin_name))
                 device_map[twin_name] = device
             if not offload_buffers and isinstance(module, nn.Module):
-                buffer_bytes[device] = buffer_bytes.get(device, 0) + compute_module_total_buffer_size(module, dtype, special_dtypes)
+                buffer_sizes[device] = buffer_sizes.get(device, 0) + compute_module_total_buffer_size(
+                    module, dtype=dtype, special_dtypes=special_dtypes)
             continue
-        if twins and used[device] + size <= limit:
-            splittable = [(n, m) for n, m in twin_modules if list(m.named_children()) and m.__class__.__name__ not in no_split]
-            if splittable:
-                twin_name, twin_module = splittable[0]
-                say(f"Not enough room on {device} for {name} with {twin_name}: splitting {twin_name}.")
-                opened = [(f"{twin_name}.{n}", m) for n, m in list(twin_module.named_parameters(recurse=False)) + list(twin_module.named_children())]
-                index = next(i for i, entry in enumerate(pending) if entry[0] == twin_name)
-                pending = [(name, module)] + pending[:index] + opened + pending[index + 1 :]
-                layer_size, layer_names = remaining_largest_layer()
+        if twins and used[device] + module_size <= limit:
+            say(f"Not enough space on {devices[current]} to put {name} and {twin_names} (space available "
+                f"{limit - used[device]}, needed size {size_with_ties}).")
+            split = False
+            for twin_name, twin_module in zip(twin_names, twin_modules):
+                if not list(twin_module.named_children()) or twin_module.__class__.__name__ in no_split:
+                    continue
+                say(f"Splitting {twin_name}.")
+                index = [i for i, (n, _) in enumerate(pending) if n == twin_name][0]
+                pending = [(name, module)] + pending[:index] + _opened(twin_name, twin_module) + pending[index + 1:]
+                layer_size, layer_names = largest_remaining()
+                split = True
+                break
+            if split:
                 continue
-        children = list(module.named_children()) if isinstance(module, nn.Module) else []
-        if children and module.__class__.__name__ not in no_split:
-            say(f"Not enough room on {device} for {name} ({size} bytes): splitting it.")
-            # Its own buffers go with it too (🤗 Accelerate 1.15 drops them, leaving them without a device).
-            opened = list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False)) + children
-            pending = [(f"{name}.{n}", m) for n, m in opened] + pending
-            layer_size, layer_names = remaining_largest_layer()
-            continue
-        say(f"Not enough room on {device} for {name} ({size} bytes), which cannot be split: next device.")
-        used[device] += reserve
+            say("None of the tied module can be split, going to the next device.")
+        if used[device] + module_size >= limit:
+            children = _children_of(module)
+            say(f"Not enough space on {devices[current]} to put {name} (space available "
+                f"{limit - used[device]}, module size {module_size}).")
+            if not children or module.__class__.__name__ in no_split:
+                say("This module cannot be split, going to the next device.")
+            else:
+                say(f"Splitting {name}.")
+                pending = _opened(name, module) + pending
+                layer_size, layer_names = largest_remaining()
+                continue
+        if used[device] == 0 and fallback_allocation and device != "disk":
+            room = budget[device] - max(layer_size, size_with_ties)
+            found_name, found, rest = fallback_allocate(pending, sizes, room - used[device], no_split, tied_parameters)
+            if found is not None:
+                pending = [(found_name, found), (name, module)] + rest
+                continue
+        if used[device] == 0:
+            minimum_needed[device] = size_with_ties + reserved
+        used[device] += reserved
         current += 1
-        pending.insert(0, (name, module))
+        pending = [(name, module)] + pending
+    used = {device: amount for device, amount in used.items() if amount > 0}
     if clean_result:
         device_map = clean_device_map(device_map)
-    offloaded_buffers = buffer_bytes.get("cpu", 0) + buffer_bytes.get("disk", 0)
-    if offloaded_buffers and accelerators and not any(budget[a] >= offloaded_buffers + used[a] for a in accelerators):
-        warnings.warn(
-            f"the buffers of offloaded modules take {offloaded_buffers} bytes, more than any accelerator has left; "
-            "pass offload_buffers=True if this runs out of memory"
+    _warn_about_offloaded_buffers(budget, used, buffer_sizes, gpus, offload_buffers)
+    if minimum_needed:
+        needs = "\n".join(f"  - {device}: {amount} bytes required" for device, amount in minimum_needed.items())
+        logger.info(
+            "Based on the current allocation process, no modules could be assigned to the following devices due to "
+            f"insufficient memory:\n{needs}\nThese minimum requirements are specific to this allocation attempt and "
+            "may vary. Consider increasing the available memory for these devices to at least the specified minimum, "
+            "or adjusting the model config."
         )
     return device_map
+
+
+def _warn_about_offloaded_buffers(budget: dict, used: dict, buffer_sizes: dict, gpus: list, offload_buffers: bool) -> None:
+    """HF's UserWarning when the buffers of the modules placed on CPU or disk fit no accelerator's remaining memory."""
+    offloaded = buffer_sizes.get("cpu", 0) + buffer_sizes.get("disk", 0)
+    if offloaded <= 0 or offload_buffers:
+        return
+    fits = any(memory >= offloaded + used.get(device, 0) for device, memory in budget.items() if device not in ("cpu", "disk"))
+    if gpus and not fits:
+        warnings.warn(
+            f"Current model requires {offloaded} bytes of buffer for offloaded layers, which seems does "
+            "not fit any GPU's remaining memory. If you are experiencing a OOM later, please consider using "
+            "offload_buffers=True."
+        )
 
 
 def get_balanced_memory(
@@ -179,87 +262,125 @@ def get_balanced_memory(
     dtype: Union[str, torch.dtype, None] = None,
     special_dtypes: Optional[dict[str, Union[str, torch.dtype]]] = None,
     low_zero: bool = False,
-) -> dict[Union[int, str], int]:
+) -> dict[Union[int, str], Union[int, float]]:
     """A ``max_memory`` that spreads ``model`` evenly over the accelerators, for `infer_auto_device_map`.
 
-    Rules: each accelerator but the last gets the model's size divided by
-    the accelerators' count (one fewer with ``low_zero``) plus a margin of
-    1.25 times the larger of the biggest ``no_split_module_classes`` module
-    and the mean size of the smallest modules, capped by its own budget;
-    the last keeps its budget. With ``low_zero`` accelerator 0 keeps only
-    what the others cannot hold. One accelerator with no budget given keeps
-    90% of its free memory. Catalog: modeling.balanced_memory.
+    Rules (HF 1.15's): each accelerator but the last gets the model's size
+    divided by the accelerators' count (one fewer with ``low_zero``) plus a
+    margin of 1.25 times the larger of the first ``no_split_module_classes``
+    module of each class met among the sized names and the mean size of the
+    smallest modules, capped by its own budget; the last keeps its budget.
+    With ``low_zero`` accelerator 0 keeps only what the others cannot hold.
+    One accelerator with no budget given keeps 90% of its free memory (a
+    float; logged at INFO). Catalog: modeling.balanced_memory.
     """
     user_budget = max_memory is not None
-    budget = get_max_memory(None if max_memory is None else dict(max_memory))
-    accelerators = sorted(a for a in _accelerators(budget) if budget[a] > 0)
-    if not accelerators:
+    budget = get_max_memory(max_memory)
+    kind = accelerator_backend()[0]
+    kind = "mps" if kind == "cuda" and is_mps_available() else kind
+    count = len([d for d in budget if (isinstance(d, int) or torch.device(d).type == kind) and budget[d] > 0])
+    if count == 0:
         return budget
-    if len(accelerators) == 1:
+    if count == 1:
         low_zero = False
         if not user_budget:
-            budget[accelerators[0]] = int(budget[accelerators[0]] * 0.9)
-    sizes = compute_module_sizes(model, dtype, special_dtypes)
-    per_device = sizes[""] // (len(accelerators) - 1 if low_zero else len(accelerators))
-    no_split = [no_split_module_classes] if isinstance(no_split_module_classes, str) else list(no_split_module_classes or [])
-    no_split_largest = 0
-    seen_classes: set[str] = set()
-    for name, submodule in model.named_modules():
-        class_name = submodule.__class__.__name__
-        if name and class_name in no_split and class_name not in seen_classes:
-            seen_classes.add(class_name)  # the first module of each class stands for it
-            no_split_largest = max(no_split_largest, sizes.get(name, 0))
-    modules_only = {n: s for n, s in sizes.items() if n not in set(get_module_leaves(sizes))}
-    leaves = get_module_leaves(modules_only)
-    mean_leaf = int(sum(modules_only[n] for n in leaves) / max(len(leaves), 1))
-    per_device += int(1.25 * max(no_split_largest, mean_leaf))
-    for accelerator in accelerators[:-1]:
-        budget[accelerator] = min(budget[0] if low_zero and accelerator == 0 else per_device, budget[accelerator])
+            for key in budget:
+                if isinstance(key, int):
+                    budget[key] *= 0.9
+                    logger.info(
+                        f"We will use 90% of the memory on device {key} for storing the model, and 10% for the buffer "
+                        "to avoid OOM. You can set `max_memory` in to a higher value to use more memory (at your own risk)."
+                    )
+                    break
+    sizes = compute_module_sizes(model, dtype=dtype, special_dtypes=special_dtypes)
+    per_gpu = sizes[""] // (count - 1 if low_zero else count)
+    no_split = _as_list(no_split_module_classes)
+    largest_no_split = 0
+    if no_split:
+        first_of_class: dict[str, int] = {}
+        for name, size in sizes.items():
+            if name == "":
+                continue
+            submodule = model
+            for part in name.split("."):
+                submodule = getattr(submodule, part)
+            class_name = submodule.__class__.__name__
+            if class_name in no_split and class_name not in first_of_class:
+                first_of_class[class_name] = size
+            if set(first_of_class) == set(no_split):
+                break
+        largest_no_split = max(first_of_class.values()) if first_of_class else 0
+    leaves = set(get_module_leaves(sizes))
+    modules_only = {n: v for n, v in sizes.items() if n not in leaves}
+    final = get_module_leaves(modules_only)
+    mean_leaf = int(sum(modules_only[n] for n in final) / max(len(final), 1))
+    per_gpu += int(1.25 * max(largest_no_split, mean_leaf))
+    gpus = sorted(d for d, memory in budget.items() if isinstance(d, int) and memory > 0)
+    for index in gpus[:-1]:
+        budget[index] = min(budget[0] if low_zero and index == 0 else per_gpu, budget[index])
     if low_zero:
-        rest = sum(budget[a] for a in accelerators[1:])
-        budget[0] = min(max(0, sizes[""] - rest), budget[0])
+        budget[0] = min(max(0, sizes[""] - sum(budget[i] for i in range(1, count))), budget[0])
     return budget
 
 
 def check_device_map(model: nn.Module, device_map: DeviceMap) -> None:
-    """Check that ``device_map`` names only modules of ``model`` and gives a device to every weight.
+    """Check that ``device_map`` gives a device to every weight of ``model``.
 
-    A key that is neither ``""`` nor a module or weight of the model is a
-    ValueError naming it; weights left without a device are a ValueError
-    listing them. Catalog: bigmodel.dispatch_model.
+    Rules (HF 1.15's): a key other than ``""`` that names no submodule (a
+    weight's name included) is a UserWarning listing them; weights left
+    without a device are a ValueError listing them; ``""`` covers all.
+    Catalog: bigmodel.dispatch_model.
     """
-    known = set(dict(model.named_modules())) | set(model.state_dict())
-    unknown = [key for key in device_map if key != "" and key not in known]
+    modules = dict(model.named_modules())
+    unknown = [key for key in device_map if key != "" and key not in modules]
     if unknown:
-        raise ValueError(f"device_map names modules the model does not have: {unknown}")
-    uncovered = [name for name in model.state_dict() if not any(_is_prefix(key, name) for key in device_map)]
+        warnings.warn(f"The following device_map keys do not match any submodules in the model: {unknown}", UserWarning)
+    uncovered = [] if "" in device_map else [
+        name for name in model.state_dict() if not any(name == key or name.startswith(key + ".") for key in device_map)]
     if uncovered:
-        raise ValueError(f"device_map gives no device to these weights: {', '.join(uncovered)}")
+        raise ValueError(
+            f"The device_map provided does not give any device for the following parameters: {', '.join(uncovered)}"
+        )
 
 
 def device_of(name: str, device_map: DeviceMap) -> Union[int, str, torch.device]:
-    """The device ``device_map`` gives weight or module ``name``: its longest matching module prefix ("" matches all).
+    """The device ``device_map`` gives weight ``name``: that of its longest dotted prefix in the map (``""`` last).
 
-    A name no key covers is a ValueError naming it. Catalog: modeling.load_checkpoint_device_map.
+    A name no key covers is HF's ValueError ("<name> doesn't have any device
+    set."). Catalog: modeling.load_checkpoint_device_map.
     """
-    prefixes = [key for key in device_map if _is_prefix(key, name)]
-    if not prefixes:
-        raise ValueError(f"device_map gives no device to {name}; add its module (or '') to the map")
-    return device_map[max(prefixes, key=len)]
+    module_name = name
+    while module_name and module_name not in device_map:
+        module_name = module_name.rpartition(".")[0]
+    if module_name == "" and "" not in device_map:
+        raise ValueError(f"{name} doesn't have any device set.")
+    return device_map[module_name]
+
+
+def _tied_device(name: str, device_map: DeviceMap) -> Union[int, str, torch.device]:
+    """The device of ``name``'s longest prefix in the map; none is HF's ValueError naming the last prefix tried ("")."""
+    while name not in device_map:
+        parent = name.rpartition(".")[0]
+        if parent == name:
+            raise ValueError(f"The `device_map` does not contain the module {name}.")
+        name = parent
+    return device_map[name]
 
 
 def check_tied_parameters_on_same_device(tied_params: list[list[str]], device_map: DeviceMap) -> None:
-    """Warn when the parameters of one tied group are given different devices by ``device_map``.
+    """Log a warning when the parameters of one tied group are given different devices by ``device_map``.
 
-    Rule: each name's device is that of its longest module prefix in the
-    map (`device_of`); a group spanning several devices is a UserWarning
-    listing each name's device (one per group). Nothing is moved.
-    Catalog: modeling.tied_parameters.
+    Rule (HF 1.15's): each name's device is that of its longest prefix in the
+    map; a group spanning several devices is logged (one warning per group)
+    with each name's device. Nothing is moved. Catalog: modeling.tied_parameters.
     """
     for group in tied_params:
-        devices = {name: device_of(name, device_map) for name in group}
+        devices = {name: _tied_device(name, device_map) for name in group}
         if len(set(devices.values())) > 1:
-            warnings.warn(f"tied parameters are on different devices: {devices}; change the device_map or use device_map='auto'")
+            logger.warning(
+                f"Tied parameters are on different devices: {devices}. "
+                "Please modify your custom device map or set `device_map='auto'`. "
+            )
 
 
 def fallback_allocate(
@@ -271,17 +392,16 @@ def fallback_allocate(
 ) -> tuple[Optional[str], Optional[Union[nn.Module, torch.Tensor]], list[Entry]]:
     """The first module, breadth first through ``modules``, that fits in ``size_limit``, and the entries left.
 
-    Rules: an entry fits when its size plus that of the modules holding
-    the twins of its tied parameters (`get_module_size_with_ties`) is at
-    most ``size_limit`` (bytes, or a string such as ``"1GB"``; an unreadable
-    limit finds nothing). An entry too big is opened (its own parameters,
-    then its children) unless it is a tensor, has no children or its class
-    is in ``no_split_module_classes``. Returns ``(name, module, rest)``
-    where ``rest`` is ``modules`` with the found entry's ancestors replaced
-    by their parameters and children and the entry removed (``modules``
-    itself is left unchanged; HF's may be changed); nothing found:
-    ``(None, None, modules)``. A twin whose module is no longer among the
-    candidates is a ValueError naming it. Catalog: modeling.device_map.
+    Rules (HF 1.15's): an entry fits when its size plus that of the modules
+    holding the twins of its tied parameters (`get_module_size_with_ties`)
+    is at most ``size_limit`` (bytes, or a string such as ``"1GB"``; an
+    unreadable limit finds nothing). An entry too big is opened (its own
+    parameters, then its children) unless it is a tensor, has no children or
+    its class is in ``no_split_module_classes``. Returns ``(name, module,
+    rest)`` where ``rest`` is ``modules`` with the found entry's ancestors
+    replaced by their parameters and children and the entry removed (a
+    top-level entry is popped from ``modules`` itself, as HF does); nothing
+    found: ``(None, None, modules)``. Catalog: modeling.device_map.
     """
     from .modeling import convert_file_size_to_int
 
@@ -290,27 +410,23 @@ def fallback_allocate(
     except ValueError:
         return None, None, modules
     no_split, groups = no_split_module_classes or [], tied_parameters or []
-    to_search = list(modules)
+    to_search = modules.copy()
     while to_search:
         name, module = to_search.pop(0)
-        inside = [group for group in groups if any(_is_prefix(name, p) for p in group) and not all(_is_prefix(name, p) for p in group)]
-        twins = [p for group in inside for p in group if not _is_prefix(name, p)]
+        _, twins = _outside_twins(name, groups)
         size, _, _ = get_module_size_with_ties(twins, module_sizes[name], module_sizes, to_search)
         if size <= limit:
             break
-        children = [] if isinstance(module, torch.Tensor) else list(module.named_children())
+        children = _children_of(module)
         if children and module.__class__.__name__ not in no_split:
-            opened = list(module.named_parameters(recurse=False)) + children
-            to_search = [(f"{name}.{child}", value) for child, value in opened] + to_search
+            to_search = _opened(name, module) + to_search
     else:
         return None, None, modules
-    rest = list(modules)
     for end in [index for index, char in enumerate(name) if char == "."]:
-        names = [n for n, _ in rest]
+        names = [n for n, _ in modules]
         if name[:end] in names:
             position = names.index(name[:end])
-            parent = rest[position][1]
-            opened = list(parent.named_parameters(recurse=False)) + list(parent.named_children())
-            rest[position : position + 1] = [(f"{name[:end]}.{child}", value) for child, value in opened]
-    found = [n for n, _ in rest].index(name)
-    return name, rest.pop(found)[1], rest
+            modules = modules[:position] + _opened(name[:end], modules[position][1]) + modules[position + 1:]
+    found = [n for n, _ in modules].index(name)
+    name, module = modules.pop(found)
+    return name, module, modules

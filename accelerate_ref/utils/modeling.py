@@ -19,17 +19,15 @@ Catalog: shard_checkpoint.doc_example, save_model.sharded, save_model.reload.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
-import logging
 import os
 import re
 import shutil
 import tempfile
-import warnings
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Optional, Union
+from typing import TYPE_CHECKING, Any, ContextManager, Iterator, Optional, Union
 
 import torch
-from safetensors import SafetensorError
 
 from .constants import SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 from .device_map import (
@@ -40,6 +38,7 @@ from .device_map import (
     fallback_allocate,
     get_balanced_memory,
     infer_auto_device_map,
+    warn_if_untied,
 )
 from .module_sizes import (
     as_torch_device,
@@ -54,18 +53,16 @@ from .module_sizes import (
     get_module_size_with_ties,
     get_non_persistent_buffers,
     id_tensor_storage,
+    logger,
     named_module_tensors,
     retie_parameters,
     set_module_tensor_to_device,
 )
 from .low_precision import CustomDtype
 from .offload import load_offloaded_weight, offload_weight, save_offload_index
-from .serialization import load
 
 if TYPE_CHECKING:
     from .dataclasses import AutocastKwargs, DistributedType
-
-logger = logging.getLogger(__name__)
 
 __all__ = [  # the names of 🤗 Accelerate's utils.modeling that live in the sibling modules
     "WEIGHTS_INDEX_NAME",
@@ -93,41 +90,60 @@ __all__ = [  # the names of 🤗 Accelerate's utils.modeling that live in the si
 
 DeviceMap = dict[str, Union[int, str, torch.device]]
 
-_SIZE_UNITS = {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+#: The units `convert_file_size_to_int` reads, in the order it tries them: (suffix, bytes, a lower-case ``b`` means bits).
+_SIZE_UNITS = (("GIB", 2**30, False), ("MIB", 2**20, False), ("KIB", 2**10, False),
+               ("GB", 10**9, True), ("MB", 10**6, True), ("KB", 10**3, True))
 
 
 def convert_file_size_to_int(size: Union[int, str]) -> int:
     """Bytes in ``size``: an int is returned as is; ``"5MB"`` is 5 * 10**6, ``"1GiB"`` 2**30.
 
-    Rule: decimal units KB/MB/GB/TB, binary units KiB/MiB/GiB/TiB (any
-    case); a lower-case ``b`` ending (``"5Mb"``) means bits, divided by 8.
-    Anything else is a ValueError quoting it. Catalog: save_model.sharded.
+    Rules (HF 1.15's): units GiB/MiB/KiB (binary) and GB/MB/KB (decimal),
+    any case, after a number ``float`` reads (``"1e3MB"``, ``" 2MB"``); a
+    decimal unit ending in a lower-case ``b`` (``"5Mb"``) means bits, divided
+    by 8. A negative result, an unreadable number or another unit (``"5TB"``)
+    is a ValueError quoting ``size``; a value that is neither an int nor a
+    string fails as HF's does (``'float' object has no attribute 'upper'``).
+    Catalog: save_model.sharded, modeling.max_memory_strings.
     """
-    if isinstance(size, int) and not isinstance(size, bool):
-        if size < 0:
-            raise ValueError(f"a size in bytes cannot be negative, got {size}")
-        return size
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B)\s*", str(size), flags=re.IGNORECASE)
-    if match is None:
-        raise ValueError(f"size {size!r} is not an int of bytes or a number with a unit such as '5MB' or '1GiB'")
-    number, unit = float(match.group(1)), match.group(2)
-    value = int(number * _SIZE_UNITS[unit.upper()])
-    return value // 8 if unit.endswith("b") and not unit.upper().endswith("IB") else value
+    message = f"`size` {size} is not in a valid format. Use an integer for bytes, or a string with an unit (like '5.0GB')."
+    value = -1
+    try:
+        if isinstance(size, int):
+            value = size
+        else:
+            unit = next((unit for unit in _SIZE_UNITS if size.upper().endswith(unit[0])), None)
+            if unit is not None:
+                suffix, factor, bits = unit
+                value = int(float(size[: -len(suffix)]) * factor)
+                value = value // 8 if bits and size.endswith("b") else value
+    except ValueError:
+        raise ValueError(message) from None
+    if value < 0:
+        raise ValueError(message)
+    return value
 
 
 #: Bytes per element of the element types torch lacks.
 _CUSTOM_DTYPE_BYTES = {CustomDtype.INT2: 1 / 4, CustomDtype.INT4: 1 / 2, CustomDtype.FP8: 1}
+_FLOAT8_NAMES = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
 
 
-def dtype_byte_size(dtype: Union[torch.dtype, CustomDtype]) -> float:
+def dtype_byte_size(dtype: Union[torch.dtype, CustomDtype]) -> Union[int, float]:
     """Bytes one element of ``dtype`` takes: 1/8 for ``torch.bool``; for a `CustomDtype`
-    (how bitsandbytes sizes quantized weights) 1/4 for INT2, 1/2 for INT4, 1 for FP8.
-    Catalog: shard_checkpoint.doc_example, quantization.load_and_quantize."""
-    if isinstance(dtype, CustomDtype):
-        return _CUSTOM_DTYPE_BYTES[dtype]
+    (how bitsandbytes sizes quantized weights) 1/4 for INT2, 1/2 for INT4, 1 for FP8; 1 for torch's float8
+    types; otherwise the trailing bit count of its name divided by 8 (HF's rule, so ``"float32"`` is 4 too), and
+    a name without one is a ValueError. Catalog: shard_checkpoint.doc_example, quantization.load_and_quantize."""
     if dtype == torch.bool:
         return 1 / 8
-    return torch.empty((), dtype=dtype).element_size()
+    if isinstance(dtype, CustomDtype):
+        return _CUSTOM_DTYPE_BYTES[dtype]
+    if dtype in [getattr(torch, name) for name in _FLOAT8_NAMES if hasattr(torch, name)]:
+        return 1
+    bits = re.search(r"[^\d](\d+)$", str(dtype))
+    if bits is None:
+        raise ValueError(f"`dtype` is not a valid dtype: {dtype}.")
+    return int(bits.groups()[0]) // 8
 
 
 def _shard_name(weights_name: str, index: int, count: int) -> str:
@@ -175,162 +191,137 @@ def shard_checkpoint(
     return named, {"metadata": {"total_size": total_size}, "weight_map": weight_map}
 
 
-def _single_device(device_map: Optional[DeviceMap]) -> Optional[Union[int, str, torch.device]]:
-    devices = set(device_map.values()) if device_map else set()
-    return devices.pop() if len(devices) == 1 else None
+def _on_device_of_family(device: Union[int, str, torch.device]) -> Union[int, str, torch.device]:
+    """Where safetensors puts a tensor for a device map entry: an int is ``npu:<i>`` on NPU, ``"hpu"`` on HPU."""
+    from .imports import is_hpu_available, is_npu_available
+
+    if isinstance(device, int):
+        if is_npu_available():
+            return f"npu:{device}"
+        if is_hpu_available():
+            return "hpu"
+    return device
 
 
-def load_state_dict(checkpoint_file: Union[str, os.PathLike], device_map: Optional[DeviceMap] = None) -> dict[str, torch.Tensor]:
+def load_state_dict(checkpoint_file: str, device_map: Optional[DeviceMap] = None) -> dict[str, torch.Tensor]:
     """The state dict stored in one weights file, safetensors or ``torch.save``.
 
-    Rules: a ``.safetensors`` file whose metadata names a format must say
-    ``"pt"``; any other file is read with ``torch.load(weights_only=True)``
-    (no code from the file runs). The tensors are returned on the device of
-    a ``device_map`` that names one (``{"": device}``; ``cpu:0`` is the
-    CPU), else on the CPU. A missing or damaged file is an error naming it.
+    Rules (HF 1.15's, with its messages): a ``.safetensors`` file without
+    metadata is read as ``"pt"`` (logged as a warning); a format other than
+    ``"pt"``, ``"tf"`` or ``"flax"`` is an OSError, ``"tf"``/``"flax"`` a
+    ValueError. With a ``device_map`` naming one device the tensors are read
+    there; naming several, each weight is read onto its module's device
+    (``"disk"`` weights and those no key names onto the CPU), with a
+    progress bar. Any other file is read with ``torch.load(weights_only=True)``
+    on the CPU. ``checkpoint_file`` is a ``str`` (HF calls ``endswith`` on it).
     Catalog: save_model.reload.
     """
-    path = os.fspath(checkpoint_file)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"no weights file at {path}")
-    device = _single_device(device_map)
-    device = "cpu" if device is None or device == "disk" else device
-    try:
-        if path.endswith(".safetensors"):
-            from safetensors import safe_open
-            from safetensors.torch import load_file
+    if not checkpoint_file.endswith(".safetensors"):
+        return torch.load(checkpoint_file, map_location=torch.device("cpu"), weights_only=True)
+    from safetensors import safe_open
+    from safetensors.torch import load_file
 
-            with safe_open(path, framework="pt") as handle:
-                metadata = handle.metadata() or {}
-            if metadata.get("format", "pt") != "pt":
-                raise ValueError(f"{path} holds weights in the {metadata['format']!r} format; PyTorch weights ('pt') are needed")
-            tensors = load_file(path)
-        else:
-            tensors = load(path, map_location="cpu")
-    except (OSError, RuntimeError, EOFError, SafetensorError) as error:
-        raise ValueError(f"cannot read the weights file {path} (missing, truncated or not a weights file): {error}") from error
-    return {name: tensor.to(device) for name, tensor in tensors.items()}
+    with safe_open(checkpoint_file, framework="pt") as handle:
+        metadata = handle.metadata()
+        weight_names = handle.keys()
+    if metadata is None:
+        logger.warning(
+            f"The safetensors archive passed at {checkpoint_file} does not contain metadata. "
+            "Make sure to save your model with the `save_pretrained` method. Defaulting to 'pt' metadata."
+        )
+        metadata = {"format": "pt"}
+    if metadata.get("format") not in ("pt", "tf", "flax"):
+        raise OSError(
+            f"The safetensors archive passed at {checkpoint_file} does not contain the valid metadata. Make sure "
+            "you save your model with the `save_pretrained` method."
+        )
+    if metadata["format"] != "pt":
+        raise ValueError(f"The checkpoint passed was saved with {metadata['format']}, we need a the pt format.")
+    if device_map is None:
+        return load_file(checkpoint_file)
+    if len(set(device_map.values())) == 1:
+        return load_file(checkpoint_file, device=_on_device_of_family(list(device_map.values())[0]))
+    return _load_per_device(checkpoint_file, device_map, weight_names)
+
+
+def _load_per_device(checkpoint_file: str, device_map: DeviceMap, weight_names: list[str]) -> dict[str, torch.Tensor]:
+    """Each weight of a safetensors file read onto the device of its module (the CPU for disk and unnamed ones)."""
+    from safetensors import safe_open
+
+    from .imports import is_tqdm_available
+
+    devices = list(set(device_map.values()) - {"disk"})
+    if "cpu" not in devices:
+        devices.append("cpu")
+    names_on: dict = {device: [] for device in devices}
+    for module_name, device in device_map.items():
+        if device in devices:
+            names_on[device].extend(k for k in weight_names if k == module_name or k.startswith(module_name + "."))
+    placed = sum(names_on.values(), [])
+    names_on["cpu"].extend(k for k in weight_names if k not in placed)
+    bar = None
+    if is_tqdm_available():
+        from .tqdm import tqdm
+
+        bar = tqdm(main_process_only=False, total=sum(len(names_on[d]) for d in devices), unit="w", smoothing=0, leave=False)
+    tensors = {}
+    for device in devices:
+        with safe_open(checkpoint_file, framework="pt", device=_on_device_of_family(device)) as handle:
+            for key in names_on[device]:
+                if bar is not None:
+                    bar.set_postfix(dev=device, refresh=False)
+                    bar.set_description(key)
+                tensors[key] = handle.get_tensor(key)
+                if bar is not None:
+                    bar.update()
+    if bar is not None:
+        bar.close()
+    return tensors
 
 
 def checkpoint_files(checkpoint: Union[str, os.PathLike]) -> list[str]:
     """The weights files ``checkpoint`` names: a weights file, an ``.index.json``, or a folder with either.
 
-    Rule: a folder is read through its one ``model.safetensors`` (else
-    ``pytorch_model.bin``), else its one ``*.index.json``; no candidate, or
-    several indexes, is a ValueError naming the folder. An index maps weight
-    names to files under ``"weight_map"``, or is that mapping itself (as HF reads it).
-    Catalog: save_model.reload, save_model.sharded.
+    Rules (HF 1.15's, with its messages): a folder is read through its
+    ``pytorch_model.bin``, else its ``model.safetensors``, else its one
+    ``*.index.json`` (none, or several, is a ValueError naming the folder);
+    an index maps weight names to files under ``"weight_map"`` (or is that
+    mapping itself) and gives its files in name order; a path that is no file
+    or folder is a ValueError. Catalog: save_model.reload, save_model.sharded.
     """
-    path = os.fspath(checkpoint)
-    if os.path.isdir(path):
-        names = set(os.listdir(path))
-        for single in (SAFE_WEIGHTS_NAME, WEIGHTS_NAME):
+    index_file = None
+    if os.path.isfile(checkpoint):
+        if not str(checkpoint).endswith(".json"):
+            return [checkpoint]
+        index_file = checkpoint
+    elif os.path.isdir(checkpoint):
+        names = os.listdir(checkpoint)
+        for single in (WEIGHTS_NAME, SAFE_WEIGHTS_NAME):
             if single in names:
-                return [os.path.join(path, single)]
-        indexes = sorted(name for name in names if name.endswith(".index.json"))
-        if len(indexes) != 1:
-            found = "several .index.json files " + ", ".join(indexes) if indexes else "no weights file"
+                return [os.path.join(checkpoint, single)]
+        indexes = [name for name in names if name.endswith(".index.json")]
+        if not indexes:
             raise ValueError(
-                f"{path} should hold {SAFE_WEIGHTS_NAME}, {WEIGHTS_NAME} or one .index.json of a sharded checkpoint; found {found}"
+                f"{checkpoint} is not a folder containing a `.index.json` file or a {WEIGHTS_NAME} or a "
+                f"{SAFE_WEIGHTS_NAME} file"
             )
-        path = os.path.join(path, indexes[0])
-    elif not os.path.isfile(path):
+        if len(indexes) > 1:
+            raise ValueError(f"{checkpoint} containing more than one `.index.json` file, delete the irrelevant ones.")
+        index_file = os.path.join(checkpoint, indexes[0])
+    else:
         raise ValueError(
             "`checkpoint` should be the path to a file containing a whole state dict, or the index of a sharded "
-            f"checkpoint, or a folder containing a sharded checkpoint or the whole state dict, but got {path}."
+            f"checkpoint, or a folder containing a sharded checkpoint or the whole state dict, but got {checkpoint}."
         )
-    if not path.endswith(".json"):
-        return [path]
-    with open(path, encoding="utf-8") as stream:
-        index = json.load(stream)
-    weight_map = index.get("weight_map", index)  # HF also takes an index that is the weight map itself
-    return [os.path.join(os.path.dirname(path), name) for name in dict.fromkeys(weight_map.values())]
+    with open(index_file) as stream:
+        index = json.loads(stream.read())
+    index = index.get("weight_map", index)
+    return [os.path.join(os.path.split(index_file)[0], name) for name in sorted(set(index.values()))]
 
 
-def _lazy_tensors(path: str) -> tuple[dict[str, tuple[int, ...]], Callable[[str], torch.Tensor]]:
-    """The shapes of the weights in file ``path`` and a reader of one weight, never the whole file in RAM.
-
-    A safetensors file is read one tensor at a time through ``safe_open``;
-    a ``torch.save`` file is opened memory-mapped (``mmap=True``), so a
-    tensor's bytes are read only when copied to its destination.
-    """
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"no weights file at {path}")
-    try:
-        if path.endswith(".safetensors"):
-            from safetensors import safe_open
-
-            handle = safe_open(path, framework="pt")
-            metadata = handle.metadata() or {}
-            if metadata.get("format", "pt") != "pt":
-                raise ValueError(f"{path} holds weights in the {metadata['format']!r} format; PyTorch weights ('pt') are needed")
-            shapes = {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}
-            return shapes, handle.get_tensor
-        tensors = load(path, map_location="cpu", mmap=True)
-    except (OSError, RuntimeError, EOFError, SafetensorError) as error:
-        raise ValueError(f"cannot read the weights file {path} (missing, truncated or not a weights file): {error}") from error
-    return {name: tuple(tensor.shape) for name, tensor in tensors.items()}, tensors.__getitem__
-
-
-def _target_dtype(name: str, current: torch.Tensor, loaded: torch.Tensor, dtype: Optional[torch.dtype], keep_in_fp32: list[str]) -> torch.dtype:
-    """Floating weights take ``dtype`` (float32 inside ``keep_in_fp32_modules``), else the model's dtype."""
-    if not loaded.is_floating_point():
-        return loaded.dtype
-    if any(name == module or name.startswith(module + ".") for module in keep_in_fp32):
-        return torch.float32
-    return dtype if dtype is not None else current.dtype
-
-
-def _assign(model: torch.nn.Module, name: str, current: torch.Tensor, value: torch.Tensor, device: Any, dtype: torch.dtype) -> None:
-    """Put ``value`` into the parameter or buffer ``name`` (now ``current``).
-
-    In place, keeping the Parameter object (an optimizer holds it); a
-    weight on the meta device has no data to keep and is replaced.
-    """
-    target = as_torch_device(device) if device is not None else ("cpu" if current.is_meta else current.device)
-    with torch.no_grad():
-        new = value.to(device=target, dtype=dtype)
-        if current.is_meta:
-            module_name, _, attribute = name.rpartition(".")
-            module = model.get_submodule(module_name)
-            if isinstance(current, torch.nn.Parameter):
-                from .bnb import quantized_parameter_like  # an empty bitsandbytes layer quantizes what it is given
-
-                parameter = quantized_parameter_like(current, new)
-                if parameter is None:
-                    parameter = torch.nn.Parameter(new, requires_grad=current.requires_grad)
-                module.register_parameter(attribute, parameter)
-            else:
-                module.register_buffer(attribute, new, persistent=attribute not in module._non_persistent_buffers_set)
-        elif new.device == current.device and new.dtype == current.dtype:
-            current.copy_(new)
-        elif new.device == current.device:
-            current.data = new
-        else:  # another device: a new tensor (a device's tensor type may not fit the old one's)
-            set_module_tensor_to_device(model, name, target, value=new, dtype=dtype)
-
-
-def _check_before_loading(
-    model: torch.nn.Module, files: list[str], device_map: Optional[DeviceMap], offload_folder: Any, tensors: dict[str, torch.Tensor]
-) -> None:
-    """Refuse, before anything is loaded or written, a map naming unknown modules, "disk" without a folder, or wrong shapes."""
-    if device_map is not None:
-        known = set(dict(model.named_modules())) | set(tensors)
-        unknown = [key for key in device_map if key != "" and key not in known]
-        if unknown:
-            raise ValueError(f"device_map names modules the model does not have: {unknown}")
-        if "disk" in device_map.values() and offload_folder is None:
-            disk = [key for key, device in device_map.items() if device == "disk"]
-            raise ValueError(f"device_map offloads {disk} to 'disk': pass an offload_folder to write them to")
-    for path in files:
-        shapes, _ = _lazy_tensors(path)
-        wrong = [
-            f"{name}: the checkpoint holds shape {list(shape)}, the model {list(tensors[name].shape)}"
-            for name, shape in shapes.items()
-            if name in tensors and shape != tuple(tensors[name].shape)
-        ]
-        if wrong:
-            raise ValueError(f"{path} does not fit the model (nothing was loaded): " + "; ".join(wrong))
+def _keeps_fp32(param_name: str, keep_in_fp32_modules: list[str]) -> bool:
+    """HF's test: a module name of the list appears in the weight's name followed by a dot, or is the name."""
+    return any((key in param_name and key + "." in param_name) or key == param_name for key in keep_in_fp32_modules)
 
 
 def load_checkpoint_in_model(
@@ -349,128 +340,125 @@ def load_checkpoint_in_model(
 ) -> None:
     """Load a (possibly sharded) checkpoint into ``model``, placing weights where ``device_map`` says.
 
-    Rules: ``checkpoint`` is a weights file, the ``.index.json`` of shards,
-    or a folder holding one of them (`checkpoint_files`); files are read one
-    tensor at a time (safetensors ``safe_open``, memory-mapped pickles), so
-    the checkpoint is never held in RAM. Each weight goes into the model's
-    parameter or buffer of the same name in place (the Parameter objects
-    stay, so an optimizer built on them keeps working), on the device
-    ``device_map`` gives its module (``{"": device}`` for the whole model;
-    the longest matching module name wins), else where it already is. A
-    ``"disk"`` entry writes the weight to ``offload_folder`` (a ``.dat``
-    memmap per tensor plus ``index.json``, see `utils.offload`) and leaves it
-    on ``meta`` in the model; buffers go to disk only with
-    ``offload_buffers``, else to the CPU. ``offload_state_dict`` stages the
-    CPU weights on disk while loading and reads them back at the end.
-    Floating weights are cast to ``dtype`` if given (``keep_in_fp32_modules``
-    stay float32), else to the model's dtype. Tied weights are tied again
-    at the end. Refused before anything is loaded or written (ValueError
-    naming the culprit): a map key that is no module of the model, a
-    ``"disk"`` entry without ``offload_folder``, a weight whose shape differs.
-    Keys the model lacks are logged in HF's words ("were not used when
-    initializing"), weights the checkpoint lacks are warned about; either
-    is a ValueError with ``strict=True``. Without a ``device_map``,
-    ``broadcast_from_rank0`` has only rank 0 read the files and sends each
-    tensor to the other ranks (torch's ``set_model_state_dict``; an
-    initialised process group is needed, else a ValueError), with
-    ``full_state_dict`` passed to it (whether the model's sharded DTensor
-    weights are loaded from full tensors; for an unsharded model it changes
-    nothing, as in HF); with a ``device_map`` every rank reads the files, as
-    in HF. Catalog: save_model.reload, save_model.sharded, modeling.load_checkpoint_device_map.
+    Rules (HF 1.15's, with its messages): ``checkpoint`` is a weights file,
+    the ``.index.json`` of shards, or a folder holding one of them
+    (`checkpoint_files`); each file is read whole (`load_state_dict`).
+    Without a ``device_map`` the model takes each file through torch's
+    ``set_model_state_dict`` (``strict``, ``full_state_dict`` and
+    ``broadcast_from_rank0``: rank 0 reads, the others receive; ``dtype`` is
+    not applied); a model spread over several devices through its own
+    ``load_state_dict``. With a map each weight goes to the device of its
+    longest module prefix (`set_module_tensor_to_device`: a new tensor, cast
+    to ``dtype`` if given, float32 inside ``keep_in_fp32_modules`` when
+    ``dtype`` is float16); a weight no key covers is a ValueError. A
+    ``"disk"`` entry needs ``offload_folder`` (a ValueError, checked first)
+    and writes the weight there (a ``.dat`` memmap per tensor plus
+    ``index.json``, see `utils.offload`), leaving it on ``meta``; buffers go
+    to disk only with ``offload_buffers``. ``offload_state_dict`` stages the
+    CPU weights on disk while loading and reads them back at the end. Keys
+    the model lacks are logged ("were not used when initializing"); tied
+    groups split over devices are logged; ties are restored at the end.
+    Catalog: save_model.reload, save_model.sharded, modeling.load_checkpoint_device_map.
     """
-    if broadcast_from_rank0 and device_map is None:
-        _load_broadcast_from_rank0(model, checkpoint, full_state_dict, strict)
-        return
-    if offload_8bit_bnb:
-        raise NotImplementedError("accelerate_ref does not quantize weights while offloading them (offload_8bit_bnb)")
+    tied_params = find_tied_parameters(model)
+    warn_if_untied(model, tied_params)
+    if device_map is not None:
+        check_tied_parameters_on_same_device(tied_params, device_map)
+    to_disk = device_map is not None and "disk" in device_map.values()
+    if to_disk and offload_folder is None:
+        raise ValueError("At least one of the model submodule will be offloaded to disk, please pass along an `offload_folder`.")
+    if to_disk:
+        os.makedirs(offload_folder, exist_ok=True)
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype.replace("torch.", ""))
-    tied = find_tied_parameters(model)
-    tensors = dict(model.named_parameters(remove_duplicate=False))
-    tensors.update(model.named_buffers(remove_duplicate=False))
-    buffers = {name for name, _ in model.named_buffers(remove_duplicate=False)}
     files = checkpoint_files(checkpoint)
-    _check_before_loading(model, files, device_map, offload_folder, tensors)
-    if device_map is not None and "disk" in device_map.values():
-        os.makedirs(offload_folder, exist_ok=True)
-    expected = set(model.state_dict())
-    disk_index: dict = {}
+    offload_index: dict = {}
+    staging = tempfile.mkdtemp() if offload_state_dict else None
     staged_index: dict = {}
-    staging = tempfile.mkdtemp(prefix="accelerate_ref_staged_") if offload_state_dict else None
-    loaded_names: set[str] = set()
-    unexpected: list[str] = []
-    try:
-        for path in files:
-            shapes, read = _lazy_tensors(path)
-            for name in shapes:
-                if name not in expected:
-                    unexpected.append(name)
+    unexpected_keys: set[str] = set()
+    model_keys = set(model.state_dict().keys())
+    buffer_names = [name for name, _ in model.named_buffers()]
+    physical_devices = {t.device for t in model.state_dict().values() if isinstance(t, torch.Tensor)} - {torch.device("meta")}
+    for path in files:
+        if device_map is None:
+            loaded = _load_whole(model, path, len(physical_devices) <= 1, strict, full_state_dict, broadcast_from_rank0)
+            unexpected_keys.update(set(loaded.keys()) - model_keys)
+        else:
+            loaded = load_state_dict(path, device_map=device_map)
+            for param_name, param in loaded.items():
+                if "SCB" in param_name:
                     continue
-                value, current = read(name), tensors[name]
-                device = device_of(name, device_map) if device_map is not None else None
-                target_dtype = _target_dtype(name, current, value, dtype, keep_in_fp32_modules or [])
-                if device == "disk" and (offload_buffers or name not in buffers):
-                    offload_weight(value.to(target_dtype), name, offload_folder, index=disk_index)
-                    set_module_tensor_to_device(model, name, "meta", dtype=target_dtype)
-                elif staging is not None and device == "cpu":
-                    offload_weight(value.to(target_dtype), name, staging, index=staged_index)
-                    set_module_tensor_to_device(model, name, "meta", dtype=target_dtype)
+                if param_name not in model_keys:
+                    unexpected_keys.add(param_name)
+                    if not strict:
+                        continue
+                param_device = device_of(param_name, device_map)
+                new_dtype = dtype
+                if dtype is not None and torch.is_floating_point(param) and keep_in_fp32_modules is not None \
+                        and dtype == torch.float16 and _keeps_fp32(param_name, keep_in_fp32_modules):
+                    new_dtype = torch.float32
+                statistics_name = param_name.replace("weight", "SCB")
+                fp16_statistics = loaded[statistics_name] if "weight" in param_name and statistics_name in loaded \
+                    and param.dtype == torch.int8 else None
+                if param_device == "disk":
+                    if offload_buffers or param_name not in buffer_names:
+                        _offload(model, param, param_name, new_dtype, offload_folder, offload_index, fp16_statistics,
+                                 offload_8bit_bnb)
+                elif param_device == "cpu" and staging is not None:
+                    _offload(model, param, param_name, new_dtype, staging, staged_index, fp16_statistics, offload_8bit_bnb)
                 else:
-                    _assign(model, name, current, value, "cpu" if device == "disk" else device, target_dtype)
-                loaded_names.add(name)
-        save_offload_index(disk_index, offload_folder or "")
-        if staging is not None:
-            load_offloaded_weights(model, staged_index, staging)
-    finally:
-        if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
-    retie_parameters(model, tied)
-    loaded = {id(_tensor_of(model, name)) for name in loaded_names}  # a tied weight is loaded through its twin
-    missing = sorted(name for name in expected if name not in loaded_names and id(_tensor_of(model, name)) not in loaded)
-    _report_mismatched_keys(model, checkpoint, missing, unexpected, strict)
-
-
-def _report_mismatched_keys(
-    model: torch.nn.Module, checkpoint: Union[str, os.PathLike], missing: list[str], unexpected: list[str], strict: bool
-) -> None:
-    """A ValueError with ``strict``; else unused checkpoint keys logged in HF's words, missing weights warned about."""
-    if strict and (missing or unexpected):
-        raise ValueError(
-            f"loading {os.fspath(checkpoint)}: weights missing from the checkpoint {missing}, keys the model lacks {unexpected}"
-        )
-    if unexpected:
+                    set_module_tensor_to_device(model, param_name, param_device, value=param, dtype=new_dtype,
+                                                fp16_statistics=fp16_statistics)
+        del loaded
+        gc.collect()
+    if not strict and unexpected_keys:
         logger.warning(
-            f"Some weights of the model checkpoint at {os.fspath(checkpoint)} were not used when initializing "
-            f"{type(model).__name__}: {unexpected}. This may or may not be an issue - make sure that the checkpoint "
-            "does not have unnecessary parameters, or that the model definition correctly corresponds to the checkpoint."
+            f"Some weights of the model checkpoint at {checkpoint} were not used when initializing "
+            f"{model.__class__.__name__}: {unexpected_keys}. This may or may not be an issue - make sure that the "
+            "checkpoint does not have unnecessary parameters, or that the model definition correctly corresponds to "
+            "the checkpoint."
         )
-    if missing:
-        warnings.warn(f"loading {os.fspath(checkpoint)}: weights missing from the checkpoint {missing}")
+    save_offload_index(offload_index, offload_folder)
+    if staging is not None:
+        load_offloaded_weights(model, staged_index, staging)
+        shutil.rmtree(staging)
+    retie_parameters(model, tied_params)
 
 
-def _load_broadcast_from_rank0(model: torch.nn.Module, checkpoint: Union[str, os.PathLike], full_state_dict: bool, strict: bool) -> None:
-    """Rank 0 reads the checkpoint one file at a time; torch's ``set_model_state_dict`` sends each tensor to every rank.
+def _load_whole(model: torch.nn.Module, path: str, on_one_device: bool, strict: bool, full_state_dict: bool,
+                broadcast_from_rank0: bool) -> dict[str, torch.Tensor]:
+    """Load the file ``path`` into ``model`` without a device map; return what was read (empty on ranks that receive).
 
-    The other ranks need no copy of the files: rank 0 sends them the list
-    of files and the names they hold first, so every rank makes the same
-    calls and reaches the same verdict on missing and unexpected keys.
+    A model on one device (``meta`` aside) goes through torch's
+    ``set_model_state_dict`` (sharded DTensor weights included; with
+    ``broadcast_from_rank0`` only rank 0 reads, torch sends the tensors);
+    one spread over several devices through ``Module.load_state_dict``.
     """
+    if not on_one_device:
+        loaded = load_state_dict(path)
+        model.load_state_dict(loaded, strict=strict)
+        return loaded
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    if not (dist.is_available() and dist.is_initialized()):
-        raise ValueError("broadcast_from_rank0=True needs an initialised torch.distributed process group (rank 0 reads, the others receive)")
-    is_first = dist.get_rank() == 0
-    files = checkpoint_files(checkpoint) if is_first else []
-    listing = [[(path, list(_lazy_tensors(path)[0])) for path in files]]
-    dist.broadcast_object_list(listing, src=0)
-    options = StateDictOptions(full_state_dict=full_state_dict, strict=False, broadcast_from_rank0=True)
-    expected = set(model.state_dict())
-    for path, _ in listing[0]:
-        set_model_state_dict(model, load_state_dict(path) if is_first else {}, options=options)
-    names = {name for _, file_names in listing[0] for name in file_names}
-    present = names | {twin for group in find_tied_parameters(model) if names & set(group) for twin in group}
-    _report_mismatched_keys(model, checkpoint, sorted(expected - present), sorted(names - expected), strict)
+    loaded = load_state_dict(path) if not broadcast_from_rank0 or dist.get_rank() == 0 else {}
+    options = StateDictOptions(full_state_dict=full_state_dict, strict=strict, broadcast_from_rank0=broadcast_from_rank0)
+    set_model_state_dict(model, loaded, options=options)
+    return loaded
+
+
+def _offload(model: torch.nn.Module, param: torch.Tensor, param_name: str, new_dtype: Optional[torch.dtype],
+             folder: Union[str, os.PathLike], index: dict, fp16_statistics: Optional[torch.Tensor], bnb_8bit: bool) -> None:
+    """Write ``param`` as loaded to ``folder`` (recorded in ``index``) and leave the model's tensor on ``meta`` in
+    ``new_dtype`` (default: the loaded dtype); an 8-bit bitsandbytes weight is quantized first (``bnb_8bit``)."""
+    new_dtype = param.dtype if new_dtype is None else new_dtype
+    if bnb_8bit:
+        from .bnb import quantize_and_offload_8bit
+
+        quantize_and_offload_8bit(model, param, param_name, new_dtype, folder, index, fp16_statistics)
+        return
+    set_module_tensor_to_device(model, param_name, "meta", dtype=new_dtype)
+    offload_weight(param, param_name, folder, index=index)
 
 
 def check_device_same(first_device: torch.device, second_device: torch.device) -> bool:
@@ -489,15 +477,17 @@ def check_device_same(first_device: torch.device, second_device: torch.device) -
 
 
 def is_peft_model(model: torch.nn.Module) -> bool:
-    """Whether ``model``, unwrapped from DDP / compile wrappers, is a ``peft.PeftModel``; False without `peft`.
+    """Whether ``model``, unwrapped from DDP / compile wrappers, is a ``peft.PeftModel``.
 
+    Without `peft` it is what ``is_peft_available()`` says (falsy), as in HF.
     No catalog ID: API parity with HF accelerate 1.15.
     """
     from .imports import is_peft_available
     from .other import extract_model_from_parallel
 
-    if not is_peft_available():
-        return False
+    available = is_peft_available()
+    if not available:
+        return available
     from peft import PeftModel
 
     return isinstance(extract_model_from_parallel(model), PeftModel)
@@ -554,8 +544,8 @@ def get_state_dict_offloaded_model(model: torch.nn.Module) -> dict[str, torch.Te
 
     Rules: each submodule is onloaded to the CPU in turn
     (`align_module_device`) and its state dict copied; a tensor still on
-    ``meta`` afterwards (no weights anywhere) is left out with a warning
-    naming it. The model's own direct weights (outside any submodule) are
+    ``meta`` afterwards (no weights anywhere) is left out, logged as a
+    warning naming it; a module too big for the RAM is a MemoryError. The model's own direct weights (outside any submodule) are
     not included, as in HF. Catalog: bigmodel.cpu_offload, save_model.reload.
     """
     state_dict: dict[str, torch.Tensor] = {}
@@ -563,16 +553,19 @@ def get_state_dict_offloaded_model(model: torch.nn.Module) -> dict[str, torch.Te
     for name, module in model.named_modules():
         if not name:
             continue
-        with align_module_device(module, "cpu"):
-            module_state = module.state_dict()
+        try:
+            with align_module_device(module, "cpu"):
+                module_state = module.state_dict()
+        except MemoryError:
+            raise MemoryError("Offloaded module must fit in CPU memory to call save_model!") from None
         for key, tensor in module_state.items():
             if tensor.device == torch.device("meta"):
                 on_meta.add(f"{name}.{key}")
             else:
                 state_dict[f"{name}.{key}"] = tensor.to("cpu")
-    left_out = on_meta - set(state_dict)
+    left_out = {key for key in on_meta if key not in state_dict}
     if left_out:
-        warnings.warn(f"these tensors are still on the meta device and are not in the state dict: {sorted(left_out)}")
+        logger.warning(f"The following tensors were not saved because they were still on meta device: {left_out}")
     return state_dict
 
 
@@ -603,21 +596,33 @@ def get_mixed_precision_context_manager(
 ) -> ContextManager[Any]:
     """The autocast context of the current `AcceleratorState`'s precision, or a no-op one without ``native_amp``.
 
-    Rules: ``torch.autocast`` on the state's device type, in float16 for
-    ``"fp16"``, bfloat16 for ``"bf16"`` and ``"fp8"``, torch's default dtype
-    for the device otherwise; ``autocast_kwargs`` (an `AutocastKwargs`) adds
+    Rules: ``torch.autocast`` on the state's device type (``cuda`` for XLA on
+    GPUs), in float16 for ``"fp16"``, bfloat16 for ``"bf16"`` and ``"fp8"``
+    under the types of `_BF16_AUTOCAST_TYPES`, torch's default dtype for the
+    device otherwise; ``autocast_kwargs`` (an `AutocastKwargs`) adds
     its arguments. Catalog: autocast.bf16.
     """
     from ..state import AcceleratorState
+    from .dataclasses import DistributedType
+    from .imports import is_torch_xla_available
 
     state = AcceleratorState()
     kwargs = autocast_kwargs.to_kwargs() if autocast_kwargs is not None else {}
     if not native_amp:
         return contextlib.nullcontext()
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}.get(state.mixed_precision)
-    if dtype is not None:
-        kwargs["dtype"] = dtype
-    return torch.autocast(device_type=state.device.type, **kwargs)
+    on_xla_gpu = state.distributed_type == DistributedType.XLA and is_torch_xla_available(check_is_gpu=True)
+    device_type = "cuda" if on_xla_gpu else state.device.type
+    if state.mixed_precision == "fp16":
+        return torch.autocast(device_type=device_type, dtype=torch.float16, **kwargs)
+    if state.mixed_precision in ("bf16", "fp8") and state.distributed_type.name in _BF16_AUTOCAST_TYPES:
+        return torch.autocast(device_type=device_type, dtype=torch.bfloat16, **kwargs)
+    return torch.autocast(device_type=device_type, **kwargs)
+
+
+#: The distributed types whose bf16 / fp8 runs autocast to bfloat16 (the others, DeepSpeed and Megatron-LM among
+#: them, cast their own way and get the device's default autocast dtype).
+_BF16_AUTOCAST_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA", "MULTI_NPU",
+                        "MULTI_XPU", "MULTI_HPU", "MULTI_NEURON", "FSDP", "XLA")
 
 
 def get_grad_scaler(distributed_type: Optional["DistributedType"] = None, **kwargs: Any) -> torch.amp.GradScaler:
@@ -641,17 +646,22 @@ def get_grad_scaler(distributed_type: Optional["DistributedType"] = None, **kwar
     return torch.amp.GradScaler(device, **kwargs)
 
 
-def _tensor_of(model: torch.nn.Module, name: str) -> torch.Tensor:
-    module_name, _, attribute = name.rpartition(".")
-    module = model.get_submodule(module_name)
-    return module._parameters[attribute] if attribute in module._parameters else module._buffers[attribute]
+def load_offloaded_weights(model: torch.nn.Module, index: Optional[dict], offload_folder: Union[str, os.PathLike]) -> None:
+    """Put every weight of ``index`` (read from ``offload_folder``) into ``model`` on the CPU.
 
-
-def load_offloaded_weights(model: torch.nn.Module, index: dict, offload_folder: Union[str, os.PathLike]) -> None:
-    """Put every weight of ``index`` (read from ``offload_folder``) into ``model`` on the CPU, bit-exactly.
-
-    Catalog: modeling.offload_roundtrip.
+    Rules (HF 1.15's): each weight takes the dtype of the model's tensor
+    (`set_module_tensor_to_device` without a ``dtype``); ``SCB`` entries are
+    not weights, but a weight's ``SCB`` twin gives its 8-bit statistics; an
+    empty or missing index does nothing. Catalog: modeling.offload_roundtrip.
     """
-    for name, info in (index or {}).items():
-        weight = load_offloaded_weight(os.path.join(os.fspath(offload_folder), f"{name}.dat"), info)
-        set_module_tensor_to_device(model, name, "cpu", value=weight, dtype=weight.dtype)
+    if not index:
+        return
+    for name, info in index.items():
+        if "SCB" in name:
+            continue
+        statistics = None
+        if "weight" in name and name.replace("weight", "SCB") in index:
+            scb = name.replace("weight", "SCB")
+            statistics = load_offloaded_weight(os.path.join(offload_folder, f"{scb}.dat"), index[scb])
+        weight = load_offloaded_weight(os.path.join(offload_folder, f"{name}.dat"), info)
+        set_module_tensor_to_device(model, name, "cpu", value=weight, fp16_statistics=statistics)

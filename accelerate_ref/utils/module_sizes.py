@@ -10,19 +10,31 @@ modeling.tensor_to_device.
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from typing import Iterator, Optional, Union
 
 import torch
 from torch import nn
 
-from .imports import is_npu_available
+from .imports import (
+    is_hpu_available,
+    is_mlu_available,
+    is_mps_available,
+    is_musa_available,
+    is_npu_available,
+    is_sdaa_available,
+    is_xpu_available,
+)
 
 Device = Union[int, str, torch.device]
 MaxMemory = dict[Union[int, str], Union[int, str]]
 
 #: The non-accelerator keys of a ``max_memory`` budget, in placement order.
 HOST_DEVICES = ("mps", "cpu", "disk")
+#: Logged under HF's module name (``accelerate.utils.modeling``), where these functions live in HF.
+logger = logging.getLogger(__name__.rpartition(".")[0] + ".modeling")
+_INTEGER_DTYPES = ("torch.uint", "torch.int", "torch.bool")
 
 
 def _byte_size(dtype: torch.dtype) -> float:
@@ -38,10 +50,26 @@ def as_torch_device(device: Device) -> Union[str, torch.device]:
     return f"npu:{device}" if is_npu_available() else f"cuda:{device}"
 
 
+def accelerator_backend() -> tuple[str, object]:
+    """The accelerator family HF asks for device counts and free memory, in HF's order of precedence
+    (NPU, MLU, SDAA, MUSA, XPU, HPU, else CUDA): its name and its ``torch.<name>`` module."""
+    for name, available in (("npu", is_npu_available), ("mlu", is_mlu_available), ("sdaa", is_sdaa_available),
+                            ("musa", is_musa_available), ("xpu", is_xpu_available), ("hpu", is_hpu_available)):
+        if available():
+            return name, getattr(torch, name)
+    return "cuda", torch.cuda
+
+
 def _parse_dtype(dtype: Union[str, torch.dtype, None]) -> Optional[torch.dtype]:
+    """``"float16"`` or ``"torch.float16"`` as ``torch.float16`` (an unknown name is torch's AttributeError)."""
     if isinstance(dtype, str):
         return getattr(torch, dtype.replace("torch.", ""))
     return dtype
+
+
+def _is_integer(dtype: torch.dtype) -> bool:
+    """Integer and bool dtypes, which keep their own dtype when a model is cast or sized (HF's test by name)."""
+    return str(dtype).startswith(_INTEGER_DTYPES)
 
 
 def named_module_tensors(
@@ -49,13 +77,16 @@ def named_module_tensors(
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(name, tensor)`` for the parameters of ``module`` and (``include_buffers``) its buffers.
 
-    ``recurse`` walks submodules; ``remove_non_persistent`` leaves out
-    buffers that are not part of the state dict. Catalog: modeling.sizes.
+    ``recurse`` walks submodules; ``remove_non_persistent`` leaves out the
+    buffers named in `get_non_persistent_buffers` (attribute names, as in HF:
+    with ``recurse`` a submodule's non-persistent buffer ``"sub.b"`` is kept,
+    a buffer of the module itself named like one is dropped).
+    Catalog: modeling.sizes.
     """
     yield from module.named_parameters(recurse=recurse)
     if not include_buffers:
         return
-    skipped = get_non_persistent_buffers(module, recurse, fqns=True) if remove_non_persistent else set()
+    skipped = get_non_persistent_buffers(module, recurse=recurse) if remove_non_persistent else set()
     for name, buffer in module.named_buffers(recurse=recurse):
         if name not in skipped:
             yield name, buffer
@@ -64,32 +95,41 @@ def named_module_tensors(
 def get_non_persistent_buffers(module: nn.Module, recurse: bool = False, fqns: bool = False) -> set[str]:
     """The names of the buffers of ``module`` registered with ``persistent=False`` (not in its state dict).
 
-    Rules: without ``recurse`` only the module's own buffers; with it the
-    submodules' too, by attribute name (``"b"``) or, with ``fqns``, by
-    dotted name from ``module`` (``"sub.b"``). HF accelerate 1.15 also
-    lists the module's own buffers a second time as ``".b"`` when both flags
-    are set; that artefact is not reproduced. Catalog: modeling.sizes.
+    Rules (HF 1.15's): the module's own, by attribute name; with ``recurse``
+    every module's of ``named_modules()`` too, by attribute name or, with
+    ``fqns``, as ``"<module name>.<buffer>"``, so the module's own appear a
+    second time as ``".b"`` (its name is ``""``). Catalog: modeling.sizes.
     """
     names = set(module._non_persistent_buffers_set)
     if recurse:
         for prefix, submodule in module.named_modules():
-            qualify = fqns and prefix
-            names |= {f"{prefix}.{name}" if qualify else name for name in submodule._non_persistent_buffers_set}
+            names |= {f"{prefix}.{name}" if fqns else name for name in submodule._non_persistent_buffers_set}
     return names
+
+
+#: Bytes per element for the storage-size fallbacks of `id_tensor_storage` (HF's table).
+_ELEMENT_BYTES = {torch.int64: 8, torch.float32: 4, torch.int32: 4, torch.bfloat16: 2, torch.float16: 2,
+                  torch.int16: 2, torch.uint8: 1, torch.int8: 1, torch.bool: 1, torch.float64: 8}
 
 
 def id_tensor_storage(tensor: torch.Tensor) -> tuple[torch.device, int, int]:
     """``(device, storage address, storage bytes)``: equal for tensors that share one storage (views, tied weights).
 
-    Rule: the untyped storage's ``data_ptr()`` and ``nbytes()``; every
-    ``meta`` tensor has address 0. Two storages whose lifetimes do not
-    overlap may get the same id. Catalog: modeling.tied_parameters.
+    Rule: the untyped storage's ``data_ptr()`` and ``nbytes()``; a tensor
+    without one falls back to ``storage()`` and, where that is not
+    implemented either, to address 0 and its element count's bytes. Two
+    storages whose lifetimes do not overlap may get the same id.
+    Catalog: modeling.tied_parameters.
     """
     try:
         storage = tensor.untyped_storage()
         return tensor.device, storage.data_ptr(), storage.nbytes()
-    except (NotImplementedError, RuntimeError):  # a tensor subclass without a storage
-        return tensor.device, 0, tensor.nelement() * tensor.element_size()
+    except Exception:  # noqa: BLE001 - HF's fallbacks, for tensors without an untyped storage
+        try:
+            legacy = tensor.storage()
+            return tensor.device, legacy.data_ptr(), legacy.size() * _ELEMENT_BYTES[tensor.dtype]
+        except NotImplementedError:
+            return tensor.device, 0, tensor.nelement() * _ELEMENT_BYTES[tensor.dtype]
 
 
 def compute_module_sizes(
@@ -102,8 +142,9 @@ def compute_module_sizes(
 
     Rules: a tensor's size is its element count times its dtype's bytes; a
     name in ``special_dtypes`` uses that dtype; otherwise with ``dtype``
-    floating tensors take the smaller of ``dtype`` and their own dtype
-    (integer and bool tensors keep theirs). Each tensor's size is added to
+    other tensors take the smaller of ``dtype`` and their own dtype
+    (integer and bool tensors keep theirs; a complex one is sized as
+    ``dtype`` if that is smaller, as HF does). Each tensor's size is added to
     every prefix of its dotted name. Catalog: modeling.sizes.
     """
     dtype = _parse_dtype(dtype)
@@ -113,7 +154,7 @@ def compute_module_sizes(
     for name, tensor in tensors:
         if name in special:
             size = tensor.numel() * special[name]
-        elif dtype is None or not tensor.is_floating_point():
+        elif dtype is None or _is_integer(tensor.dtype):
             size = tensor.numel() * _byte_size(tensor.dtype)
         else:
             size = tensor.numel() * min(_byte_size(dtype), _byte_size(tensor.dtype))
@@ -173,44 +214,71 @@ def calculate_maximum_sizes(model: nn.Module) -> tuple[int, tuple[int, list[str]
 def get_max_memory(max_memory: Optional[MaxMemory] = None) -> dict[Union[int, str], int]:
     """The memory budget per device, in bytes, ordered accelerators (by index), then mps, cpu, disk.
 
-    Rules: without ``max_memory`` it is the free memory of every
-    accelerator and the available RAM as ``"cpu"``; with one, string values
-    are converted (``"1GB"`` = 10**9, ``"500MiB"`` = 500 * 2**20, see
-    `convert_file_size_to_int`) and an unknown key is a ValueError naming it.
+    Rules (HF 1.15's): without ``max_memory`` it is the free memory of every
+    accelerator that answers (one that fails is logged at INFO and skipped)
+    and the available RAM as ``"mps"`` on Apple silicon, else as ``"cpu"``
+    (none on an integrated GPU, whose memory is the RAM). With one, its
+    string values are converted in place (``"1GB"`` = 10**9, ``"500MiB"`` =
+    500 * 2**20, see `convert_file_size_to_int`); an index past the
+    accelerators present (or negative) is logged as a warning; a key that is
+    no int, ``"mps"``, ``"cpu"`` or ``"disk"`` is a ValueError naming it.
     Catalog: modeling.max_memory_strings.
     """
     import psutil
 
     from .modeling import convert_file_size_to_int
 
+    name, backend = accelerator_backend()
     if max_memory is None:
         budget: dict[Union[int, str], int] = {}
-        if is_npu_available():
-            for index in range(torch.npu.device_count()):
-                budget[index] = torch.npu.mem_get_info(index)[0]
-        elif torch.cuda.is_available():
-            for index in range(torch.cuda.device_count()):
-                budget[index] = torch.cuda.mem_get_info(index)[0]
-        budget["cpu"] = psutil.virtual_memory().available
+        integrated = False
+        for index in range(backend.device_count()):
+            try:
+                # Initialises the device, and stays alive while its free memory is read (as HF's does).
+                _ = torch.tensor([0], device=index if name == "cuda" else torch.device(name, index))
+                budget[index] = backend.mem_get_info(index)[0]
+                if name == "cuda":
+                    integrated = integrated or getattr(torch.cuda.get_device_properties(index), "is_integrated", False)
+            except Exception:  # noqa: BLE001 - HF skips a device that does not answer
+                logger.info(f"Device {index} seems unavailable, Proceeding to check subsequent devices.")
+        if is_mps_available():
+            budget["mps"] = psutil.virtual_memory().available
+        elif not integrated:
+            budget["cpu"] = psutil.virtual_memory().available
         return budget
-    converted: dict[Union[int, str], int] = {}
-    for key, value in max_memory.items():
-        if not (isinstance(key, int) and not isinstance(key, bool)) and key not in HOST_DEVICES:
-            raise ValueError(f"max_memory key {key!r} is not a device: use accelerator indices (ints), 'mps', 'cpu' or 'disk'")
-        try:
-            converted[key] = convert_file_size_to_int(value)
-        except ValueError as error:
-            raise ValueError(f"max_memory[{key!r}] = {value!r} is not a memory size: {error}") from error
-    accelerators = sorted(key for key in converted if isinstance(key, int))
-    return {key: converted[key] for key in accelerators + [k for k in HOST_DEVICES if k in converted]}
+    for key in max_memory:
+        if isinstance(max_memory[key], str):
+            max_memory[key] = convert_file_size_to_int(max_memory[key])
+    accelerators = sorted(key for key in max_memory if isinstance(key, int))
+    count = backend.device_count()
+    for index in accelerators:
+        if index >= count or index < 0:
+            logger.warning(f"Device {index} is not available, available devices are {list(range(count))}")
+    ordered = accelerators + [key for key in HOST_DEVICES if key in max_memory]
+    for key in max_memory:
+        if key not in ordered:
+            raise ValueError(
+                f"Device {key} is not recognized, available devices are integers(for GPU/XPU), 'mps', 'cpu' and 'disk'"
+            )
+    return {key: max_memory[key] for key in ordered}
 
 
 def find_tied_parameters(model: nn.Module, **kwargs) -> list[list[str]]:
-    """Groups (sorted names) of parameters that are one and the same Parameter object. Catalog: modeling.tied_parameters."""
-    groups: dict[int, list[str]] = defaultdict(list)
-    for name, parameter in model.named_parameters(remove_duplicate=False):
-        groups[id(parameter)].append(name)
-    return [sorted(names) for names in groups.values() if len(names) > 1]
+    """Groups (sorted names) of parameters that are one and the same Parameter object.
+
+    Rule (HF 1.15's): each group is keyed by the name ``named_parameters()``
+    lists the Parameter under; the groups come in the order of the set of
+    duplicate names. Catalog: modeling.tied_parameters.
+    """
+    every = dict(model.named_parameters(remove_duplicate=False))
+    unique = dict(model.named_parameters(remove_duplicate=True))
+    groups: dict[str, list[str]] = {}
+    for duplicate in set(every) - set(unique):
+        twin = every[duplicate]
+        for name, parameter in unique.items():
+            if parameter is twin:
+                groups.setdefault(name, []).append(duplicate)
+    return [sorted([name] + list(set(duplicates))) for name, duplicates in groups.items()]
 
 
 def check_tied_parameters_in_config(model: nn.Module) -> bool:
@@ -241,21 +309,17 @@ def get_module_size_with_ties(
     """The size of a module placed together with the modules holding the twins of its tied parameters.
 
     Rules: each name in ``tied_params`` (a twin outside the module) belongs
-    to the first entry of ``modules_to_treat`` whose name is its prefix;
-    the result is ``module_size`` plus, per twin, that module's size minus
-    the twin's own (counted once already), with the twins' module names and
-    modules. No twins: ``(module_size, [], [])``. Catalog: modeling.tied_parameters.
+    to the first entry of ``modules_to_treat`` whose name is its prefix (none:
+    an IndexError, as in HF); the result is ``module_size`` plus, per twin,
+    that module's size minus the twin's own (counted once already), with the
+    twins' module names and modules. No twins: ``(module_size, [], [])``.
+    Catalog: modeling.tied_parameters.
     """
-    total, names, modules = module_size, [], []
-    for twin in tied_params:
-        holder = next(((n, m) for n, m in modules_to_treat if twin.startswith(n + ".")), None)
-        if holder is None:
-            raise ValueError(f"no module among modules_to_treat holds the tied parameter {twin}")
-        name, module = holder
-        names.append(name)
-        modules.append(module)
-        total += module_sizes[name] - module_sizes[twin]
-    return total, names, modules
+    if not tied_params:
+        return module_size, [], []
+    holders = [[entry for entry in modules_to_treat if twin.startswith(entry[0] + ".")][0] for twin in tied_params]
+    total = module_size + sum(module_sizes[name] - module_sizes[twin] for twin, (name, _) in zip(tied_params, holders))
+    return total, [name for name, _ in holders], [module for _, module in holders]
 
 
 def get_module_leaves(module_sizes: dict[str, int]) -> list[str]:
@@ -269,17 +333,54 @@ def get_module_leaves(module_sizes: dict[str, int]) -> list[str]:
     return [name for name in module_sizes if name and name not in parents]
 
 
-def retie_parameters(model: nn.Module, tied_params: list[list[str]]) -> None:
-    """Make every group of ``tied_params`` one Parameter again: the first one not on ``meta`` (else the first).
+def _owner(model: nn.Module, dotted: str) -> tuple[nn.Module, str]:
+    """The module holding attribute ``dotted`` of ``model`` (walked with ``getattr``, as HF does) and its last name."""
+    *path, attribute = dotted.split(".")
+    for part in path:
+        model = getattr(model, part)
+    return model, attribute
 
-    Catalog: modeling.tied_parameters.
+
+def retie_parameters(model: nn.Module, tied_params: list[list[str]]) -> None:
+    """Make every group of ``tied_params`` one Parameter again: the first one of the group not on ``meta``.
+
+    Rule (HF 1.15's): a group whose parameters are all on ``meta`` is left
+    as it is; names are walked with ``getattr`` (an unknown one is the
+    module's AttributeError). Catalog: modeling.tied_parameters.
     """
     for group in tied_params:
-        parameters = [model.get_parameter(name) for name in group]
-        shared = next((p for p in parameters if not p.is_meta), parameters[0])
+        shared = None
         for name in group:
-            module_name, _, attribute = name.rpartition(".")
-            setattr(model.get_submodule(module_name), attribute, shared)
+            owner, attribute = _owner(model, name)
+            candidate = getattr(owner, attribute)
+            if candidate.device != torch.device("meta"):
+                shared = candidate
+                break
+        if shared is None:
+            continue
+        for name in group:
+            owner, attribute = _owner(model, name)
+            setattr(owner, attribute, shared)
+
+
+def _device_key(device: Device) -> Device:
+    """The device ``set_module_tensor_to_device`` hands torch: an int index names its NPU/MLU/SDAA/MUSA device
+    (``torch_npu`` refuses ``Tensor.to(<int>)``) or the HPU; otherwise it is passed on as given (an int is CUDA's)."""
+    if not isinstance(device, int):
+        return device
+    for name, available in (("npu", is_npu_available), ("mlu", is_mlu_available), ("sdaa", is_sdaa_available),
+                            ("musa", is_musa_available)):
+        if available():
+            return f"{name}:{device}"
+    return "hpu" if is_hpu_available() else device
+
+
+def _tied_copy(tied_params_map: Optional[dict], tensor: Optional[torch.Tensor], device: Device) -> Optional[torch.Tensor]:
+    """The copy of ``tensor`` already placed on ``device`` for its tied group, if ``tied_params_map`` has one."""
+    if tied_params_map is None or tensor is None:
+        return None
+    copies = tied_params_map.get(tensor.data_ptr())
+    return copies[device] if copies is not None and device in copies else None
 
 
 def set_module_tensor_to_device(
@@ -295,49 +396,108 @@ def set_module_tensor_to_device(
 ) -> None:
     """Put parameter or buffer ``tensor_name`` (dotted) of ``module`` on ``device``, optionally with new data.
 
-    Rules: ``value`` replaces the data (same shape, else a ValueError naming
-    both shapes) and takes ``dtype`` if given, else the old dtype (integer
-    and bool values keep theirs); a tensor on ``meta`` needs a ``value``; a
-    parameter stays a Parameter with the same ``requires_grad``.
-    ``tied_params_map`` (``{data_ptr: {device: tensor}}``) reuses a copy
-    already made on ``device`` for a tied weight. Catalog: modeling.tensor_to_device.
+    Rules (HF 1.15's, with its messages): the dotted path is walked with
+    ``getattr`` (a ``None`` on the way is a ValueError); a name that is no
+    parameter or buffer is a ValueError quoting the module; ``value``
+    replaces the data (another shape is a ValueError quoting both) and
+    takes the old dtype, or ``dtype`` (a torch dtype) unless it is an
+    integer or bool value; a tensor on ``meta`` needs a ``value``; moving to
+    ``meta`` with a ``dtype`` casts a floating tensor; ``xpu`` without an
+    XPU is a ValueError. A parameter stays a Parameter of its class with the
+    same ``requires_grad``; one already on the device with no new value is
+    left as it is. ``tied_params_map`` (``{data_ptr: {device: tensor}}``)
+    reuses the copy already made on ``device`` for a tied weight and
+    records new ones. The device cache is emptied after a move to an
+    accelerator (``clear_cache``). Catalog: modeling.tensor_to_device.
     """
-    owner_name, _, attribute = tensor_name.rpartition(".")
-    owner = module.get_submodule(owner_name) if owner_name else module
-    if attribute not in owner._parameters and attribute not in owner._buffers:
-        raise ValueError(f"{owner.__class__.__name__} has no parameter or buffer named {attribute!r} ({tensor_name})")
-    is_buffer = attribute in owner._buffers
-    old = owner._buffers[attribute] if is_buffer else owner._parameters[attribute]
-    target = as_torch_device(device)
-    if value is None and old.is_meta and str(target) != "meta":
-        raise ValueError(f"{tensor_name} is on the meta device: a value is needed to put it on {target}")
-    if tied_params_map is not None and value is not None and not old.is_meta:
-        reused = tied_params_map.get(old.data_ptr(), {}).get(device)
-        if reused is not None:
-            owner._parameters[attribute] = reused
-            return
-    dtype = _parse_dtype(dtype)
-    with torch.no_grad():
-        if value is not None:
-            value = value if isinstance(value, torch.Tensor) else torch.tensor(value)
-            if tuple(value.shape) != tuple(old.shape):
-                raise ValueError(f"cannot set {tensor_name} of shape {list(old.shape)} to a value of shape {list(value.shape)}")
-            if dtype is None:
-                value = value.to(old.dtype)
-            elif value.is_floating_point():
-                value = value.to(dtype)
-        elif dtype is not None and old.is_floating_point():
-            value = old.to(dtype)
-        new = (old if value is None else value).to(target, non_blocking=non_blocking)
-    if is_buffer:
-        owner._buffers[attribute] = new
-    elif isinstance(old, nn.Parameter) and new is old:
-        return
-    else:
-        from .bnb import quantized_parameter_like  # a bitsandbytes weight given new data quantizes it
+    from .memory import clear_device_cache
+    from .modeling import check_device_same
 
-        parameter = quantized_parameter_like(old, new) if value is not None else None
-        if parameter is None:
-            parameter_class = type(old) if isinstance(old, nn.Parameter) else nn.Parameter
-            parameter = parameter_class(new, requires_grad=old.requires_grad)
-        owner._parameters[attribute] = parameter
+    if "." in tensor_name:
+        *path, tensor_name = tensor_name.split(".")
+        for part in path:
+            child = getattr(module, part)
+            if child is None:
+                raise ValueError(f"{module} has no attribute {part}.")
+            module = child
+    if tensor_name not in module._parameters and tensor_name not in module._buffers:
+        raise ValueError(f"{module} does not have a parameter or a buffer named {tensor_name}.")
+    is_buffer = tensor_name in module._buffers
+    old_value = getattr(module, tensor_name)
+    for source in (value, old_value):
+        reused = _tied_copy(tied_params_map, source, device)
+        if reused is not None:
+            module._parameters[tensor_name] = reused
+            return
+    if old_value.device == torch.device("meta") and device not in ("meta", torch.device("meta")) and value is None:
+        raise ValueError(f"{tensor_name} is on the meta device, we need a `value` to put in on {device}.")
+    param = module._parameters[tensor_name] if tensor_name in module._parameters else None
+    param_cls = type(param)
+    if value is not None:
+        if old_value.shape != value.shape and param_cls.__name__ != "Params4bit":
+            raise ValueError(
+                f'Trying to set a tensor of shape {value.shape} in "{tensor_name}" (which has shape {old_value.shape}), '
+                "this looks incorrect."
+            )
+        if dtype is None:
+            value = value.to(old_value.dtype, non_blocking=non_blocking)
+        elif not _is_integer(value.dtype):
+            value = value.to(dtype, non_blocking=non_blocking)
+    quantize_on = None
+    with torch.no_grad():
+        if (param is not None and param.device.type not in ("cuda", "xpu") and torch.device(device).type in ("cuda", "xpu")
+                and param_cls.__name__ in ("Int8Params", "FP4Params", "Params4bit")):
+            quantize_on, device = device, "cpu"  # bitsandbytes quantizes on its way to the GPU: stage on the CPU
+        device = _device_key(device)
+        if "xpu" in str(device) and not is_xpu_available():
+            raise ValueError(f'{device} is not available, you should use device="cpu" instead')
+        if value is None:
+            new_value = old_value.to(device, non_blocking=non_blocking)
+            if dtype is not None and device in ("meta", torch.device("meta")):
+                if not _is_integer(old_value.dtype):
+                    new_value = new_value.to(dtype, non_blocking=non_blocking)
+                if not is_buffer:
+                    module._parameters[tensor_name] = param_cls(new_value, requires_grad=old_value.requires_grad)
+        elif isinstance(value, torch.Tensor):
+            new_value = value.to(device, non_blocking=non_blocking)
+        else:
+            new_value = torch.tensor(value, device=device)
+        if quantize_on is not None:
+            device = quantize_on
+        if is_buffer:
+            module._buffers[tensor_name] = new_value
+        elif value is not None or not check_device_same(torch.device(device), module._parameters[tensor_name].device):
+            new_value = _as_parameter(module._parameters[tensor_name], new_value, old_value, device, non_blocking,
+                                      fp16_statistics)
+            module._parameters[tensor_name] = new_value
+    if clear_cache and device not in ("cpu", "meta"):
+        clear_device_cache()
+    for source in (old_value, value):  # record the new copy under the first of the two its group is keyed by
+        if (tied_params_map is not None and source is not None and source.data_ptr() in tied_params_map
+                and device not in tied_params_map[source.data_ptr()]):
+            tied_params_map[source.data_ptr()][device] = new_value
+            break
+
+
+def _as_parameter(current: nn.Parameter, new_value: torch.Tensor, old_value: torch.Tensor, device: Device,
+                  non_blocking: bool, fp16_statistics: Optional[torch.Tensor]) -> nn.Parameter:
+    """``new_value`` as the parameter replacing ``current``: of its class (a bitsandbytes one quantizes it; an
+    optimum-quanto or torchao tensor is moved as it is), with ``old_value``'s ``requires_grad`` and any
+    ``_is_hf_initialized`` mark of ``current``; ``fp16_statistics`` become its ``SCB`` (8-bit serialization)."""
+    from .bnb import quantized_parameter_like
+
+    param_cls = type(current)
+    is_hf_initialized = current.__dict__.pop("_is_hf_initialized", None)
+    if param_cls.__name__ in ("Int8Params", "FP4Params", "Params4bit"):
+        parameter = quantized_parameter_like(current, new_value.to(device, non_blocking=non_blocking))
+    elif param_cls.__name__ in ("QTensor", "QBitsTensor"):
+        parameter = nn.Parameter(new_value, requires_grad=old_value.requires_grad).to(device, non_blocking=non_blocking)
+    elif param_cls.__name__ == "AffineQuantizedTensor" or "torchao" in getattr(param_cls, "__module__", ""):
+        parameter = new_value.to(device, non_blocking=non_blocking)
+    else:
+        parameter = param_cls(new_value, requires_grad=old_value.requires_grad).to(device, non_blocking=non_blocking)
+    if is_hf_initialized is not None:
+        parameter._is_hf_initialized = is_hf_initialized
+    if fp16_statistics is not None:
+        parameter.SCB = fp16_statistics.to(device, non_blocking=non_blocking)
+    return parameter
