@@ -212,9 +212,8 @@ def create_ascii_table(headers: list, rows: list, title: str) -> str:
     def line(cells: list) -> str:
         return "│" + "│".join(cell.center(width) for cell, width in zip(cells, widths)) + "│"
 
-    lines = ["┌" + "─" * inner + "┐", "│" + title.center(inner) + "│", rule("├", "┬", "┤"), line(headers), rule("├", "┼", "┤")]
-    lines += [line(row) for row in rows]
-    lines.append(rule("└", "┴", "┘"))
+    lines = ["┌" + "─" * inner + "┐", "│" + title.center(inner) + "│", rule("├", "┬", "┤"), line(headers)]
+    lines += [rule("├", "┼", "┤"), *(line(row) for row in rows), rule("└", "┴", "┘")]
     return "\n".join(lines)
 
 
@@ -224,7 +223,9 @@ def estimate_command_parser(subparsers=None):
         parser = subparsers.add_parser("estimate-memory", help="memory a model needs to load and train, per dtype")
     else:
         parser = CustomArgumentParser(description=description)
-    parser.add_argument("model_name", type=str, help="A model ID on the Hugging Face Hub, or a local model folder or config.json.")
+    parser.add_argument(
+        "model_name", type=str, help="A model ID on the Hugging Face Hub, or a local model folder or config.json."
+    )
     parser.add_argument(
         "--library_name",
         type=str,

@@ -53,8 +53,11 @@ from ..utils.launch import (
     prepare_tpu,
 )
 from ..utils.constants import DEEPSPEED_MULTINODE_LAUNCHERS, TORCH_DYNAMO_MODES  # noqa: F401
+from ..utils.environment import check_cuda_p2p_ib_support, str_to_bool  # noqa: F401  (HF's commands.launch exposes them)
+from ..utils.imports import is_rich_available, is_sagemaker_available  # noqa: F401  (as above)
 from .config.config_args import ConfigError, SageMakerConfig, current_default_config_file, default_config_file, load_config_from_file  # noqa: F401
 from .config.config_utils import DYNAMO_BACKENDS  # noqa: F401
+from .utils import CustomArgumentParser  # noqa: F401  (HF's commands.launch exposes it)
 
 
 logger = logging.getLogger(__name__)
