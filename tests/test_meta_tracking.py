@@ -16,7 +16,7 @@ import importlib.util
 
 import pytest
 
-from tests.test_meta_suite import F, Break, brk, plan, shared_pools  # noqa: F401  (shared_pools: a fixture)
+from tests.test_meta_suite import E, F, Break, brk, plan, shared_pools  # noqa: F401  (shared_pools: a fixture)
 from tests.test_meta_suite import test_suite_reports as check_entry
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -30,8 +30,9 @@ INSTALLED = tuple(name for name, package in CASES.items() if importlib.util.find
 BREAKS = [
     brk("tracking_mlflow_drops_step", {"tracking_mlflow": F}, "2", ("tracking_mlflow",)),
     # Every process logs as if it were the main one: W&B gets a second run. MLflowTracker's own
-    # methods run on the main process only, so its case passes (test_meta_saving has the custom-tracker case).
-    brk("save_tracker_on_every_rank", {"tracking_wandb": F}, "2", INSTALLED),
+    # methods run on the main process only, so rank 1's tracker never starts and, as HF's, has no run to
+    # unwrap: its case errors (test_meta_saving has the custom-tracker case).
+    brk("save_tracker_on_every_rank", {"tracking_wandb": F, "tracking_mlflow": E}, "2", INSTALLED),
     # The configuration never reaches the store: each case reads its package's store back.
     brk("tracking_more_drops_config",
         {"tracking_comet_ml": F, "tracking_aim": F, "tracking_clearml": F, "tracking_dvclive": F}, "2",
