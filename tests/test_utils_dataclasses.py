@@ -69,7 +69,8 @@ def test_distributed_type_values():
     assert DistributedType.MULTI_CPU == "MULTI_CPU"
     assert all(member.value == name for name, member in DistributedType.__members__.items() if name != "TPU")
     assert DistributedType.TPU is DistributedType.XLA
-    assert DistributedType("TP") is DistributedType.TP
+    with pytest.raises(ValueError, match="'TP' is not a valid DistributedType"):  # HF 1.15 has no TP member
+        DistributedType("TP")
     assert json.dumps({"t": DistributedType.FSDP}) == '{"t": "FSDP"}'
 
 
@@ -77,7 +78,7 @@ def test_precision_values_and_errors():
     assert [str(member) for member in PrecisionType] == ["no", "fp8", "fp16", "bf16"]
     assert PrecisionType("bf16") is PrecisionType.BF16
     assert "fp16" in PrecisionType and "fp32" not in PrecisionType
-    with pytest.raises(ValueError, match=r"'fp32' is not a valid PrecisionType.*'no', 'fp8', 'fp16', 'bf16'"):
+    with pytest.raises(ValueError, match=r"^'fp32' is not a valid PrecisionType$"):  # Python's words, as HF's
         PrecisionType("fp32")
 
 
@@ -93,8 +94,7 @@ def test_ddp_kwargs_to_kwargs():
     assert DistributedDataParallelKwargs().to_kwargs() == {}
     kwargs = DistributedDataParallelKwargs(find_unused_parameters=True, bucket_cap_mb=50)
     assert kwargs.to_kwargs() == {"find_unused_parameters": True, "bucket_cap_mb": 50}
-    with pytest.raises(ValueError, match="bucket_cap_mb"):
-        DistributedDataParallelKwargs(bucket_cap_mb=0)
+    assert DistributedDataParallelKwargs(bucket_cap_mb=0).bucket_cap_mb == 0  # unchecked, as HF's (DDP checks)
 
 
 def test_autocast_kwargs():
@@ -107,10 +107,7 @@ def test_grad_scaler_kwargs_erratum():
     assert GradScalerKwargs(backoff_factor=0.25).to_kwargs() == {"backoff_factor": 0.25}
     with pytest.raises(TypeError, match="backoff_filter"):
         GradScalerKwargs(backoff_filter=0.25)
-    with pytest.raises(ValueError, match="growth_factor"):
-        GradScalerKwargs(growth_factor=0.5)
-    with pytest.raises(ValueError, match="backoff_factor"):
-        GradScalerKwargs(backoff_factor=1.5)
+    assert GradScalerKwargs(growth_factor=0.5).to_kwargs() == {"growth_factor": 0.5}  # unchecked, as HF's
 
 
 def test_init_process_group_kwargs():
@@ -120,20 +117,17 @@ def test_init_process_group_kwargs():
     kwargs = InitProcessGroupKwargs(timeout=timedelta(seconds=800))
     assert kwargs.to_kwargs() == {"timeout": timedelta(seconds=800)}
     assert InitProcessGroupKwargs(backend="gloo").to_kwargs() == {"backend": "gloo", "timeout": timedelta(seconds=1800)}
-    with pytest.raises(ValueError, match="timeout"):
-        InitProcessGroupKwargs(timeout=800)
+    assert InitProcessGroupKwargs(timeout=800).timeout == 800  # kept unchecked, as HF's (torch checks it)
 
 
 def test_gradient_accumulation_plugin():
-    """accumulate.plugin: fields and defaults; num_steps validated."""
+    """accumulate.plugin: fields and defaults; num_steps kept as given (HF checks nothing here)."""
     plugin = GradientAccumulationPlugin(num_steps=2)
     assert (plugin.num_steps, plugin.adjust_scheduler, plugin.sync_with_dataloader, plugin.sync_each_batch) == (
         2, True, True, False,
     )
     assert plugin.to_kwargs() == {"num_steps": 2}
-    for bad in (0, -1, 1.5):
-        with pytest.raises(ValueError, match="num_steps"):
-            GradientAccumulationPlugin(num_steps=bad)
+    assert GradientAccumulationPlugin(num_steps=0).num_steps == 0
 
 
 def test_dataloader_configuration_defaults():
@@ -154,8 +148,7 @@ def test_project_configuration(tmp_path):
     explicit = ProjectConfiguration(project_dir="p", logging_dir="logs")
     explicit.set_directories("q")
     assert (explicit.project_dir, explicit.logging_dir) == ("q", "logs")
-    with pytest.raises(ValueError, match="total_limit"):
-        ProjectConfiguration(total_limit=0)
+    assert ProjectConfiguration(total_limit=0).total_limit == 0  # unchecked, as HF's
 
 
 def test_torch_dynamo_plugin(monkeypatch):
