@@ -464,6 +464,8 @@ def accelerator_custom_tracker(api: Api) -> None:
     api.record("get_tracker unwrap is its tracker", accelerator.get_tracker("other", unwrap=True) is other.calls)
     api.observe("get_tracker of an unknown name", accelerator.get_tracker, "wandb")
     api.observe("get_tracker of an unknown name, unwrapped", accelerator.get_tracker, "wandb", unwrap=True)
+    api.observe("init_trackers again", accelerator.init_trackers, "again")
+    api.observe("trackers after init_trackers again", lambda: [tracker.name for tracker in accelerator.trackers])
     if api.world_size == 1:  # end_training destroys the process group the rank pool keeps
         api.observe("end_training", accelerator.end_training)
     api.record("calls", recorder.calls)
