@@ -79,7 +79,7 @@ def test_disk_entries_without_offload_folder_are_refused_before_anything_is_writ
 
 def test_shape_mismatch_names_both_shapes(tmp_path):
     state = {k: v.contiguous() for k, v in built(width=4, depth=1).state_dict().items()}
-    state["head.bias"] = torch.zeros(7)
+    state["blocks.0.a.bias"] = torch.zeros(7)
     with pytest.raises(ValueError, match=r'shape torch.Size\(\[7\]\) in "bias"'):
         load_checkpoint_in_model(_empty(), _checkpoint(tmp_path, state), device_map={"": "cpu"})
 

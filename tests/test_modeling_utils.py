@@ -178,10 +178,10 @@ def test_get_grad_scaler_matches_hf():
 
 
 def test_get_mixed_precision_context_manager_follows_the_state(fresh_accelerate_state):
-    from accelerate_ref.state import AcceleratorState
+    from accelerate_ref import Accelerator
     from accelerate_ref.utils import AutocastKwargs
 
-    AcceleratorState(mixed_precision="bf16", cpu=True)
+    Accelerator(mixed_precision="bf16", cpu=True)
     with modeling.get_mixed_precision_context_manager(native_amp=False):
         assert not torch.is_autocast_enabled("cpu")
     with modeling.get_mixed_precision_context_manager(native_amp=True):

@@ -24,14 +24,22 @@ OUT_OF_MEMORY_MESSAGES = (
 
 
 def clear_device_cache(garbage_collection: bool = False) -> None:
-    """Run the garbage collector if asked, then empty the accelerator's allocator cache, if any.
+    """Run the garbage collector if asked, then empty the allocator cache of the accelerator present, if any.
 
-    Catalog: free_memory.resets, memory.find_executable_batch_size.
+    Rule (HF 1.15's order): XPU, MLU, SDAA, MUSA, NPU, MPS, CUDA, HPU (which
+    keeps its memory: nothing to empty), Neuron; the first one available is
+    emptied. Catalog: free_memory.resets, memory.find_executable_batch_size.
     """
+    from . import imports
+
     if garbage_collection:
         gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    for family in ("xpu", "mlu", "sdaa", "musa", "npu", "mps", "cuda", "hpu", "neuron"):
+        available = getattr(imports, f"is_{family}_available")
+        if available(min_version="2.0") if family == "mps" else available():
+            if family != "hpu":
+                getattr(torch, family).empty_cache()
+            return
 
 
 def release_memory(*objects: Any) -> list[None]:

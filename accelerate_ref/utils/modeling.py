@@ -340,9 +340,11 @@ def load_checkpoint_in_model(
 ) -> None:
     """Load a (possibly sharded) checkpoint into ``model``, placing weights where ``device_map`` says.
 
-    Rules (HF 1.15's, with its messages): ``checkpoint`` is a weights file,
-    the ``.index.json`` of shards, or a folder holding one of them
-    (`checkpoint_files`); each file is read whole (`load_state_dict`).
+    Rules (HF 1.15's, with its messages): ``checkpoint`` (a ``str`` or an
+    ``os.PathLike``, as HF's signature says, though HF fails on a PathLike
+    naming a file) is a weights file, the ``.index.json`` of shards, or a
+    folder holding one of them (`checkpoint_files`); each file is read whole
+    (`load_state_dict`).
     Without a ``device_map`` the model takes each file through torch's
     ``set_model_state_dict`` (``strict``, ``full_state_dict`` and
     ``broadcast_from_rank0``: rank 0 reads, the others receive; ``dtype`` is
@@ -360,6 +362,7 @@ def load_checkpoint_in_model(
     groups split over devices are logged; ties are restored at the end.
     Catalog: save_model.reload, save_model.sharded, modeling.load_checkpoint_device_map.
     """
+    checkpoint = os.fspath(checkpoint)  # HF fails on a PathLike naming a file ("no attribute 'endswith'")
     tied_params = find_tied_parameters(model)
     warn_if_untied(model, tied_params)
     if device_map is not None:

@@ -6,18 +6,18 @@ in memory whole. Here all shards are loaded first. Caught at world 1 by
 ``bigmodel.load_checkpoint_and_dispatch`` (``load_within_cpu_budget``).
 """
 
+import os
+
 from broken_impls._wrap import BrokenCopy
 
 ref = BrokenCopy(__name__)
 modeling = ref.module("utils.modeling")
-original = ref.get("utils.modeling._lazy_tensors")
 
 
 def load_checkpoint_in_model(model, checkpoint, *args, **kwargs):
     everything = {}
-    for path in modeling.checkpoint_files(checkpoint):
-        shapes, read = original(path)
-        everything.update({name: read(name).clone() for name in shapes})
+    for path in modeling.checkpoint_files(os.fspath(checkpoint)):
+        everything.update({name: tensor.clone() for name, tensor in modeling.load_state_dict(os.fspath(path)).items()})
     try:
         return loader(model, checkpoint, *args, **kwargs)
     finally:

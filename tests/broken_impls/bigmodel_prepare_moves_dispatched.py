@@ -6,6 +6,8 @@ lands on npu:0; on ``sim`` the disk-offloaded weights (on ``meta``) cannot
 be moved at all.
 """
 
+import torch
+
 from broken_impls._wrap import BrokenCopy
 
 ref = BrokenCopy(__name__)
@@ -15,7 +17,7 @@ original = accelerator_class.prepare_model
 
 def prepare_model(self, model, device_placement=None, evaluation_mode=False):
     if not self.use_distributed:
-        model.to(self.device)  # the device map forgotten
+        torch.nn.Module.to(model, self.device)  # the device map forgotten (past dispatch_model's guard on `to`)
     return original(self, model, device_placement, evaluation_mode)
 
 

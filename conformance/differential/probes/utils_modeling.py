@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 from collections import OrderedDict
+from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
@@ -166,7 +167,7 @@ def device_maps(api: Api) -> None:
     api.call("offloaded buffers fit no accelerator", infer, buffered, {0: 200, "cpu": 200})
     holder = nn.Sequential(nn.Linear(3, 4), Net())
     holder[1].register_buffer("steps", torch.zeros(20))
-    api.call("a split module with its own buffer", infer, holder, {0: 150, "cpu": 10000})
+    api.call("a split module with its own buffer", infer, holder, {0: 400, "cpu": 10000})
     api.call("an unknown device", infer, model, {"gpu": 10})
     api.call("a zero budget", infer, model, {0: 0, "cpu": 10000})
     api.call("a meta model", infer, _on_meta(), {0: 200, "cpu": 10000})
@@ -373,6 +374,8 @@ def checkpoints_loaded(api: Api) -> None:
         api.call(f"{layout}: load", load, model, paths[layout])
         api.record(f"{layout}: values", model.state_dict())
     api.call("the bin folder", load, Net(), os.path.dirname(paths["bin"]))
+    api.call("a path object naming a file", load, Net(), Path(paths["bin"]))
+    api.call("a path object naming a folder", load, Net(), Path(paths["sharded"]))
     empty = api.tmp / "empty"
     empty.mkdir()
     api.call("a folder with no weights", load, Net(), str(empty))
