@@ -340,7 +340,7 @@ def mlflow_environment(api: Api) -> None:
 
 
 @probe("tracking", env={"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DISABLE_GIT": "true",
-                        "WANDB_DISABLE_CODE": "true", "WANDB_CONSOLE": "off", "WANDB_DISABLE_SERVICE_LOGS": "true"})
+                        "WANDB_DISABLE_CODE": "true", "WANDB_CONSOLE": "off"})
 def wandb_tracker(api: Api) -> None:
     import wandb
 
