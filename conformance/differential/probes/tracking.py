@@ -347,7 +347,9 @@ def wandb_tracker(api: Api) -> None:
     from conformance.tracker_stores import wandb_offline_runs
 
     api.partial_state()
-    os.environ["WANDB_DIR"] = str(api.tmp)
+    for variable, folder in (("WANDB_DIR", ""), ("WANDB_CACHE_DIR", "wandb-cache"), ("WANDB_DATA_DIR", "wandb-data"),
+                             ("WANDB_CONFIG_DIR", "wandb-config")):  # nothing written outside api.tmp
+        os.environ[variable] = str(api.tmp / folder)
     tracker_class = api.get("tracking.WandBTracker")
     try:
         with debug_logs(api):
@@ -372,7 +374,8 @@ def wandb_tracker(api: Api) -> None:
     for run in runs:
         run["history"] = [[step, sorted(row)] for step, row in run["history"]]
     api.record("runs", runs)
-    shutil.rmtree(api.tmp / "wandb", ignore_errors=True)
+    for folder in ("wandb", "wandb-cache", "wandb-data", "wandb-config"):
+        shutil.rmtree(api.tmp / folder, ignore_errors=True)
 
 
 # -- the trackers whose packages are not installed ---------------------------------------------------------------
