@@ -326,7 +326,10 @@ def wandb_offline(tmp_path, monkeypatch):
     """W&B in offline mode writing under ``tmp_path``; its service stopped afterwards."""
     wandb = pytest.importorskip("wandb")
     for key, value in {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true",
-                       "WANDB_DISABLE_GIT": "true", "WANDB_DISABLE_CODE": "true", "WANDB_CONSOLE": "off"}.items():
+                       "WANDB_DISABLE_GIT": "true", "WANDB_DISABLE_CODE": "true", "WANDB_CONSOLE": "off",
+                       # wandb's caches and staging too, so nothing is written to HOME
+                       "WANDB_CACHE_DIR": str(tmp_path / "cache"), "WANDB_DATA_DIR": str(tmp_path / "data"),
+                       "WANDB_CONFIG_DIR": str(tmp_path / "config")}.items():
         monkeypatch.setenv(key, value)
     yield str(tmp_path)
     wandb.teardown()
