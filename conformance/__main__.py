@@ -4,6 +4,7 @@
 * ``list``: one line per catalog ID with the cases that cover it, or ``UNCOVERED``.
 * ``report``: build the Markdown/HTML matrix from saved JSON runs.
 * ``parity``: every public name of HF accelerate's documented modules, checked in ``--impl``.
+* ``shipped``: HF's own self-test scripts from its wheel, on HF and switched to ``--impl`` (:mod:`conformance.shipped`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from .impl import chosen
 from .manifest import Manifest
 from simulators.cli import OneLineParser
 
+from .shipped import DEFAULT_SCRIPT_TIMEOUT
 from .runner import DEFAULT_CASE_TIMEOUT, DEFAULT_WORLDS, WORLD_PRESETS, RunOptions, execute, parse_worlds
 
 
@@ -58,6 +60,14 @@ def _parser() -> argparse.ArgumentParser:
     par.add_argument("--module", dest="modules", action="append", default=[], help="only this accelerate module")
     par.add_argument("--markdown", metavar="PATH", help="write the per-module counts as a Markdown table")
     par.add_argument("-v", "--verbose", action="store_true", help="list every gap, explained or not")
+
+    shipped = commands.add_parser("shipped", help="HF's shipped self-test scripts on HF and switched to --impl")
+    shipped.add_argument("--impl", help="implementation package (default: $ACCELERATE_IMPL or accelerate_ref)")
+    shipped.add_argument("-k", dest="patterns", action="append", default=[], help="only scripts whose path contains this")
+    shipped.add_argument("--script-timeout", type=float, default=DEFAULT_SCRIPT_TIMEOUT,
+                         help="seconds before a script is a hang on one implementation")
+    shipped.add_argument("--logs", metavar="DIR", help="keep every run's rank output here")
+    shipped.add_argument("--markdown", metavar="PATH", help="write the table here too")
     return parser
 
 
@@ -174,9 +184,16 @@ def cmd_parity(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+def cmd_shipped(args: argparse.Namespace) -> int:
+    from . import shipped
+
+    return shipped.main(chosen(args.impl), args.patterns, args.script_timeout, args.logs, args.markdown)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    return {"run": cmd_run, "list": cmd_list, "report": cmd_report, "parity": cmd_parity}[args.command](args)
+    commands = {"run": cmd_run, "list": cmd_list, "report": cmd_report, "parity": cmd_parity, "shipped": cmd_shipped}
+    return commands[args.command](args)
 
 
 if __name__ == "__main__":

@@ -42,19 +42,26 @@ def _env_flag(name: str) -> bool:
     return str_to_bool(os.environ.get(_ENV + name, "False")) == 1
 
 
-def _torch_enum(enum_class: Any, value: Any, names: Iterable[str] = ()) -> Any:
+def _torch_enum(enum_class: Any, value: Any, field_name: str, names: Iterable[str] = ()) -> Any:
     """``value`` (a name of ``names`` in any case, a number or its digits, or a member name) as torch's ``enum_class``.
 
     Rule (HF's): a name of ``names`` is its position + 1, a number or digits
-    are the member's value, anything else is looked up by member name
-    (torch's KeyError or ValueError for an unknown one, as HF lets them escape).
+    are the member's value (an unknown one: torch's ValueError, as HF), anything
+    else is looked up by member name. An unknown name is a KeyError, as in HF,
+    but one that names ``field_name`` and the valid names (HF's is torch's bare
+    ``KeyError('HALF')``): catalog plugin.unavailable_engines, whose case
+    plugin_bad_sharding_strategy wants the field named.
     """
     names = list(names)
     if isinstance(value, str) and value.upper() in names:
         value = names.index(value.upper()) + 1
     if isinstance(value, int) or value.isdigit():
         return enum_class(int(value))
-    return enum_class[value.upper()]
+    try:
+        return enum_class[value.upper()]
+    except KeyError:
+        valid = names or [member.name for member in enum_class]
+        raise KeyError(f"{field_name} {value} is not one of {valid}") from None
 
 
 def current_device() -> torch.device:
@@ -89,8 +96,8 @@ class FullyShardedDataParallelPlugin:
     ``auto_wrap_policy`` transformer_based_wrap, size_based_wrap or no_wrap (a
     non-string is kept as given); ``cpu_ram_efficient_loading`` forces
     ``sync_module_states`` under FSDP1; ``activation_checkpointing_offload``
-    needs ``activation_checkpointing`` and FSDP2. An unknown name escapes as
-    torch's KeyError. Catalog: plugin.fsdp, plugin.fsdp_strategies,
+    needs ``activation_checkpointing`` and FSDP2. An unknown name is a KeyError
+    naming the field (`_torch_enum`). Catalog: plugin.fsdp, plugin.fsdp_strategies,
     plugin.fsdp_state_dict, plugin.fsdp_wrap_policy.
     """
 
@@ -131,7 +138,8 @@ class FullyShardedDataParallelPlugin:
             if self.sharding_strategy is None:
                 self.sharding_strategy = os.environ.get(_ENV + "SHARDING_STRATEGY", "FULL_SHARD")
             if isinstance(self.sharding_strategy, str):
-                self.sharding_strategy = _torch_enum(ShardingStrategy, self.sharding_strategy, FSDP_SHARDING_STRATEGY)
+                self.sharding_strategy = _torch_enum(ShardingStrategy, self.sharding_strategy, "sharding_strategy",
+                                                     FSDP_SHARDING_STRATEGY)
         self._resolve_reshard_after_forward(ShardingStrategy)
         if self.cpu_offload is None:
             self.cpu_offload = _env_flag("OFFLOAD_PARAMS")
@@ -178,7 +186,8 @@ class FullyShardedDataParallelPlugin:
             if self.fsdp_version == 2:
                 self.reshard_after_forward = str_to_bool(self.reshard_after_forward.lower(), to_bool=True)
             else:
-                self.reshard_after_forward = _torch_enum(sharding_strategy_enum, self.reshard_after_forward, FSDP_SHARDING_STRATEGY)
+                self.reshard_after_forward = _torch_enum(sharding_strategy_enum, self.reshard_after_forward, "reshard_after_forward",
+                                                         FSDP_SHARDING_STRATEGY)
         if self.fsdp_version == 2 and not isinstance(self.reshard_after_forward, bool):
             raise ValueError(
                 f"reshard_after_forward set to {self.reshard_after_forward}. This is not supported with FSDP2, please set to a `bool`"
@@ -198,7 +207,8 @@ class FullyShardedDataParallelPlugin:
         if isinstance(self.backward_prefetch, str) and self.backward_prefetch.upper() == "NO_PREFETCH":
             self.backward_prefetch = None
         if self.backward_prefetch is not None and not isinstance(self.backward_prefetch, BackwardPrefetch):
-            self.backward_prefetch = _torch_enum(BackwardPrefetch, self.backward_prefetch, FSDP_BACKWARD_PREFETCH)
+            self.backward_prefetch = _torch_enum(BackwardPrefetch, self.backward_prefetch, "backward_prefetch",
+                                                 FSDP_BACKWARD_PREFETCH)
         if self.fsdp_version == 2 and self.backward_prefetch is not None:
             notes.add("backward_prefetch is not supported in FSDP2. Setting backward prefetch to None.")
             self.backward_prefetch = None
@@ -266,7 +276,7 @@ class FullyShardedDataParallelPlugin:
             default = "FULL_STATE_DICT" if self.fsdp_version == 1 else "SHARDED_STATE_DICT"
             self.state_dict_type = os.environ.get(_ENV + "STATE_DICT_TYPE", default)
         if isinstance(self.state_dict_type, str):  # a member name or torch's number (not FSDP_STATE_DICT_TYPE's order)
-            self.state_dict_type = _torch_enum(StateDictType, self.state_dict_type)
+            self.state_dict_type = _torch_enum(StateDictType, self.state_dict_type, "state_dict_type")
         if self.state_dict_type == StateDictType.FULL_STATE_DICT:
             if self.state_dict_config is None:
                 self.state_dict_config = FullStateDictConfig(offload_to_cpu=True, rank0_only=True)
