@@ -191,8 +191,10 @@ def shard_checkpoint(
     return named, {"metadata": {"total_size": total_size}, "weight_map": weight_map}
 
 
-def _on_device_of_family(device: Union[int, str, torch.device]) -> Union[int, str, torch.device]:
-    """Where safetensors puts a tensor for a device map entry: an int is ``npu:<i>`` on NPU, ``"hpu"`` on HPU."""
+def _safetensors_device(device: Union[int, str, torch.device]) -> Union[int, str]:
+    """Where safetensors puts a tensor for a device map entry: an int is ``npu:<i>`` on NPU, ``"hpu"`` on HPU; a
+    ``torch.device`` is named by its string, the CPU as ``"cpu"`` (``accelerator.device`` of a CPU world is
+    ``cpu:0``), which safetensors accepts where HF hands it the device as is (catalog save_model.reload)."""
     from .imports import is_hpu_available, is_npu_available
 
     if isinstance(device, int):
@@ -200,6 +202,9 @@ def _on_device_of_family(device: Union[int, str, torch.device]) -> Union[int, st
             return f"npu:{device}"
         if is_hpu_available():
             return "hpu"
+        return device
+    if isinstance(device, torch.device) or str(device).startswith("cpu:"):
+        return "cpu" if torch.device(device).type == "cpu" else str(device)
     return device
 
 
@@ -212,7 +217,9 @@ def load_state_dict(checkpoint_file: str, device_map: Optional[DeviceMap] = None
     ValueError. With a ``device_map`` naming one device the tensors are read
     there; naming several, each weight is read onto its module's device
     (``"disk"`` weights and those no key names onto the CPU), with a
-    progress bar. Any other file is read with ``torch.load(weights_only=True)``
+    progress bar. A ``torch.device`` in the map (the quicktour's
+    ``device_map={"": accelerator.device}``) is read there too, where HF
+    hands it to safetensors, which refuses it (catalog save_model.reload). Any other file is read with ``torch.load(weights_only=True)``
     on the CPU. ``checkpoint_file`` is a ``str`` (HF calls ``endswith`` on it).
     Catalog: save_model.reload.
     """
@@ -240,7 +247,7 @@ def load_state_dict(checkpoint_file: str, device_map: Optional[DeviceMap] = None
     if device_map is None:
         return load_file(checkpoint_file)
     if len(set(device_map.values())) == 1:
-        return load_file(checkpoint_file, device=_on_device_of_family(list(device_map.values())[0]))
+        return load_file(checkpoint_file, device=_safetensors_device(list(device_map.values())[0]))
     return _load_per_device(checkpoint_file, device_map, weight_names)
 
 
@@ -266,7 +273,7 @@ def _load_per_device(checkpoint_file: str, device_map: DeviceMap, weight_names: 
         bar = tqdm(main_process_only=False, total=sum(len(names_on[d]) for d in devices), unit="w", smoothing=0, leave=False)
     tensors = {}
     for device in devices:
-        with safe_open(checkpoint_file, framework="pt", device=_on_device_of_family(device)) as handle:
+        with safe_open(checkpoint_file, framework="pt", device=_safetensors_device(device)) as handle:
             for key in names_on[device]:
                 if bar is not None:
                     bar.set_postfix(dev=device, refresh=False)
@@ -360,8 +367,12 @@ def load_checkpoint_in_model(
     CPU weights on disk while loading and reads them back at the end. Keys
     the model lacks are logged ("were not used when initializing"); tied
     groups split over devices are logged; ties are restored at the end.
+    ``offload_8bit_bnb`` (quantizing 8-bit weights while offloading them) is
+    not provided: a NotImplementedError (see `utils.bnb`).
     Catalog: save_model.reload, save_model.sharded, modeling.load_checkpoint_device_map.
     """
+    if offload_8bit_bnb:  # utils.bnb: not provided, refused rather than silently unquantized
+        raise NotImplementedError("accelerate_ref does not quantize weights while offloading them (offload_8bit_bnb)")
     checkpoint = os.fspath(checkpoint)  # HF fails on a PathLike naming a file ("no attribute 'endswith'")
     tied_params = find_tied_parameters(model)
     warn_if_untied(model, tied_params)
@@ -405,10 +416,9 @@ def load_checkpoint_in_model(
                     and param.dtype == torch.int8 else None
                 if param_device == "disk":
                     if offload_buffers or param_name not in buffer_names:
-                        _offload(model, param, param_name, new_dtype, offload_folder, offload_index, fp16_statistics,
-                                 offload_8bit_bnb)
+                        _offload(model, param, param_name, new_dtype, offload_folder, offload_index)
                 elif param_device == "cpu" and staging is not None:
-                    _offload(model, param, param_name, new_dtype, staging, staged_index, fp16_statistics, offload_8bit_bnb)
+                    _offload(model, param, param_name, new_dtype, staging, staged_index)
                 else:
                     set_module_tensor_to_device(model, param_name, param_device, value=param, dtype=new_dtype,
                                                 fp16_statistics=fp16_statistics)
@@ -451,16 +461,10 @@ def _load_whole(model: torch.nn.Module, path: str, on_one_device: bool, strict: 
 
 
 def _offload(model: torch.nn.Module, param: torch.Tensor, param_name: str, new_dtype: Optional[torch.dtype],
-             folder: Union[str, os.PathLike], index: dict, fp16_statistics: Optional[torch.Tensor], bnb_8bit: bool) -> None:
+             folder: Union[str, os.PathLike], index: dict) -> None:
     """Write ``param`` as loaded to ``folder`` (recorded in ``index``) and leave the model's tensor on ``meta`` in
-    ``new_dtype`` (default: the loaded dtype); an 8-bit bitsandbytes weight is quantized first (``bnb_8bit``)."""
-    new_dtype = param.dtype if new_dtype is None else new_dtype
-    if bnb_8bit:
-        from .bnb import quantize_and_offload_8bit
-
-        quantize_and_offload_8bit(model, param, param_name, new_dtype, folder, index, fp16_statistics)
-        return
-    set_module_tensor_to_device(model, param_name, "meta", dtype=new_dtype)
+    ``new_dtype`` (default: the loaded dtype)."""
+    set_module_tensor_to_device(model, param_name, "meta", dtype=param.dtype if new_dtype is None else new_dtype)
     offload_weight(param, param_name, folder, index=index)
 
 

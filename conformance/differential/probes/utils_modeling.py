@@ -465,6 +465,8 @@ def state_dicts_loaded(api: Api) -> None:
         api.call(f"safetensors format {fmt}", read, str(folder / f"{fmt}.safetensors"))
     api.call("safetensors to one device", read, str(folder / "pt.safetensors"), device_map={"": "cpu"})
     api.call("safetensors to one device, meta", read, str(folder / "pt.safetensors"), device_map={"": "meta"})
+    api.call("safetensors to one device given as a torch.device", read, str(folder / "pt.safetensors"),
+             device_map={"": torch.device("cpu")})
     api.observe("safetensors to several devices", quiet, api.get(read), str(folder / "pt.safetensors"),
                 device_map={"embed": "cpu", "blocks": "disk", "head": "meta"})
     api.call("a missing torch file", read, str(folder / "none.bin"))
@@ -481,6 +483,8 @@ def state_dicts_loaded_to_gpus(api: Api) -> None:
     save_file({k: v.contiguous() for k, v in state.items()}, path, metadata={"format": "pt"})
     read = M + "load_state_dict"
     api.call("to GPU 1", read, path, device_map={"": 1})
+    api.call("to GPU 1 given as a torch.device", read, path, device_map={"": torch.device("cuda", 1)})
+    api.call("to GPU 1 given as a string", read, path, device_map={"": "cuda:1"})
     api.observe("to both GPUs", quiet, api.get(read), path, device_map={"embed": 0, "blocks": 1, "head": "cpu"})
     bin_path = str(api.tmp / "w.bin")
     torch.save(state, bin_path)
