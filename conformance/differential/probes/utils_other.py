@@ -370,3 +370,15 @@ def get_module_children_bottom_up(api: Api) -> None:
     api.observe("names", lambda: [(name, type(m).__name__) for name, m in api.get(children)(model, return_fqns=True)])
     api.observe("a leaf", lambda: [type(m).__name__ for m in api.get(children)(torch.nn.ReLU())])
     api.observe("a leaf with names", lambda: api.get(children)(torch.nn.ReLU(), return_fqns=True)[0][0])
+
+
+@probe(AREA, families=("cpu", "cuda"))
+def write_basic_config(api: Api) -> None:
+    """HF's ``utils.other`` re-exports ``write_basic_config``: the config it writes depends on the devices."""
+    write = _path("write_basic_config")
+    path = api.call("no precision", write, save_location=str(api.tmp / "nested" / "config.json"))
+    api.observe("returns the path", lambda: str(path))
+    api.call("an existing file", write, mixed_precision="bf16", save_location=str(api.tmp / "nested" / "config.json"))
+    api.call("upper-case precision", write, mixed_precision="FP16", save_location=str(api.tmp / "fp16.json"))
+    api.call("an unknown precision", write, mixed_precision="fp32", save_location=str(api.tmp / "fp32.json"))
+    api.call("a yaml location", write, mixed_precision="fp8", save_location=str(api.tmp / "config.yaml"))
