@@ -68,14 +68,19 @@ def _importable(name):
 
 @pytest.fixture
 def fake_packages(tmp_path, monkeypatch):
-    """Write packages under tmp_path and put it first on sys.path; forget them afterwards."""
+    """Write packages under tmp_path (with installed metadata, as pip leaves, unless ``installed=False``) and put
+    it first on sys.path; forget them afterwards."""
     created = []
 
-    def make(name, files):
+    def make(name, files, installed=True):
         for relative, text in files.items():
             path = tmp_path / name / relative
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
+        if installed:
+            metadata = tmp_path / f"{name}-1.0.dist-info" / "METADATA"
+            metadata.parent.mkdir(parents=True, exist_ok=True)
+            metadata.write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
         created.append(name)
 
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -93,6 +98,16 @@ def test_package_checks_do_not_import(fake_packages, monkeypatch):
     assert utils.is_wandb_available() is True
     assert utils.is_deepspeed_available() is True
     assert "wandb" not in sys.modules and "deepspeed" not in sys.modules
+
+
+def test_library_checks_answer_as_hf(fake_packages):
+    """env.checks, HF 1.15's answers: None for a package that is not found, False for a folder of that name
+    without installed metadata, True for an installed one."""
+    assert utils.is_peft_available() is (True if _importable("peft") else None)
+    fake_packages("schedulefree", {"__init__.py": ""}, installed=False)
+    assert utils.is_schedulefree_available() is False
+    fake_packages("timm", {"__init__.py": ""})
+    assert utils.is_timm_available() is True
 
 
 def test_rich_is_opt_in(fake_packages, monkeypatch):

@@ -1,16 +1,19 @@
 """What is installed and which devices are usable on this machine.
 
-Rule for every `is_<package>_available()`: true exactly when the package can
-be imported, found with `importlib.util.find_spec` without importing it (so
-stand-in packages put on `sys.path`, such as the simulator's mock `torch_npu`
-and `torch_xla`, count). Device checks import the device's package and ask
-torch only when called, never at import time.
+Rule for every `is_<package>_available()` of a library: HF 1.15's answer
+(`_is_package_available`): None when `importlib.util.find_spec` does not find
+the package, True when it does and the package has installed metadata, False
+for a bare folder of that name. Device packages count when found at all
+(`_is_installed`), so stand-in packages put on `sys.path`, such as the
+simulator's mock `torch_npu` and `torch_xla`, count. Device checks import the
+device's package and ask torch only when called, never at import time.
 Catalog: env.checks.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import importlib.util
 from typing import Any, Callable, Optional, TypeVar
 
@@ -18,8 +21,20 @@ from .environment import parse_flag_from_env, patch_environment
 from .versions import is_torch_version
 
 
-def _is_package_available(name: str) -> bool:
+def _is_installed(name: str) -> bool:
+    """Whether ``name`` can be imported (found without importing it); device stand-ins count."""
     return importlib.util.find_spec(name) is not None
+
+
+def _is_package_available(name: str, metadata_name: Optional[str] = None) -> Optional[bool]:
+    """HF's answer: None when ``name`` is not found, else whether its distribution (``metadata_name``) has metadata."""
+    if not _is_installed(name):
+        return None
+    try:
+        importlib.metadata.metadata(metadata_name or name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def _torch() -> Any:
@@ -49,7 +64,7 @@ def is_torch_xla_available(check_is_tpu: bool = False, check_is_gpu: bool = Fals
     """
     if check_is_tpu and check_is_gpu:
         raise ValueError("check_is_tpu and check_is_gpu cannot both be true")
-    if not parse_flag_from_env("USE_TORCH_XLA", default=True) or not _is_package_available("torch_xla"):
+    if not parse_flag_from_env("USE_TORCH_XLA", default=True) or not _is_installed("torch_xla"):
         return False
     if not (check_is_tpu or check_is_gpu):
         return True
@@ -84,7 +99,7 @@ def _device_module_usable(device: str, check_device: bool) -> bool:
 
 def _device_plugin_available(package: str, device: str, check_device: bool) -> bool:
     """True when the out-of-tree `package` imports and makes `torch.<device>` usable."""
-    if not _is_package_available(package):
+    if not _is_installed(package):
         return False
     try:
         importlib.import_module(package)
@@ -194,7 +209,7 @@ def is_transformer_engine_available() -> bool:
 
 def is_torchao_available() -> bool:
     """True when `torchao` >= 0.6.1 (HF's minimum) is installed. Catalog: env.checks, plugin.unavailable_engines."""
-    return _is_package_available("torchao") and _installed_at_least("torchao", "0.6.1")
+    return bool(_is_package_available("torchao")) and _installed_at_least("torchao", "0.6.1")
 
 
 def is_transformer_engine_mxfp8_available() -> bool:
@@ -294,7 +309,7 @@ def is_tqdm_available() -> bool:
 
 def is_rich_available() -> bool:
     """True when `rich` is installed and enabled with ACCELERATE_ENABLE_RICH=1 (opt-in, as HF 1.15). Catalog: env.checks."""
-    return _is_package_available("rich") and parse_flag_from_env("ACCELERATE_ENABLE_RICH", False)
+    return bool(_is_package_available("rich")) and parse_flag_from_env("ACCELERATE_ENABLE_RICH", False)
 
 
 # --------------------------------------------------------------------------
@@ -316,13 +331,18 @@ def is_comet_ml_available() -> bool:
 
 
 def is_aim_available() -> bool:
-    """True when `aim` is installed. Catalog: env.checks, tracking.init_log_end."""
-    return _is_package_available("aim")
+    """True when `aim` < 4.0 is installed (HF's bound). Catalog: env.checks, tracking.init_log_end."""
+    if _is_package_available("aim"):
+        from .versions import compare_versions
+
+        return compare_versions("aim", "<", "4.0.0")
+    return False
 
 
 def is_mlflow_available() -> bool:
-    """True when `mlflow` is installed. Catalog: env.checks, tracking.init_log_end."""
-    return _is_package_available("mlflow")
+    """True when `mlflow` is installed, as the full package or as `mlflow-skinny`. Catalog: env.checks,
+    tracking.init_log_end."""
+    return bool(_is_package_available("mlflow") or _is_package_available("mlflow", "mlflow-skinny"))
 
 
 def is_clearml_available() -> bool:
@@ -426,7 +446,7 @@ def is_xccl_available() -> bool:
 
 def _has_device_package(package: str, check_device: bool, device_count: str) -> bool:
     """True when `package` is installed and, with `check_device`, `<package>.<device_count>()` finds one."""
-    if not _is_package_available(package):
+    if not _is_installed(package):
         return False
     if not check_device:
         return True
@@ -438,7 +458,7 @@ def _has_device_package(package: str, check_device: bool, device_count: str) -> 
 
 def is_hpu_available(init_hccl: bool = False) -> bool:
     """True when Habana's `habana_frameworks.torch` is installed and torch sees an HPU. Catalog: env.checks."""
-    if not _is_package_available("habana_frameworks") or importlib.util.find_spec("habana_frameworks.torch") is None:
+    if not _is_installed("habana_frameworks") or importlib.util.find_spec("habana_frameworks.torch") is None:
         return False
     importlib.import_module("habana_frameworks.torch")
     if init_hccl:
