@@ -136,6 +136,9 @@ def test_mxfp8_asks_transformer_engine(monkeypatch, tmp_path):
     (tmp_path / "transformer_engine" / "__init__.py").write_text("")
     (package / "__init__.py").write_text("")
     (package / "fp8.py").write_text("def check_mxfp8_support():\n    return SUPPORTED, 'why'\nSUPPORTED = True\n")
+    metadata = tmp_path / "transformer_engine-1.0.dist-info" / "METADATA"  # installed, as HF's check requires
+    metadata.parent.mkdir()
+    metadata.write_text("Metadata-Version: 2.1\nName: transformer-engine\nVersion: 1.0\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
         assert ref_utils.is_transformer_engine_mxfp8_available() is True

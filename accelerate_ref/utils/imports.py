@@ -203,8 +203,13 @@ def is_msamp_available() -> bool:
 
 
 def is_transformer_engine_available() -> bool:
-    """True when `transformer_engine` is installed. Catalog: env.checks, plugin.unavailable_engines."""
-    return _is_package_available("transformer_engine")
+    """True when `transformer_engine` is installed (Intel's `intel_transformer_engine` on an HPU, as HF).
+
+    Catalog: env.checks, plugin.unavailable_engines.
+    """
+    if is_hpu_available():
+        return _is_package_available("intel_transformer_engine", "intel-transformer-engine")
+    return _is_package_available("transformer_engine", "transformer-engine")
 
 
 def is_torchao_available() -> bool:
@@ -218,7 +223,7 @@ def is_transformer_engine_mxfp8_available() -> bool:
     Rule (HF's): TransformerEngine's own ``check_mxfp8_support()`` decides;
     without the package, False. Catalog: env.checks.
     """
-    if not _is_package_available("transformer_engine"):
+    if not _is_package_available("transformer_engine", "transformer-engine"):
         return False
     from transformer_engine.pytorch.fp8 import check_mxfp8_support
 
