@@ -7,6 +7,7 @@ kept for the other), and their observations return as plain data.
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,11 @@ _subjects: dict[str, Subject] = {}
 
 
 def setup() -> None:
-    """Import both implementations once per rank (the pool's setup hook)."""
+    """Import both implementations once per rank (the pool's setup hook), then keep them out of the garbage
+    collector's scans for the rank's life (see runner.frozen_heap)."""
     subjects()
+    gc.collect()
+    gc.freeze()
 
 
 def subjects() -> dict[str, Subject]:

@@ -16,6 +16,8 @@ Rules:
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import shutil
 import signal
@@ -157,13 +159,32 @@ def _in_process(candidate: str, reference: str, setting: str, probes: list[Probe
                 calls: set[CodeKey]):
     classes = ClassIndex.of_public_api()
     subjects = {"reference": Subject(reference, reference, classes), "candidate": Subject(candidate, reference, classes)}
-    for found in probes:
-        reply: dict[str, Observations] = {}
-        for role, subject in subjects.items():
-            with Recorder(subject.impl.module if measure_coverage and role == "reference" else None) as recorder:
-                reply[role] = _within(found.timeout, run_probe, found, subject)
-            calls.update(recorder.calls)
-        yield found, {0: reply}
+    with frozen_heap():
+        for found in probes:
+            reply: dict[str, Observations] = {}
+            for role, subject in subjects.items():
+                with Recorder(subject.impl.module if measure_coverage and role == "reference" else None) as recorder:
+                    reply[role] = _within(found.timeout, run_probe, found, subject)
+                calls.update(recorder.calls)
+            yield found, {0: reply}
+
+
+@contextlib.contextmanager
+def frozen_heap():
+    """Keep what is loaded so far (torch, both implementations, the probes) out of the garbage collector's scans.
+
+    Both implementations call ``gc.collect()`` (``release_memory``,
+    ``find_executable_batch_size``, checkpoint loading); with two
+    implementations and every probe module loaded each collection took a
+    quarter of a second, most of a probe's time. Objects made inside are
+    collected as usual; the heap is unfrozen after.
+    """
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def _within(seconds: float, function: Callable[..., Observations], *args: Any) -> Observations:
