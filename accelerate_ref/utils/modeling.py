@@ -41,7 +41,6 @@ from .device_map import (
     warn_if_untied,
 )
 from .module_sizes import (
-    as_torch_device,
     calculate_maximum_sizes,
     check_tied_parameters_in_config,
     compute_module_sizes,
@@ -219,9 +218,9 @@ def load_state_dict(checkpoint_file: str, device_map: Optional[DeviceMap] = None
     (``"disk"`` weights and those no key names onto the CPU), with a
     progress bar. A ``torch.device`` in the map (the quicktour's
     ``device_map={"": accelerator.device}``) is read there too, where HF
-    hands it to safetensors, which refuses it (catalog save_model.reload). Any other file is read with ``torch.load(weights_only=True)``
-    on the CPU. ``checkpoint_file`` is a ``str`` (HF calls ``endswith`` on it).
-    Catalog: save_model.reload.
+    hands it to safetensors, which refuses it. Any other file is read with
+    ``torch.load(weights_only=True)`` on the CPU. ``checkpoint_file`` is a
+    ``str`` (HF calls ``endswith`` on it). Catalog: save_model.reload.
     """
     if not checkpoint_file.endswith(".safetensors"):
         return torch.load(checkpoint_file, map_location=torch.device("cpu"), weights_only=True)

@@ -167,7 +167,8 @@ def align_devices_hook(api: Api) -> None:
 @probe("hooks", families=("cpu", "cuda"), env=_TWO_GPUS)
 def align_devices_hook_on_a_device(api: Api) -> None:
     device = "cuda:1" if api.family == "cuda" else "cpu"
-    align, add, remove = api.get("hooks.AlignDevicesHook"), api.get("hooks.add_hook_to_module"), api.get("hooks.remove_hook_from_module")
+    align = api.get("hooks.AlignDevicesHook")
+    add, remove = api.get("hooks.add_hook_to_module"), api.get("hooks.remove_hook_from_module")
     model = Net()
     add(model, align(execution_device=device, io_same_device=True, place_submodules=True))
     api.record("moved", placement(model))
