@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import os
 import warnings
-from typing import Any, Callable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -23,11 +23,12 @@ from .data_loader import prepare_data_loader, skip_first_batches
 from .optimizer import AcceleratedOptimizer
 from .parallelism import ParallelismMixin
 from .precision import MixedPrecision
+from .process_control import ProcessControlMixin
 from .saving import CheckpointingMixin
 from .scheduler import AcceleratedScheduler
-from .state import AcceleratorState, GradientState, PartialState
+from .parallelism_config import ParallelismConfig
+from .state import AcceleratorState, GradientState
 from .tracking import LOGGER_TYPE_TO_CLASS, TrackingMixin  # noqa: F401  (HF's accelerator module exposes LOGGER_TYPE_TO_CLASS)
-from .utils import operations
 from .utils.constants import DTENSOR_PYTORCH_VERSION, PROFILE_PATTERN_NAME  # noqa: F401  (HF's module exposes DTENSOR_...)
 from .utils.constants import FSDP2_PYTORCH_VERSION, FSDP_PYTORCH_VERSION  # noqa: F401  (HF's accelerator module exposes them)
 from .utils.constants import (  # noqa: F401  (HF's accelerator module exposes these file names)
@@ -49,15 +50,27 @@ from .utils.dataclasses import (
     GradScalerKwargs,
     InitProcessGroupKwargs,
     KwargsHandler,
+    PrecisionType,
     ProfileKwargs,
     ProjectConfiguration,
 )
+from .utils.low_precision import FP8_RECIPE_CLASSES, AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
 from .engines import EnginesMixin, compile_model, prepare_with_engines, resolve_engines
 from .utils.memory import release_memory
 from .utils.other import extract_model_from_parallel, has_device_map
-from .utils.structures import recursively_apply
 
-F = TypeVar("F", bound=Callable[..., Any])
+#: The handlers `kwargs_handlers` takes, with the Accelerator attribute each lands in (HF 1.15's names).
+HANDLER_ATTRIBUTES = {
+    DistributedDataParallelKwargs: "ddp_handler",
+    GradScalerKwargs: "scaler_handler",
+    InitProcessGroupKwargs: "init_handler",
+    FP8RecipeKwargs: "fp8_recipe_handler",
+    AutocastKwargs: "autocast_handler",
+    ProfileKwargs: "profile_handler",
+    AORecipeKwargs: "ao_recipe_handler",
+    TERecipeKwargs: "te_recipe_handler",
+    MSAMPRecipeKwargs: "msamp_recipe_handler",
+}
 
 #: The v0.27 constructor keywords that `DataLoaderConfiguration` replaced (catalog compat.v027_dataloader_kwargs).
 V027_DATALOADER_KEYWORDS = ("split_batches", "dispatch_batches", "even_batches", "use_seedable_sampler")
@@ -88,7 +101,7 @@ def _dataloader_configuration(config: DataLoaderConfiguration | None, legacy: di
     return DataLoaderConfiguration(**given)
 
 
-class Accelerator(CheckpointingMixin, TrackingMixin, EnginesMixin, ParallelismMixin):
+class Accelerator(ProcessControlMixin, CheckpointingMixin, TrackingMixin, EnginesMixin, ParallelismMixin):
     """Creates the process state and exposes process control and collectives.
 
     Attributes (catalog ``state.attributes``): ``device``,
@@ -123,12 +136,18 @@ class Accelerator(CheckpointingMixin, TrackingMixin, EnginesMixin, ParallelismMi
         parallelism_config: Any = None,
         **v027_keywords: Any,
     ) -> None:
+        if mixed_precision is not None:
+            mixed_precision = str(mixed_precision)
+            if mixed_precision not in PrecisionType:  # HF's check and words: the name as given, lower-case
+                raise ValueError(
+                    f"Unknown mixed_precision mode: {mixed_precision}. Choose between {PrecisionType.list()}"
+                )
         legacy = {name: v027_keywords.pop(name, _NOT_GIVEN) for name in V027_DATALOADER_KEYWORDS[1:]}
         dataloader_config = _dataloader_configuration(dataloader_config, {"split_batches": split_batches, **legacy})
-        handlers = _index_handlers(kwargs_handlers or [])
         engines = dict(deepspeed_plugin=deepspeed_plugin, fsdp_plugin=fsdp_plugin, torch_tp_plugin=torch_tp_plugin,
                        megatron_lm_plugin=megatron_lm_plugin, deepspeed_plugins=deepspeed_plugins,
                        parallelism_config=parallelism_config, **v027_keywords)  # what is left of those: unknown
+        handlers = _index_handlers(kwargs_handlers or [])
         self._engines = resolve_engines(engines, mixed_precision, handlers, dynamo_backend, dynamo_plugin)
         if gradient_accumulation_plugin is not None and gradient_accumulation_steps != 1:
             raise ValueError(  # HF's words; catalog accumulate.plugin
@@ -140,11 +159,18 @@ class Accelerator(CheckpointingMixin, TrackingMixin, EnginesMixin, ParallelismMi
             mixed_precision=mixed_precision,
             cpu=cpu,
             dynamo_plugin=self._engines.dynamo_plugin,
+            fsdp_plugin=self._engines.fsdp_plugin,
             _from_accelerator=True,
             **(init_kwargs.to_kwargs() if init_kwargs else {}),
         )
         self.state.deepspeed_plugins = self._engines.deepspeed_plugins  # the latest Accelerator's plugins
-        self.state.fsdp_plugin = self._engines.fsdp_plugin
+        if self._engines.fsdp_plugin is not None:
+            self.state.fsdp_plugin = self._engines.fsdp_plugin
+        if self._engines.deepspeed_plugins is not None:
+            #: The DeepSpeed engine's wrapper once `prepare` handed a model to DeepSpeed (as HF names it).
+            self.deepspeed_engine_wrapped: Any = None
+        if parallelism_config is None and torch_tp_plugin is not None:  # HF: the deprecated plugin's tp_size
+            parallelism_config = ParallelismConfig(tp_size=torch_tp_plugin.tp_size)
         self._init_parallelism(parallelism_config)  # its device mesh (`parallelism`)
         if gradient_accumulation_plugin is None:
             steps = int(os.environ.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", gradient_accumulation_steps))
@@ -160,11 +186,12 @@ class Accelerator(CheckpointingMixin, TrackingMixin, EnginesMixin, ParallelismMi
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.dynamo_backend = dynamo_backend
         self.kwargs_handlers = handlers
-        self.init_handler = init_kwargs
-        self.ddp_handler = handlers.get(DistributedDataParallelKwargs)
-        self.scaler_handler = handlers.get(GradScalerKwargs)
-        self.autocast_handler = handlers.get(AutocastKwargs)
-        self.profile_handler = handlers.get(ProfileKwargs)
+        for handler_class, attribute in HANDLER_ATTRIBUTES.items():  # HF's attribute names, None when not given
+            setattr(self, attribute, handlers.get(handler_class))
+        self.has_fp8_handler = any(handlers.get(recipe) is not None for recipe in FP8_RECIPE_CLASSES)
+        self.fp8_enabled = self.mixed_precision == "fp8"
+        self.delayed_fp8_autocast = False
+        self.has_lomo_optimizer = False
         self.flag_tensor: torch.Tensor | None = None
         self._precision = MixedPrecision(self.mixed_precision, self.device, self.autocast_handler, self.scaler_handler)
         #: The fp16 gradient scaler (None otherwise) and whether forwards autocast, as HF names them.
@@ -176,8 +203,6 @@ class Accelerator(CheckpointingMixin, TrackingMixin, EnginesMixin, ParallelismMi
         self._optimizers: list[AcceleratedOptimizer] = []
         self._schedulers: list[AcceleratedScheduler] = []
         self._dataloaders: list[Any] = []
-        #: The DeepSpeed engine's wrapper once `prepare` handed a model to DeepSpeed (as HF names it).
-        self.deepspeed_engine_wrapped: Any = None
 
     # -- topology (catalog state.attributes) -----------------------------
 
@@ -225,14 +250,18 @@ class Accelerator(CheckpointingMixin, TrackingMixin, EnginesMixin, ParallelismMi
     def sync_gradients(self) -> bool:
         return self.gradient_state.sync_gradients
 
+    @sync_gradients.setter
+    def sync_gradients(self, sync_gradients: bool) -> None:
+        self.gradient_state.sync_gradients = sync_gradients
+
     @property
     def gradient_accumulation_steps(self) -> int:
         return self.gradient_state.num_steps
 
     @gradient_accumulation_steps.setter
     def gradient_accumulation_steps(self, gradient_accumulation_steps: int) -> None:
-        """Batches per optimizer update from now on (the gradient state's plugin). Catalog: accumulate.plugin."""
-        self.gradient_state.plugin.num_steps = gradient_accumulation_steps
+        """Batches per optimizer update from now on (the gradient state's settings). Catalog: accumulate.plugin."""
+        self.gradient_state.plugin_kwargs.update({"num_steps": gradient_accumulation_steps})
 
     @property
     def split_batches(self) -> bool:
@@ -240,8 +269,12 @@ class Accelerator(CheckpointingMixin, TrackingMixin, EnginesMixin, ParallelismMi
 
     @property
     def even_batches(self) -> bool:
-        """``even_batches`` of the `DataLoaderConfiguration`. Catalog: join.uneven_inputs."""
+        """``even_batches`` of the `DataLoaderConfiguration` (set: for the loaders prepared after). Catalog: join.uneven_inputs."""
         return self.dataloader_config.even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        self.dataloader_config.even_batches = value
 
     @property
     def dispatch_batches(self) -> bool | None:
@@ -274,9 +307,9 @@ class Accelerator(CheckpointingMixin, TrackingMixin, EnginesMixin, ParallelismMi
 
     @property
     def should_save_model(self) -> bool:
-        """Whether this process writes the model in `save_model`: the local main process, as HF 1.15 without a
-        ParallelismConfig (with one, HF answers True on every process; accelerate_ref does not follow that yet)."""
-        return self.state.is_local_main_process
+        """Whether this process should write the model (a hint for training loops; `save_model` does not read
+        it): the local main process without a ParallelismConfig, every process with one (HF 1.15's answer)."""
+        return self.parallelism_config is not None or self.state.is_local_main_process
 
     @property
     def optimizer_step_was_skipped(self) -> bool:
@@ -294,108 +327,6 @@ class Accelerator(CheckpointingMixin, TrackingMixin, EnginesMixin, ParallelismMi
     def logging_dir(self) -> str | None:
         return self.project_configuration.logging_dir
 
-    # -- process control: the state's rules, reached from the Accelerator --
-
-    @property
-    def _partial(self) -> PartialState:
-        return PartialState()
-
-    def print(self, *args: Any, **kwargs: Any) -> None:
-        """Print once per machine. Catalog: ``print.once_per_server``."""
-        self._partial.print(*args, **kwargs)
-
-    def wait_for_everyone(self) -> None:
-        """Barrier across all ranks. Catalog: ``sync.wait_for_everyone``."""
-        self._partial.wait_for_everyone()
-
-    def main_process_first(self):
-        """Catalog: ``sync.main_process_first``."""
-        return self._partial.main_process_first()
-
-    def local_main_process_first(self):
-        """Catalog: ``sync.local_main_process_first``."""
-        return self._partial.local_main_process_first()
-
-    def split_between_processes(self, inputs: Any, apply_padding: bool = False):
-        """Catalog: ``split.*``. See `PartialState.split_between_processes`."""
-        return self._partial.split_between_processes(inputs, apply_padding=apply_padding)
-
-    def on_main_process(self, function: F | None = None) -> F:
-        """Catalog: ``process.on_main_process``."""
-        return _partial_of(self, "on_main_process").on_main_process(function)
-
-    def on_local_main_process(self, function: F | None = None) -> F:
-        """Catalog: ``process.on_local_main_process``."""
-        return _partial_of(self, "on_local_main_process").on_local_main_process(function)
-
-    def on_last_process(self, function: F) -> F:
-        """Catalog: ``process.on_last_process``."""
-        return _partial_of(self, "on_last_process").on_last_process(function)
-
-    def on_process(self, function: F | None = None, process_index: int | None = None) -> F:
-        """Catalog: ``process.on_process``."""
-        return _partial_of(self, "on_process").on_process(function, process_index=process_index)
-
-    def on_local_process(self, function: F | None = None, local_process_index: int | None = None) -> F:
-        """Catalog: ``process.on_local_process``."""
-        return _partial_of(self, "on_local_process").on_local_process(function, local_process_index=local_process_index)
-
-    # -- triggers ----------------------------------------------------------
-
-    def set_trigger(self) -> None:
-        """Raise this rank's flag; the next `check_trigger` on every rank sees it.
-
-        Catalog: ``trigger.set_check`` (erratum: the example calls it ``check_breakpoint``).
-        """
-        self.flag_tensor = torch.tensor(1, device=self.device)
-
-    def check_trigger(self) -> bool:
-        """True on every rank if any rank set the trigger since the last check; then lowered.
-
-        A collective: every rank must call it.
-        """
-        flag = self.flag_tensor if self.flag_tensor is not None else torch.tensor(0, device=self.device)
-        raised = bool(self.reduce(flag, reduction="sum").item() >= 1)
-        self.flag_tensor = torch.tensor(0, device=self.device) if raised else flag
-        return raised
-
-    # -- collectives -------------------------------------------------------
-
-    def gather(self, tensor: Any) -> Any:
-        """Catalog: ``gather.*``. See `accelerate_ref.utils.gather`."""
-        return operations.gather(tensor)
-
-    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-        """Reduce across ranks; the Accelerator defaults to ``"sum"`` (the utility to ``"mean"``).
-
-        Catalog: ``reduce.doc_example``, ``reduce.mean``, ``reduce.none``.
-        """
-        return operations.reduce(tensor, reduction=reduction, scale=scale)
-
-    def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
-        """Catalog: ``pad.*``. See `accelerate_ref.utils.pad_across_processes`."""
-        return operations.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
-
-    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
-        """Gather for metric computation, dropping the samples `even_batches` duplicated.
-
-        Rule: tensors (nested structures of them) are gathered like `gather`;
-        anything else, or everything with ``use_gather_object=True``, with
-        `gather_object`. On the last batch of a prepared loader whose global
-        batch had fewer real samples than ranks times batch size, only the
-        first ``remainder`` gathered samples are kept. Catalog:
-        gather_for_metrics.doc_example, gather_for_metrics.tuple,
-        gather_for_metrics.use_gather_object, gather_for_metrics.full_epoch.
-        """
-        use_gather_object = use_gather_object or not _only_tensors(input_data)
-        gathered = operations.gather_object(input_data) if use_gather_object else operations.gather(input_data)
-        remainder = self.gradient_state.remainder
-        if not (self.gradient_state.end_of_dataloader and remainder > 0):
-            return gathered
-        if use_gather_object:
-            return gathered[:remainder]
-        return recursively_apply(lambda tensor: tensor[:remainder], gathered)
-
     # -- prepare -------------------------------------------------------------
 
     def prepare(self, *args: Any, device_placement: Sequence[bool] | None = None) -> Any:
@@ -411,21 +342,46 @@ class Accelerator(CheckpointingMixin, TrackingMixin, EnginesMixin, ParallelismMi
         ``deepspeed.initialize`` together (`utils.deepspeed.prepare_deepspeed`).
         Catalog: prepare.order, prepare.device_placement_list, prepare.verify_device_map,
         plugin.deepspeed_zero.
+
+        Refusals (HF 1.15's words): ``device_placement`` with DeepSpeed, or
+        not as long as ``args`` (``len`` of it: Python's TypeError for a
+        bool); a model dispatched with a device map when several processes
+        train (`_refuse_dispatched`). ``prepare()`` with nothing is HF's
+        IndexError.
         """
+        if device_placement is None:
+            flags = [None] * len(args)
+        elif self._engines.deepspeed_plugins is not None:
+            raise ValueError("You can't customize device placements with DeepSpeed or Megatron-LM.")
+        elif len(device_placement) != len(args):
+            raise ValueError(
+                f"`device_placement` should be a list with {len(args)} elements (the number of objects passed)."
+            )
+        else:
+            flags = list(device_placement)
+        for obj in args:
+            if isinstance(obj, torch.nn.Module):
+                self._refuse_dispatched(obj)
         if self._engines.deepspeed_plugins is not None:
             from .utils.deepspeed import prepare_deepspeed
 
             prepared = prepare_deepspeed(self, list(args))
             return prepared[0] if len(prepared) == 1 else tuple(prepared)
-        flags = list(device_placement) if device_placement is not None else [None] * len(args)
-        if len(flags) != len(args):
-            raise ValueError(  # HF's words
-                f"`device_placement` should be a list with {len(args)} elements (the number of objects passed)."
-            )
         first_pass = [self._prepare_one(obj, flag) for obj, flag in zip(args, flags)]
         scheduler_type = torch.optim.lr_scheduler.LRScheduler
-        prepared = [self.prepare_scheduler(obj) if isinstance(obj, scheduler_type) else obj for obj in first_pass]
-        return prepared[0] if len(prepared) == 1 else tuple(prepared)
+        prepared = tuple(self.prepare_scheduler(obj) if isinstance(obj, scheduler_type) else obj for obj in first_pass)
+        return prepared if len(prepared) > 1 else prepared[0]
+
+    def _refuse_dispatched(self, model: torch.nn.Module) -> None:
+        """A model dispatched over several devices with a device map cannot be trained by several processes
+        (HF's ValueError), unless ``ACCELERATE_BYPASS_DEVICE_MAP=true``. Catalog: prepare.verify_device_map."""
+        if (self.use_distributed and self.verify_device_map(model)
+                and os.environ.get("ACCELERATE_BYPASS_DEVICE_MAP", "false") != "true"):
+            raise ValueError(
+                "You can't train a model that has been loaded with `device_map='auto'` in any distributed mode. "
+                "Please rerun your script specifying `--num_processes=1` or by launching with "
+                "`python {{myscript.py}}`."
+            )
 
     def _prepare_one(self, obj: Any, device_placement: bool | None) -> Any:
         """The first pass of `prepare`: loaders, models and optimizers; anything else unchanged."""
@@ -449,27 +405,30 @@ class Accelerator(CheckpointingMixin, TrackingMixin, EnginesMixin, ParallelismMi
         processes train and it has trainable parameters. A model dispatched
         over several devices with a device map cannot be trained by several
         processes: ValueError. A model prepared before comes back as it is.
+        As HF 1.15, the Accelerator remembers (in ``_models``, what
+        `save_state` saves) the user's module itself, or its FSDP wrapper;
+        not the DDP wrapper or the compiled module around it.
         Catalog: prepare.single_methods, prepare.unwrap, prepare.evaluation_mode,
         prepare.verify_device_map, kwargs.ddp, autocast.bf16, plugin.fsdp (an
         `fsdp_plugin` shards instead of DDP), plugin.dynamo (compiled last).
         """
         if getattr(model, "_is_accelerate_prepared", False):
             return _remember(self._models, model)
-        if self.use_distributed and self.verify_device_map(model):
-            raise ValueError(
-                "This model was dispatched over several devices with a device map (device_map='auto'); "
-                "it cannot be trained by several processes. Run one process, or load the model on one device."
-            )
+        self._models.append(model)
+        self._refuse_dispatched(model)
         placement = device_placement if device_placement is not None else self.device_placement
         if placement and not self.verify_device_map(model):  # a dispatched model stays where its map put it
-            model = self.state.family.move_module(model, self.device)
+            model = self._models[-1] = self.state.family.move_module(model, self.device)
         self._precision.wrap_forward(model)
         if not evaluation_mode and self.use_distributed:
             sharded = prepare_with_engines(model, self._engines, self.state, self.use_distributed)
-            model = sharded if sharded is not None else gradient_sync.wrap_for_data_parallel(model, self.device, self.ddp_handler)
+            if sharded is not None:
+                model = self._models[-1] = sharded
+            else:
+                model = gradient_sync.wrap_for_data_parallel(model, self.device, self.ddp_handler)
         model = compile_model(model, self._engines.dynamo_plugin)
         model._is_accelerate_prepared = True
-        return _remember(self._models, model)
+        return model
 
     def prepare_optimizer(
         self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
@@ -478,6 +437,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin, EnginesMixin, ParallelismMi
 
         Catalog: prepare.single_methods, accumulate.doc_example, autocast.fp16_scaler.
         """
+        self.has_lomo_optimizer |= lomo.is_lomo_optimizer(optimizer)
         if getattr(optimizer, "_is_accelerate_prepared", False):
             return _remember(self._optimizers, optimizer)
         placement = device_placement if device_placement is not None else self.device_placement
@@ -489,20 +449,16 @@ class Accelerator(CheckpointingMixin, TrackingMixin, EnginesMixin, ParallelismMi
     def prepare_scheduler(self, scheduler: torch.optim.lr_scheduler.LRScheduler) -> AcceleratedScheduler:
         """Wrap a scheduler so that it steps with its optimizer's real updates.
 
-        Rule: the scheduler's optimizer must have been prepared before (or in
-        the same `prepare` call); otherwise the scheduler could not know when
-        its optimizer really steps: ValueError.
+        Rule (HF 1.15): it follows the prepared optimizer wrapping its own
+        optimizer (prepared before, or in the same `prepare` call); when none
+        does, every optimizer prepared so far (a step skipped by any of them
+        is skipped).
         Catalog: prepare.single_methods, accumulate.scheduler.
         """
         if getattr(scheduler, "_is_accelerate_prepared", False):
             return _remember(self._schedulers, scheduler)
         owner = getattr(scheduler, "optimizer", None)
-        optimizer = next((o for o in self._optimizers if owner is o or owner is o.optimizer), None)
-        if optimizer is None:
-            raise ValueError(
-                f"prepare_scheduler: the optimizer of this {type(scheduler).__name__} was not prepared; "
-                "prepare the optimizer first, or pass both to the same prepare() call"
-            )
+        optimizer = next((o for o in self._optimizers if owner == o.optimizer), self._optimizers)
         prepared = AcceleratedScheduler(
             scheduler,
             optimizer,
@@ -582,13 +538,19 @@ class Accelerator(CheckpointingMixin, TrackingMixin, EnginesMixin, ParallelismMi
         boundaries (`utils.deepspeed.DeepSpeedEngineWrapper`).
         Catalog: plugin.deepspeed_zero, backward.loss, accumulate.doc_example, autocast.fp16_scaler.
         """
-        if self.deepspeed_engine_wrapped is not None:  # DeepSpeed divides by the accumulation steps itself
-            self.deepspeed_engine_wrapped.backward(loss, sync_gradients=self.sync_gradients, **kwargs)
+        engine = self._deepspeed_engine
+        if engine is not None:  # DeepSpeed divides by the accumulation steps itself
+            engine.backward(loss, sync_gradients=self.sync_gradients, **kwargs)
             return
         loss = loss / self.gradient_accumulation_steps
-        if kwargs.get("learning_rate") is not None and lomo.has_lomo_optimizer(self._optimizers):
+        if self.scaler is None and kwargs.get("learning_rate") is not None and self.has_lomo_optimizer:
             return self.lomo_backward(loss, kwargs["learning_rate"])  # LOMO updates inside its fused backward
         self._precision.scale_loss(loss).backward(**kwargs)
+
+    @property
+    def _deepspeed_engine(self) -> Any:
+        """The DeepSpeed engine's wrapper once `prepare` made one (HF's ``deepspeed_engine_wrapped``), else None."""
+        return self.__dict__.get("deepspeed_engine_wrapped")
 
     @contextlib.contextmanager
     def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
@@ -604,7 +566,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin, EnginesMixin, ParallelismMi
         accumulate.end_of_dataloader, accumulate.scheduler.
         """
         self._count_step()
-        must_sync = self.sync_gradients or (self.use_distributed and self.gradient_state.sync_each_batch)
+        must_sync = self.sync_gradients or (self.use_distributed and self.gradient_state.plugin_kwargs.get("sync_each_batch", False))
         with contextlib.ExitStack() as stack:
             if not must_sync:
                 for model in models:
@@ -629,7 +591,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin, EnginesMixin, ParallelismMi
         Catalog: no_sync.doc_example (erratum: the example calls
         ``no_sync()`` without its model and reuses the first loss).
         """
-        if self.deepspeed_engine_wrapped is not None:  # the engine keeps its own accumulation boundary
+        if self._deepspeed_engine is not None:  # the engine keeps its own accumulation boundary
             return contextlib.nullcontext()
         return model.no_sync() if self.use_distributed and hasattr(model, "no_sync") else contextlib.nullcontext()
 
@@ -725,8 +687,13 @@ class Accelerator(CheckpointingMixin, TrackingMixin, EnginesMixin, ParallelismMi
         Rule: the Accelerator holds no reference to what it prepared anymore,
         so once the script drops its own (``model, optimizer =
         accelerator.free_memory(model, optimizer)`` rebinds them to None),
-        the objects are freed. Catalog: free_memory.resets.
+        the objects are freed. A DeepSpeed engine is destroyed (HF 1.15).
+        Catalog: free_memory.resets.
         """
+        if hasattr(self, "deepspeed_engine_wrapped"):
+            if self.deepspeed_engine_wrapped is not None:
+                self.deepspeed_engine_wrapped.engine.destroy()
+            self.deepspeed_engine_wrapped = None
         self._models, self._optimizers, self._schedulers, self._dataloaders = [], [], [], []
         self.step = 0
         return release_memory(*objects)
@@ -765,35 +732,23 @@ def _remember(prepared: list[Any], obj: Any) -> Any:
     return obj
 
 
-def _only_tensors(data: Any) -> bool:
-    """Whether every leaf of the nested structure ``data`` is a tensor."""
-    try:
-        recursively_apply(lambda tensor: tensor, data, error_on_other_type=True)
-    except TypeError:
-        return False
-    return True
-
-
-def _partial_of(accelerator: Any, decorator: str) -> PartialState:
-    """The `PartialState` behind a decorator used on ``accelerator``.
-
-    Rule: used on the class instead of an instance (``Accelerator.on_main_process(f)``)
-    it is HF 1.15's ValueError, not an AttributeError. Catalog: process.on_main_process.
-    """
-    if not isinstance(accelerator, Accelerator):
-        raise ValueError(
-            f"The `{decorator}` decorator must be called with a function on an instantiated `Accelerator` object."
-        )
-    return accelerator._partial
-
-
 def _index_handlers(handlers: list[KwargsHandler]) -> dict[type, KwargsHandler]:
-    """Map each handler's class to the handler; the same class twice is an error."""
+    """Map each handler's class to the handler, with HF 1.15's refusals and words.
+
+    Rules: an object that is not a `KwargsHandler` is an AssertionError; the
+    same class twice a ValueError; a handler class the Accelerator does not
+    take (a plugin, a subclass) a KeyError naming the class.
+    """
     indexed: dict[type, KwargsHandler] = {}
     for handler in handlers:
         if not isinstance(handler, KwargsHandler):
-            raise TypeError(f"kwargs_handlers takes KwargsHandler instances, got {type(handler).__name__}")
+            raise AssertionError(
+                f"Unsupported kwargs handler passed: {handler}, must be one that inherits "
+                "`accelerate_ref.utils.KwargsHandler`."
+            )
         if type(handler) in indexed:
-            raise ValueError(f"You can only pass one {type(handler)} in `kwargs_handlers`.")  # HF's words
+            raise ValueError(f"You can only pass one {type(handler)} in `kwargs_handlers`.")
+        if type(handler) not in HANDLER_ATTRIBUTES:
+            raise KeyError(type(handler))
         indexed[type(handler)] = handler
     return indexed

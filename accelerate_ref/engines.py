@@ -34,22 +34,9 @@ from .utils.dataclasses import (
 )
 from .utils.low_precision import FP8_BACKEND_PACKAGES, FP8_RECIPE_CLASSES, FP8BackendType, fp8_backend_of
 
-#: Accelerator arguments naming an engine, with the plugin class each takes.
-ENGINE_ARGUMENTS = {
-    "deepspeed_plugin": DeepSpeedPlugin,
-    "deepspeed_plugins": dict,
-    "fsdp_plugin": FullyShardedDataParallelPlugin,
-    "megatron_lm_plugin": MegatronLMPlugin,
-    "torch_tp_plugin": TorchTensorParallelPlugin,
-    "parallelism_config": object,
-}
-
-#: Engine argument -> (package import name, pip name, availability check).
-_ENGINE_PACKAGES = {
-    "deepspeed_plugin": ("deepspeed", "deepspeed", imports.is_deepspeed_available),
-    "deepspeed_plugins": ("deepspeed", "deepspeed", imports.is_deepspeed_available),
-    "megatron_lm_plugin": ("megatron", "megatron-core", imports.is_megatron_lm_available),
-}
+#: The Accelerator's keyword arguments naming an engine.
+ENGINE_ARGUMENTS = ("deepspeed_plugin", "deepspeed_plugins", "fsdp_plugin", "megatron_lm_plugin", "torch_tp_plugin",
+                    "parallelism_config")
 
 _FP8_CHECKS = {"TE": imports.is_transformer_engine_available, "MSAMP": imports.is_msamp_available, "AO": imports.is_torchao_available}
 
@@ -85,32 +72,35 @@ def resolve_engines(
 ) -> Engines:
     """Validate the engine arguments of `Accelerator(...)`; refuse what cannot run, naming it.
 
-    Rules: an unknown keyword is a TypeError; a plugin of the wrong type a
-    TypeError naming the argument; more than one of ``fsdp_plugin``,
-    ``deepspeed_plugin(s)``, ``megatron_lm_plugin`` a ValueError naming
-    them; DeepSpeed/Megatron-LM refused as the module docstring says;
-    ``mixed_precision="fp8"`` with an FP8 recipe handler refused naming its
-    backend's package, a recipe handler without fp8 (and without FSDP or
-    DeepSpeed) a ValueError; ``dynamo_backend`` and ``dynamo_plugin`` together a ValueError.
+    Rules, in HF 1.15's order and words: an unknown keyword is Python's
+    TypeError; ``dynamo_backend`` with ``dynamo_plugin`` a ValueError;
+    ``deepspeed_plugin`` with ``deepspeed_plugins`` a ValueError; a
+    ``deepspeed_plugins`` dict with a value that is not a `DeepSpeedPlugin`
+    a TypeError; DeepSpeed without its package an ImportError; an
+    ``fsdp_plugin`` or ``megatron_lm_plugin`` of another type a TypeError.
+    Then the reference's own rule: more than one of ``fsdp_plugin``,
+    ``deepspeed_plugin(s)``, ``megatron_lm_plugin`` is a ValueError naming
+    them (catalog plugin.unavailable_engines). Megatron-LM is an ImportError
+    without its package (HF's words), NotImplementedError with it (the
+    module docstring); ``mixed_precision="fp8"`` with an FP8 recipe handler
+    is refused naming its backend's package, a recipe handler without fp8
+    (and without FSDP or DeepSpeed) is HF's ValueError.
     Catalog: plugin.unavailable_engines, plugin.dynamo.
     """
-    unknown = sorted(set(engines) - set(ENGINE_ARGUMENTS))
+    unknown = [name for name in engines if name not in ENGINE_ARGUMENTS]
     if unknown:
-        raise TypeError(f"Accelerator() got unexpected keyword argument(s): {', '.join(unknown)}")
+        raise TypeError(f"Accelerator.__init__() got an unexpected keyword argument '{unknown[0]}'")  # Python's words
+    if dynamo_backend is not None and dynamo_plugin is not None:
+        raise ValueError("You cannot pass in both `dynamo_plugin` and `dynamo_backend`, please only pass in one.")
     given = {name: value for name, value in engines.items() if value is not None}
-    for name, value in given.items():
-        if not isinstance(value, ENGINE_ARGUMENTS[name]):
-            raise TypeError(f"{name} must be a {ENGINE_ARGUMENTS[name].__name__}, got {type(value).__name__}")
+    _check_engine_arguments(given)
     exclusive = sorted(set(given) & {"fsdp_plugin", "deepspeed_plugin", "deepspeed_plugins", "megatron_lm_plugin"})
     if len(exclusive) > 1:
         raise ValueError(f"Pass only one engine plugin; got {', '.join(exclusive)}")
-    for name in given:
-        if name in _ENGINE_PACKAGES:
-            module, pip_name, available = _ENGINE_PACKAGES[name]
-            if not available():
-                raise ImportError(f"{name} needs the `{module}` package, which is not installed (pip install {pip_name})")
-            if not name.startswith("deepspeed_plugin"):  # `utils.deepspeed` drives DeepSpeed
-                raise NotImplementedError(f"{name}: accelerate_ref does not drive {module} yet (it is installed)")
+    if "megatron_lm_plugin" in given:
+        if not imports.is_megatron_lm_available():
+            raise ImportError("Megatron is not installed. please build it from source.")
+        raise NotImplementedError("megatron_lm_plugin: accelerate_ref does not drive megatron yet (it is installed)")
     if "torch_tp_plugin" in given:
         _check_tensor_parallel(given["torch_tp_plugin"])
     # The precision the state will run (the launcher's environment when none is given), unvalidated: the state checks it.
@@ -120,8 +110,6 @@ def resolve_engines(
             _refuse_fp8(fp8_backend_of(handlers))  # without a recipe, `precision.MixedPrecision` refuses naming every engine
         if not exclusive:  # HF's rule and words (FSDP and DeepSpeed take the recipe in their own precision)
             raise ValueError("Passing in an FP8 configuration requires setting `mixed_precision='fp8'`.")
-    if dynamo_backend is not None and dynamo_plugin is not None:
-        raise ValueError("You cannot pass in both `dynamo_plugin` and `dynamo_backend`, please only pass in one.")
     if dynamo_plugin is None:
         dynamo_plugin = TorchDynamoPlugin(backend=dynamo_backend)
     fsdp_plugin = given.get("fsdp_plugin")
@@ -129,6 +117,27 @@ def resolve_engines(
         fsdp_plugin.set_mixed_precision(precision)
     deepspeed_plugins = _deepspeed_plugins(given, mixed_precision)
     return Engines(fsdp_plugin=fsdp_plugin, dynamo_plugin=dynamo_plugin, deepspeed_plugins=deepspeed_plugins)
+
+
+def _check_engine_arguments(given: dict[str, Any]) -> None:
+    """HF 1.15's checks of the engine plugins' types and of DeepSpeed's package, in its order and words."""
+    if "deepspeed_plugin" in given and "deepspeed_plugins" in given:
+        raise ValueError("You cannot pass in both `deepspeed_plugins` and `deepspeed_plugin`.")
+    deepspeed = given.get("deepspeed_plugin", given.get("deepspeed_plugins"))
+    if deepspeed is not None:
+        if isinstance(deepspeed, dict) and not all(isinstance(plugin, DeepSpeedPlugin) for plugin in deepspeed.values()):
+            raise TypeError("`deepspeed_plugin` must be a DeepSpeedPlugin object.")
+        if not imports.is_deepspeed_available():
+            raise ImportError("DeepSpeed is not installed => run `pip install deepspeed` or build it from source.")
+        if not isinstance(deepspeed, (dict, DeepSpeedPlugin)):
+            raise TypeError("`deepspeed_plugin` must be a DeepSpeedPlugin object.")
+    if "fsdp_plugin" in given and not isinstance(given["fsdp_plugin"], FullyShardedDataParallelPlugin):
+        raise TypeError("`fsdp_plugin` must be a FullyShardedDataParallelPlugin object.")
+    if "megatron_lm_plugin" in given and not isinstance(given["megatron_lm_plugin"], MegatronLMPlugin):
+        raise TypeError("`megatron_lm_plugin` must be a MegatronLMPlugin object.")
+    tp_plugin = given.get("torch_tp_plugin")
+    if tp_plugin is not None and not isinstance(tp_plugin, TorchTensorParallelPlugin):
+        raise TypeError(f"torch_tp_plugin must be a TorchTensorParallelPlugin, got {type(tp_plugin).__name__}")
 
 
 def _deepspeed_plugins(given: dict[str, Any], mixed_precision: Optional[str]) -> Any:
@@ -145,16 +154,16 @@ def _deepspeed_plugins(given: dict[str, Any], mixed_precision: Optional[str]) ->
     if plugins is None:
         return None
     if isinstance(plugins, dict):
-        if not plugins or not all(isinstance(plugin, DeepSpeedPlugin) for plugin in plugins.values()):
+        if not plugins:
             raise TypeError("deepspeed_plugins must map names to DeepSpeedPlugin objects (at least one)")
         for plugin in plugins.values():
             plugin._unselect()
-    from .state import _precision
+    from .state import requested_precision
     from .utils.deepspeed_plugin import refuse_msamp
 
     for plugin in plugins.values() if isinstance(plugins, dict) else [plugins]:
         refuse_msamp(plugin)
-        plugin.set_mixed_precision(_precision(mixed_precision))
+        plugin.set_mixed_precision(requested_precision(mixed_precision))
     first = next(iter(plugins.values())) if isinstance(plugins, dict) else plugins
     first.select(_from_accelerator_state=True)
     return plugins

@@ -32,11 +32,6 @@ def is_lomo_optimizer(optimizer: Any) -> bool:
     return isinstance(getattr(optimizer, "optimizer", optimizer), _lomo_classes())
 
 
-def has_lomo_optimizer(optimizers: Iterable[Any]) -> bool:
-    """True when one of the prepared ``optimizers`` is a LOMO optimizer (HF's ``Accelerator.has_lomo_optimizer``)."""
-    return any(is_lomo_optimizer(optimizer) for optimizer in optimizers)
-
-
 def lomo_backward(optimizers: Iterable[Any], loss: torch.Tensor, learning_rate: float) -> None:
     """Run ``loss``'s backward through every prepared LOMO optimizer's ``fused_backward(loss, learning_rate)``.
 

@@ -26,56 +26,59 @@ import torch
 from .logging import get_logger
 from .parallelism_config import ParallelismConfig
 
-logger = get_logger(__name__)
+logger = get_logger(f"{__package__}.accelerator")  # HF 1.15 logs these under its accelerator module
 
 
 class ParallelismMixin:
     """The `Accelerator`'s parallelism configuration, its device mesh, and this rank's place in it."""
 
     def _init_parallelism(self, parallelism_config: Optional[ParallelismConfig]) -> None:
-        """Validate ``parallelism_config`` against this world and build its device mesh.
+        """Build ``parallelism_config``'s device mesh over this world, then validate the configuration.
 
-        Rules: without one, ACCELERATE_USE_PARALLELISM_CONFIG=true makes a
-        default `ParallelismConfig()` (sizes from its environment); tp, cp or sp
-        enabled: NotImplementedError naming them; across several processes a
-        configuration of total size 1 becomes pure replication over every rank
-        (dp_replicate_size = num_processes, as HF does for DDP), and any other
-        total size must equal num_processes (ValueError, HF's words). With an
-        ``fsdp_plugin``, it must be FSDP version 2 and dp_shard must be enabled
-        (ValueError, HF's rules); FSDP then shards over the mesh's FSDP
-        dimensions (`utils.fsdp_utils.device_mesh_for`: HSDP with dp_replicate).
-        A handler given for a dimension of size 1 is ignored, with a warning
-        from the main process (HF's words).
+        Rules (HF 1.15's order and words): without one,
+        ACCELERATE_USE_PARALLELISM_CONFIG=true makes a default
+        `ParallelismConfig()` (sizes from its environment); tp, cp or sp
+        enabled is the reference's NotImplementedError naming them; the mesh
+        is built next (`ParallelismConfig.get_device_mesh`: torch refuses
+        sizes this world cannot hold), then: on one process a configuration of total
+        size 1 is left as it is; across several processes it becomes pure
+        replication over every rank (dp_replicate_size = num_processes, the
+        mesh staying as built, None), and any other total size must equal
+        num_processes (ValueError). With an ``fsdp_plugin``, it must be FSDP
+        version 2 and dp_shard must be enabled (ValueError). A handler given
+        for a dimension of size 1 is ignored, with a UserWarning from the
+        main process.
         """
         if parallelism_config is None and os.environ.get("ACCELERATE_USE_PARALLELISM_CONFIG", "false").lower() == "true":
             parallelism_config = ParallelismConfig()
-        if parallelism_config is not None and not isinstance(parallelism_config, ParallelismConfig):
-            raise TypeError(f"parallelism_config must be a ParallelismConfig, got {type(parallelism_config).__name__}")
-        if parallelism_config is not None and parallelism_config.non_dp_dim_names:
-            raise NotImplementedError(
-                f"parallelism_config: accelerate_ref runs the data-parallel dimensions (dp_replicate, dp_shard) only; "
-                f"{', '.join(parallelism_config.non_dp_dim_names)} > 1 (tensor/context/sequence parallelism) is not provided yet"
-            )
         self.state.parallelism_config = parallelism_config  # the latest Accelerator's, as the engine plugins
         self.state.device_mesh = None
-        if parallelism_config is None:
+        if not parallelism_config:
             return
-        if self.use_distributed and parallelism_config.total_size == 1:
+        unsupported = getattr(parallelism_config, "non_dp_dim_names", None)
+        if unsupported:
+            raise NotImplementedError(
+                f"parallelism_config: accelerate_ref runs the data-parallel dimensions (dp_replicate, dp_shard) only; "
+                f"{', '.join(unsupported)} > 1 (tensor/context/sequence parallelism) is not provided yet"
+            )
+        self.state.device_mesh = parallelism_config.get_device_mesh(self.device.type)
+        if not self.use_distributed and parallelism_config.total_size == 1:
+            return
+        if parallelism_config.total_size == 1:
             parallelism_config.dp_replicate_size = self.num_processes
-        if parallelism_config.total_size != self.num_processes:
+        elif parallelism_config.total_size != self.num_processes:
             raise ValueError(
                 f"ParallelismConfig total_size ({parallelism_config.total_size}) does not match num_processes "
                 f"({self.num_processes}). Please adjust dp_replicate_size/ dp_shard_size/tp_size/cp_size/sp_size."
             )
-        self.state.device_mesh = parallelism_config.get_device_mesh(self.device.type)
-        ignored = [name for name, size in parallelism_config._sizes.items()
-                   if size == 1 and getattr(parallelism_config, f"{name}_handler", None) is not None]
-        if ignored and self.use_distributed and self.is_main_process:
-            warnings.warn("ParallelismConfig has the following warnings:\n" + "\n".join(
-                f"ParallelismConfig.{name}_handler is set, but {name}_size is set to 1. This handler will be ignored." for name in ignored))
         fsdp_plugin = self._engines.fsdp_plugin
-        if fsdp_plugin is not None and self.use_distributed:
+        if fsdp_plugin is not None:
             _check_fsdp_mesh(fsdp_plugin, parallelism_config)
+        ignored = {f"ParallelismConfig.{name}_handler is set, but {name}_size is set to 1. This handler will be ignored."
+                   for name, size in parallelism_config._sizes.items()
+                   if size == 1 and getattr(parallelism_config, f"{name}_handler", None) is not None}
+        if ignored and self.is_main_process:
+            warnings.warn("ParallelismConfig has the following warnings:\n" + "\n".join(ignored), UserWarning)
 
     @property
     def parallelism_config(self) -> Optional[ParallelismConfig]:
@@ -159,7 +162,10 @@ def _check_fsdp_mesh(plugin: Any, config: ParallelismConfig) -> None:
     if not config.dp_shard_enabled and not config.cp_enabled:
         raise ValueError(
             "FSDP is enabled but the parallelism config has no dimension for FSDP to shard across (both "
-            "`dp_shard_size` and `cp_size` are 1)."
+            "`dp_shard_size` and `cp_size` are 1). This usually means a model that is already parallelized another "
+            "way -- e.g. loaded with `DistributedConfig(tp_size=N)` or `enable_expert_parallel=True`, which makes "
+            "the whole world size tensor/expert parallel -- was launched under an FSDP config. Either launch it "
+            "without the FSDP config, or leave ranks for FSDP to use by lowering `tp_size`."
         )
 
 

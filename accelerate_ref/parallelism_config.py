@@ -43,7 +43,8 @@ class ParallelismConfig:
     cp with pure replication (dp_replicate > 1, dp_shard == 1). An enabled tp,
     cp or sp gets a default handler (`TorchTensorParallelConfig`,
     `TorchContextParallelConfig`, DeepSpeedSequenceParallelConfig) when none is
-    given; a cp handler that is not the backend's class is a ValueError.
+    given; a cp handler that is not the backend's class is a ValueError (a
+    KeyError naming an unknown backend).
     ``device_mesh`` is None until `get_device_mesh` builds it.
     """
 
@@ -87,8 +88,19 @@ class ParallelismConfig:
         if (self.tp_enabled or self.cp_enabled) and self.dp_replicate_enabled and not self.dp_shard_enabled:
             raise ValueError(
                 "Tensor/Context parallelism (tp/cp_size > 1) cannot be used with pure data parallelism "
-                "(dp_replicate_size > 1 and dp_shard_size == 1): set dp_shard_size > 1 as well."
+                "(dp_replicate_size > 1 and dp_shard_size == 1). Please set dp_shard_size > 1 and "
+                "dp_replicate_size == 1 to compose FSDP + TP/CP for 2D parallel, or set dp_replicate_size == 1 "
+                "and dp_shard_size > 1 to compose HSDP + TP/CP for 3D parallel."
             )
+
+    def __repr__(self) -> str:
+        """HF 1.15's layout: one field per line, total_size included, the sp handler left out."""
+        return (
+            f"ParallelismConfig(\n \tdp_replicate_size={self.dp_replicate_size},\n\tdp_shard_size={self.dp_shard_size},"
+            f"\n\ttp_size={self.tp_size},\n\tcp_size={self.cp_size},\n\tcp_backend={self.cp_backend},"
+            f"\n\tsp_size={self.sp_size},\n\tsp_backend={self.sp_backend},\n\ttotal_size={self.total_size}"
+            f"\n\ttp_handler={self.tp_handler},\n\tcp_handler={self.cp_handler})\n"
+        )
 
     def _default_handlers(self) -> None:
         """Give an enabled tp, cp or sp its default handler; check a given cp handler's class."""
@@ -97,11 +109,13 @@ class ParallelismConfig:
         if self.cp_size > 1:
             if self.cp_handler is None:
                 self.cp_handler = TorchContextParallelConfig()
-            elif self.cp_backend in CP_BACKENDS and not isinstance(self.cp_handler, TorchContextParallelConfig):
-                raise ValueError(
-                    f"ParallelismConfig's cp_backend={self.cp_backend} requires {TorchContextParallelConfig}, "
-                    f"but cp_handler was set to {type(self.cp_handler)}"
-                )
+            else:
+                handler_class = {"torch": TorchContextParallelConfig}[self.cp_backend]  # HF: a KeyError for another
+                if not isinstance(self.cp_handler, handler_class):
+                    raise ValueError(
+                        f"ParallelismConfig's cp_backend={self.cp_backend} requires {handler_class}, "
+                        f"but cp_handler was set to {type(self.cp_handler)}"
+                    )
         if self.sp_size > 1 and self.sp_handler is None:
             from .utils.dataclasses import DeepSpeedSequenceParallelConfig
 
@@ -225,7 +239,8 @@ class ParallelismConfig:
         elif device_type is not None and self.device_mesh.device_type != device_type:
             raise ValueError(
                 f"The device_mesh is already created with device type {self.device_mesh.device_type}. However, you "
-                f"are trying to get a device mesh with device_type {device_type}."
+                f"are trying to get a device mesh with device_type {device_type}. Please check if you correctly "
+                "initialized your device_mesh"
             )
         return self.device_mesh
 

@@ -10,9 +10,9 @@ device and the `AutocastKwargs` / `GradScalerKwargs` handlers:
   gradients and skips updates whose gradients overflowed. This holds on CPU
   too (torch has a CPU GradScaler), so fp16 behaves the same on a laptop as
   on a GPU.
-* ``"fp8"``: needs an FP8 engine; without one, an ImportError names the
-  packages to install; with one, NotImplementedError (the reference does
-  not drive FP8 engines).
+* ``"fp8"``: needs an FP8 engine (without one the state refuses it, in
+  HF 1.15's words); with one, NotImplementedError (the reference does not
+  drive FP8 engines).
 
 Catalog: autocast.bf16, autocast.fp16_scaler, clip.grad_norm, unscale.noop,
 prepare.evaluation_mode, unwrap.keep_fp32_wrapper, plugin.unavailable_engines.
@@ -28,12 +28,8 @@ import torch
 
 from .optimizer import AcceleratedOptimizer
 from .utils.dataclasses import AutocastKwargs, GradScalerKwargs
-from .utils.imports import is_fp8_available
 from .utils.other import ORIGINAL_FORWARD
 from .utils.structures import convert_outputs_to_fp32
-
-#: The packages any of which provides FP8 training.
-FP8_ENGINES = ("transformer-engine", "torchao", "ms-amp")
 
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -114,9 +110,5 @@ class MixedPrecision:
 
 
 def _refuse_fp8() -> None:
-    if not is_fp8_available():
-        raise ImportError(
-            "mixed_precision='fp8' needs an FP8 engine, and none is installed: install one of "
-            + ", ".join(FP8_ENGINES)
-        )
+    """An FP8 engine is installed (`state.AcceleratorState` refuses fp8 without one), but not driven here."""
     raise NotImplementedError("accelerate_ref does not drive FP8 engines; use mixed_precision='bf16' or 'fp16'")

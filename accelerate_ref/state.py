@@ -20,18 +20,27 @@ from typing import Any, Callable, Iterator, TypeVar
 
 import torch
 
-from .families import DeviceFamily, LaunchEnv, detect
-from .utils.dataclasses import DistributedType, GradientAccumulationPlugin, PrecisionType
+from .families import FAMILIES, DeviceFamily, LaunchEnv, detect
+from .utils.dataclasses import DistributedType, DynamoBackend, GradientAccumulationPlugin
 from .utils.environment import parse_flag_from_env
+from .utils.imports import is_fp8_available
 
 F = TypeVar("F", bound=Callable[..., Any])
 Splittable = TypeVar("Splittable", list, tuple, dict, torch.Tensor)
 
 
 class _SharedState:
-    """Base for the singletons: every instance shares one attribute dict."""
+    """Base for the singletons: every instance shares one attribute dict.
+
+    Reading an attribute the state does not hold is HF 1.15's AttributeError:
+    for one of ``_known_attrs`` (what an initialised state holds) it says the
+    state was reset and not reinitialised, for any other name it is Python's
+    usual message.
+    """
 
     _shared_state: dict[str, Any]
+    #: The attributes an initialised state holds (HF 1.15's lists).
+    _known_attrs: list[str] = []
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -48,12 +57,12 @@ class _SharedState:
 
     def __getattr__(self, name: str) -> Any:
         state = type(self).__name__
-        if self._shared_state:
-            raise AttributeError(f"'{state}' object has no attribute '{name}'")
-        raise AttributeError(  # HF's words
-            f"`{state}` object has no attribute `{name}`. This happens if `{state}._reset_state()` was called and "
-            f"an `Accelerator` or `{state}` was not reinitialized."
-        )
+        if name in self._known_attrs:
+            raise AttributeError(  # HF's words
+                f"`{state}` object has no attribute `{name}`. This happens if `{state}._reset_state()` was called and "
+                "an `Accelerator` or `PartialState` was not reinitialized."
+            )
+        raise AttributeError(f"'{state}' object has no attribute '{name}'")
 
 
 def is_initialized() -> bool:
@@ -98,8 +107,13 @@ class PartialState(_SharedState):
     is the device as given, in place of the family's, as in HF accelerate.
 
     ``kwargs`` go to ``torch.distributed.init_process_group`` (see
-    ``InitProcessGroupKwargs``); ``backend`` overrides the family's default.
+    ``InitProcessGroupKwargs``); ``backend`` overrides the family's default
+    where the family can run it (`DeviceFamily.backend_for`), else it is HF
+    1.15's ValueError naming the backend to use.
     """
+
+    _known_attrs = ["_cpu", "_mixed_precision", "_shared_state", "backend", "debug", "device", "distributed_type",
+                    "fork_launched", "local_process_index", "num_processes", "process_index"]
 
     def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
         if self._attach():
@@ -114,10 +128,13 @@ class PartialState(_SharedState):
         self.debug = parse_flag_from_env("ACCELERATE_DEBUG_MODE")
         env_device = os.environ.get("ACCELERATE_TORCH_DEVICE")
         if launch.is_distributed:
+            resolved = family.backend_for(backend)
+            if backend is not None and resolved != backend:
+                raise ValueError(f"Your assigned backend {backend} is not available, please use {resolved}")
             self.device = torch.device(env_device) if env_device else family.device(launch.local_rank, distributed=True)
-            family.init_process_group(launch, backend, **kwargs)
+            family.init_process_group(launch, resolved, **kwargs)
             _tear_down_at_exit()
-            self.backend = backend or family.backend
+            self.backend = resolved
             self.distributed_type = family.distributed_type
             self.num_processes, self.process_index, self.local_process_index = family.world(launch)
         else:
@@ -149,12 +166,16 @@ class PartialState(_SharedState):
 
     @property
     def is_main_process(self) -> bool:
-        """True on exactly one rank overall (catalog ``process.is_main``)."""
+        """True on exactly one rank overall (catalog ``process.is_main``); under Megatron-LM the last rank."""
+        if self.distributed_type == DistributedType.MEGATRON_LM:
+            return self.is_last_process
         return self.process_index == 0
 
     @property
     def is_local_main_process(self) -> bool:
-        """True on exactly one rank per machine (catalog ``process.is_local_main``)."""
+        """True on exactly one rank per machine (catalog ``process.is_local_main``); under Megatron-LM the last rank."""
+        if self.distributed_type == DistributedType.MEGATRON_LM:
+            return self.is_last_process
         return self.local_process_index == 0
 
     @property
@@ -164,8 +185,12 @@ class PartialState(_SharedState):
 
     @property
     def default_device(self) -> torch.device:
-        """The device the detected family would use on this rank."""
-        return self.device
+        """The type of device this machine offers (``cuda``, ``npu``, else ``cpu``), without an index, as HF 1.15.
+
+        It ignores ``cpu=True`` and the launch: what the hardware has, not what this process runs on.
+        """
+        family = next(family for family in FAMILIES if family.name != "xla" and family.is_available())
+        return torch.device(family.name)
 
     # -- synchronisation --------------------------------------------------
 
@@ -174,7 +199,7 @@ class PartialState(_SharedState):
 
         Catalog: ``sync.wait_for_everyone``.
         """
-        if self.use_distributed:
+        if self.distributed_type != DistributedType.NO and self.use_distributed:
             self.family.barrier()
 
     @contextmanager
@@ -212,55 +237,53 @@ class PartialState(_SharedState):
         Shares differ by at most one item; earlier ranks take the extras
         (["A","B","C"] on 2 ranks: ["A","B"] and ["C"]). With
         ``apply_padding`` every share is as long as the longest, filled with
-        the last item of the whole input, so that results can be gathered.
-        Tensors split on dim 0; dicts split value-wise and need values of
-        equal length. Catalog: ``split.doc_example``, ``split.padding``,
+        the last item of the whole input, so that results can be gathered
+        (a padded tensor share is on this process's device). Lists, tuples
+        and tensors split on dim 0; dicts split value-wise and need values of
+        equal length (HF 1.15's ValueError); anything else with a length
+        (a string, a range) is every rank's whole. On one process the input
+        comes back as it is, as in HF 1.15, except that a dict of unequal
+        values is refused there too (catalog split.tensor_dict; HF 1.15
+        returns it). Catalog: ``split.doc_example``, ``split.padding``,
         ``split.tensor_dict``, ``split.fewer_inputs_than_ranks``.
         """
-        yield _split(inputs, self.num_processes, self.process_index, apply_padding)
+        if self.num_processes == 1:
+            if isinstance(inputs, dict):
+                _common_length(inputs)
+            yield inputs
+            return
+        yield _split(inputs, self.num_processes, self.process_index, apply_padding, self.device)
 
     # -- running on some ranks only ---------------------------------------
-
-    def _only_if(self, function: F | None, should_run: Callable[["PartialState"], bool], **decorator_kwargs: Any):
-        """Decorate ``function`` so that it runs only where ``should_run(state)``."""
-
-        def decorate(fn: F) -> F:
-            def wrapper(*args: Any, **kwargs: Any) -> Any:
-                if should_run(self):
-                    return fn(*args, **kwargs)
-                return None
-
-            wrapper.__name__ = getattr(fn, "__name__", "wrapper")
-            wrapper.__doc__ = fn.__doc__
-            wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
-            return wrapper  # type: ignore[return-value]
-
-        return decorate if function is None else decorate(function)
+    # Rule (HF 1.15): each decorator returns the function itself where it is to run (or on a single
+    # process), else `do_nothing`; the decision is taken when decorating.
 
     def on_main_process(self, function: F | None = None) -> F:
         """Run the decorated function on rank 0 only (once overall, not per machine).
 
+        A state reset since construction is HF 1.15's ValueError.
         Catalog: ``process.on_main_process`` (erratum: the example's docstring says "once per server").
         """
-        return self._only_if(function, lambda s: s.is_main_process)
+        if not self.initialized:
+            raise ValueError("The `PartialState` or `Accelerator` must be initialized before calling this function.")
+        return function if self.is_main_process or not self.use_distributed else do_nothing
 
     def on_local_main_process(self, function: F | None = None) -> F:
         """Run the decorated function on local rank 0 of each machine.
 
         Catalog: ``process.on_local_main_process``.
         """
-        return self._only_if(function, lambda s: s.is_local_main_process)
+        return function if self.is_local_main_process or not self.use_distributed else do_nothing
 
     def on_last_process(self, function: F) -> F:
         """Run the decorated function on the last rank only. Catalog: ``process.on_last_process``."""
-        return self._only_if(function, lambda s: s.is_last_process)
+        return function if self.is_last_process or not self.use_distributed else do_nothing
 
     def on_process(self, function: F | None = None, process_index: int | None = None) -> F:
         """Run the decorated function on rank ``process_index`` only. Catalog: ``process.on_process``."""
         if function is None:
             return partial(self.on_process, process_index=process_index)  # type: ignore[return-value]
-        _require_index("process_index", process_index)
-        return self._only_if(function, lambda s: s.process_index == process_index)
+        return function if self.process_index == process_index or not self.use_distributed else do_nothing
 
     def on_local_process(self, function: F | None = None, local_process_index: int | None = None) -> F:
         """Run the decorated function on local rank ``local_process_index`` of each machine.
@@ -270,8 +293,9 @@ class PartialState(_SharedState):
         """
         if function is None:
             return partial(self.on_local_process, local_process_index=local_process_index)  # type: ignore[return-value]
-        _require_index("local_process_index", local_process_index)
-        return self._only_if(function, lambda s: s.local_process_index == local_process_index)
+        if self.local_process_index == local_process_index or not self.use_distributed:
+            return function
+        return do_nothing
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """Print once per machine, on its local main process.
@@ -332,42 +356,69 @@ def _destroy_default_group() -> None:
         torch.distributed.destroy_process_group()
 
 
-def _require_index(name: str, value: int | None) -> None:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, got {value!r}")
+def _split(inputs: Any, num_processes: int, index: int, apply_padding: bool, device: torch.device) -> Any:
+    """The share of ``inputs`` that rank ``index`` of ``num_processes`` gets (see `split_between_processes`).
 
-
-def _split(inputs: Any, num_processes: int, index: int, apply_padding: bool) -> Any:
-    """The share of ``inputs`` that rank ``index`` of ``num_processes`` gets (see `split_between_processes`)."""
-    if isinstance(inputs, dict):
-        lengths = {key: len(value) for key, value in inputs.items()}
-        if len(set(lengths.values())) > 1:
-            raise ValueError(f"split_between_processes needs dict values of equal length, got lengths {lengths}")
-        return {key: _split(value, num_processes, index, apply_padding) for key, value in inputs.items()}
-    if not hasattr(inputs, "__len__") or not hasattr(inputs, "__getitem__"):
-        raise TypeError(
-            f"split_between_processes splits a list, tuple, dict or tensor, got {type(inputs).__name__}"
-        )
-    per_process, extras = divmod(len(inputs), num_processes)
+    The length is ``len(inputs)`` (Python's TypeError without one), for a
+    dict that of its values.
+    """
+    length = _common_length(inputs) if isinstance(inputs, dict) else len(inputs)
+    per_process, extras = divmod(length, num_processes)
     start = index * per_process + min(index, extras)
     end = start + per_process + (1 if index < extras else 0)
+    return _share(inputs, start, end, per_process + (1 if extras else 0), apply_padding, device)
+
+
+def _common_length(inputs: dict) -> int:
+    """The length of a dict's first value, which every value must have (HF 1.15's ValueError)."""
+    length = len(inputs[list(inputs)[0]])
+    if not all(len(value) == length for value in inputs.values()):
+        raise ValueError("All values in the dictionary must have the same length")
+    return length
+
+
+def _share(inputs: Any, start: int, end: int, longest: int, apply_padding: bool, device: torch.device) -> Any:
+    """``inputs[start:end]``, value-wise for a dict, padded to ``longest`` with the last item when asked.
+
+    Padding reads the last item even when nothing is missing (an empty input
+    is Python's IndexError, as in HF 1.15). HF cannot pad a tuple (its
+    ``result += [...]`` is a TypeError); the reference pads it as a list
+    (catalog split.padding).
+    """
+    if isinstance(inputs, dict):
+        return {key: _share(value, start, end, longest, apply_padding, device) for key, value in inputs.items()}
+    if not isinstance(inputs, (list, tuple, torch.Tensor)):
+        return inputs
     share = inputs[start:end]
-    longest = per_process + (1 if extras else 0)
-    missing = longest - (end - start)
-    if not apply_padding or missing == 0 or len(inputs) == 0:
+    if not apply_padding:
         return share
+    last = inputs[-1]
     if isinstance(inputs, torch.Tensor):
-        return torch.cat([share, inputs[-1:].expand(missing, *inputs.shape[1:])])
-    return share + type(share)([inputs[-1]] * missing)
+        share = share.to(device)
+        return torch.cat([share, last.to(device).expand(longest - len(share), *inputs.shape[1:])])
+    return share + type(share)([last] * (longest - len(share)))
 
 
 class AcceleratorState(_SharedState):
     """`PartialState` plus what an `Accelerator` configures.
 
-    ``mixed_precision`` defaults to ``ACCELERATE_MIXED_PRECISION`` (else
-    ``"no"``); catalog ``mixed_precision.env_default``. Attribute reads that
-    are not found here fall through to the `PartialState`.
+    Rules (HF 1.15): its attributes start as a copy of the `PartialState`'s
+    (made first if need be; ``cpu`` or ``ACCELERATE_USE_CPU``), refreshed at
+    each construction; the first construction must come from an
+    `Accelerator` (``_from_accelerator=True``), else HF's ValueError, raised
+    after the process state and the plugins are set. ``mixed_precision`` is
+    lower-cased; left out, it is ``ACCELERATE_MIXED_PRECISION`` as written
+    (else ``"no"``; catalog ``mixed_precision.env_default``); ``"fp8"``
+    without an FP8 engine is HF's ValueError. Once built, ``cpu=True`` on a
+    state that is not on the CPU, or another precision, is HF's ValueError.
+    ``fsdp_plugin`` and ``megatron_lm_plugin`` are attributes only when
+    given; reading a missing one is HF's AttributeError. The dynamo plugin
+    is required (without one, reading its backend is HF's AttributeError);
+    with a compiling backend, an fp32 run on CUDA turns TF32 matmuls on.
     """
+
+    _known_attrs = PartialState._known_attrs + ["deepspeed_plugin", "fsdp_plugin", "megatron_lm_plugin",
+                                                "dynamo_plugin"]
 
     def __init__(
         self,
@@ -382,32 +433,54 @@ class AcceleratorState(_SharedState):
         _from_accelerator: bool = False,
         **kwargs: Any,
     ) -> None:
-        if self._attach():
-            # HF's wording, so `pytest.raises(match=...)` checks written for accelerate keep working.
-            refusal = ("AcceleratorState has already been initialized and cannot be changed, restart your runtime "
-                       "completely and pass `{flag}` to `Accelerator()`.")
-            if cpu and self.device.type != "cpu":
-                raise ValueError(refusal.format(flag="cpu=True"))
-            if mixed_precision is not None and mixed_precision != self._mixed_precision:
-                raise ValueError(refusal.format(flag=f"mixed_precision='{mixed_precision}'")
-                                 + f" (it has mixed_precision='{self._mixed_precision}')")
+        self.__dict__ = self._shared_state
+        cpu = cpu or parse_flag_from_env("ACCELERATE_USE_CPU")
+        if not PartialState._shared_state:
+            PartialState(cpu, **kwargs)
+        self.__dict__.update(PartialState._shared_state)
+        if self.initialized:
+            self._check_unchanged(mixed_precision, cpu)
             return
-        self._partial = PartialState(cpu, **kwargs)
-        self._mixed_precision = _precision(mixed_precision)
-        self.dynamo_plugin = dynamo_plugin
         self.deepspeed_plugins = deepspeed_plugin
-        self.fsdp_plugin = fsdp_plugin
-        self.megatron_lm_plugin = megatron_lm_plugin
         self.torch_tp_plugin = torch_tp_plugin
         self.parallelism_config = parallelism_config
+        self.device_mesh = None
+        mixed_precision = requested_precision(mixed_precision)
+        if mixed_precision == "fp8" and not is_fp8_available():
+            raise ValueError("Using `fp8` precision requires `transformer_engine` or `MS-AMP` to be installed.")
+        self.dynamo_plugin = dynamo_plugin
+        if not _from_accelerator:
+            raise ValueError(
+                "Please make sure to properly initialize your accelerator via `accelerator = Accelerator()` "
+                "before using any functionality from the `accelerate` library."
+            )
+        self._mixed_precision = mixed_precision
+        if fsdp_plugin is not None:
+            self.fsdp_plugin = fsdp_plugin
+        if megatron_lm_plugin is not None:
+            self.megatron_lm_plugin = megatron_lm_plugin
+        if self.dynamo_plugin.backend != DynamoBackend.NO and mixed_precision == "no" and self.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True  # HF 1.15: compiled fp32 runs take TF32 matmuls
 
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_") or not self._shared_state:
-            return super().__getattr__(name)
-        return getattr(self._partial, name)
+    @property
+    def initialized(self) -> bool:
+        """Whether an Accelerator configured this state (it holds more than the `PartialState`'s copy)."""
+        return self._shared_state != PartialState._shared_state
+
+    def _check_unchanged(self, mixed_precision: str | None, cpu: bool) -> None:
+        """A built state cannot move to the CPU or change its precision (HF's words)."""
+        refusal = ("AcceleratorState has already been initialized and cannot be changed, restart your runtime "
+                   "completely and pass `{flag}` to `Accelerator()`.")
+        if cpu and self.device.type != "cpu":
+            raise ValueError(refusal.format(flag="cpu=True"))
+        if mixed_precision is not None and mixed_precision != self._mixed_precision:
+            raise ValueError(refusal.format(flag=f"mixed_precision='{mixed_precision}'"))
 
     def __repr__(self) -> str:
-        return repr(self._partial) + f"Mixed precision type: {self.mixed_precision}\n"
+        text = repr(PartialState()) + f"\nMixed precision type: {self.mixed_precision}\n"
+        if self.deepspeed_plugin is not None:
+            text += f"ds_config: {self.deepspeed_plugin.deepspeed_config}\n"
+        return text
 
     @property
     def mixed_precision(self) -> str:
@@ -416,24 +489,24 @@ class AcceleratorState(_SharedState):
     @property
     def is_fsdp2(self) -> bool:
         """Whether an FSDP plugin with ``fsdp_version=2`` shards this run's models (several processes). Catalog: plugin.fsdp."""
-        plugin = getattr(self, "fsdp_plugin", None)
+        plugin = self.__dict__.get("fsdp_plugin")
         return plugin is not None and plugin.fsdp_version == 2 and self.use_distributed
 
     @property
     def use_distributed(self) -> bool:
-        return self._partial.use_distributed
+        return PartialState().use_distributed
 
     @property
     def is_main_process(self) -> bool:
-        return self._partial.is_main_process
+        return PartialState().is_main_process
 
     @property
     def is_local_main_process(self) -> bool:
-        return self._partial.is_local_main_process
+        return PartialState().is_local_main_process
 
     @property
     def is_last_process(self) -> bool:
-        return self._partial.is_last_process
+        return PartialState().is_last_process
 
     # -- DeepSpeed plugins (catalog plugin.deepspeed_config) ----------------------------------
 
@@ -445,19 +518,28 @@ class AcceleratorState(_SharedState):
             return plugins
         return next(plugin for plugin in plugins.values() if plugin.selected)
 
+    def _require_deepspeed(self) -> None:
+        if self.deepspeed_plugins is None:
+            raise ValueError(  # HF's `deepspeed_required` words
+                "DeepSpeed is not enabled, please make sure that an `Accelerator` is configured for `deepspeed` "
+                "before calling this function."
+            )
+
     def get_deepspeed_plugin(self, name: str) -> Any:
-        """The plugin ``Accelerator(deepspeed_plugins={name: plugin, ...})`` named ``name``."""
+        """The plugin ``Accelerator(deepspeed_plugins={name: plugin, ...})`` named ``name`` (KeyError for another)."""
+        self._require_deepspeed()
         return self.deepspeed_plugins[name]
 
     def select_deepspeed_plugin(self, name: str | None = None) -> None:
-        """Make the plugin named ``name`` the active one (what the next `prepare` uses); unselect the others."""
-        plugins = self.deepspeed_plugins
-        if not isinstance(plugins, dict) or name not in plugins:
-            known = sorted(plugins) if isinstance(plugins, dict) else []
-            raise ValueError(f"select_deepspeed_plugin: no DeepSpeed plugin named {name!r} (the Accelerator has {known})")
-        for plugin in plugins.values():
-            plugin._unselect()
-        plugins[name].select(_from_accelerator_state=True)
+        """Make the plugin named ``name`` the active one (what the next `prepare` uses); unselect the others.
+
+        An unknown name is a KeyError, once the others are unselected (as HF 1.15).
+        """
+        self._require_deepspeed()
+        for key, plugin in self.deepspeed_plugins.items():
+            if key != name:
+                plugin._unselect()
+        self.deepspeed_plugins[name].select(_from_accelerator_state=True)
 
     # -- HF 1.15's AcceleratorState members that act through the PartialState --
 
@@ -503,41 +585,51 @@ class AcceleratorState(_SharedState):
             PartialState._reset_state()
 
 
-def _precision(value: str | None) -> str:
-    """Validate a mixed-precision name, reading ``ACCELERATE_MIXED_PRECISION`` when none is given."""
-    value = value if value is not None else os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
-    value = str(value).lower()
-    valid = [member.value for member in PrecisionType]
-    if value not in valid:
-        raise ValueError(f"Unknown mixed_precision mode: {value}. Choose between {valid}")  # HF's words
-    return value
+def requested_precision(value: str | None) -> str:
+    """The precision a state runs when ``value`` is asked for: lower-cased, else ``ACCELERATE_MIXED_PRECISION``
+    as written (default ``"no"``), unvalidated as in HF 1.15 (`Accelerator` checks its argument)."""
+    return os.environ.get("ACCELERATE_MIXED_PRECISION", "no") if value is None else value.lower()
 
 
 class GradientState(_SharedState):
     """Whether gradients are synchronised on this step, and the data loaders being iterated.
 
     Outside gradient accumulation every step syncs (``sync_gradients`` True).
-    Prepared data loaders register themselves here while they are iterated
-    (`_add_dataloader` / `_remove_dataloader`); the innermost one is the
+    The accumulation settings are the `GradientAccumulationPlugin`'s
+    ``to_kwargs()`` (the values that differ from its defaults) in
+    ``plugin_kwargs``, read with HF 1.15's defaults: ``num_steps`` 1,
+    ``adjust_scheduler`` False (so a plugin's default True reads False too),
+    ``sync_with_dataloader`` True, ``sync_each_batch`` False; a later
+    construction with another plugin replaces them. Prepared data loaders
+    register themselves here while they are iterated (`_add_dataloader` /
+    `_remove_dataloader`; the list starts as ``[None]``); the last one is the
     ``active_dataloader``, and ``end_of_dataloader`` / ``remainder`` are read
     from it: True on its last batch, and the number of real samples in its
     last global batch (``-1`` when unknown or outside any loader). That is
     how `Accelerator.gather_for_metrics` drops the samples ``even_batches``
-    duplicated. Loaders are held by weak reference, so a loader that is
-    dropped mid-epoch does not stay registered.
-    Catalog: gather_for_metrics.doc_example, gather_for_metrics.full_epoch,
-    accumulate.end_of_dataloader, accumulate.scheduler, accumulate.plugin.
+    duplicated. Loaders are held by weak reference: one dropped mid-epoch
+    reads as None. Catalog: gather_for_metrics.doc_example,
+    gather_for_metrics.full_epoch, accumulate.end_of_dataloader,
+    accumulate.scheduler, accumulate.plugin.
     """
 
     def __init__(self, gradient_accumulation_plugin: GradientAccumulationPlugin | None = None) -> None:
-        if self._attach():
-            if gradient_accumulation_plugin is not None:
-                self.plugin = gradient_accumulation_plugin
-            return
-        self.plugin = gradient_accumulation_plugin or GradientAccumulationPlugin(num_steps=1)
-        self.sync_gradients = True
-        self._is_xla_gradients_synced = False
-        self._dataloader_references_ref: list[weakref.ref] = []
+        plugin_kwargs = gradient_accumulation_plugin.to_kwargs() if gradient_accumulation_plugin is not None else {}
+        if not self._attach():
+            self.sync_gradients = True
+            self._dataloader_references_ref: list[weakref.ref | None] = [None]
+            self.plugin_kwargs = plugin_kwargs
+            self._is_xla_gradients_synced = False
+        if gradient_accumulation_plugin is not None:
+            self.plugin_kwargs = plugin_kwargs
+
+    def __repr__(self) -> str:
+        return (
+            f"Sync Gradients: {self.sync_gradients}\n"
+            f"At end of current dataloader: {self.end_of_dataloader}\n"
+            f"Extra samples added: {self.remainder}\n"
+            f"Gradient accumulation plugin: {self.plugin_kwargs}\n"
+        )
 
     @property
     def is_xla_gradients_synced(self) -> bool:
@@ -552,29 +644,18 @@ class GradientState(_SharedState):
 
     @property
     def num_steps(self) -> int:
-        """Batches per optimizer update (``num_steps=None`` in the plugin means 1)."""
-        return self.plugin.num_steps or 1
+        """Batches per optimizer update."""
+        return self.plugin_kwargs.get("num_steps", 1)
 
     @property
     def adjust_scheduler(self) -> bool:
-        """False, whatever the plugin says, as HF 1.15 reads it.
-
-        HF keeps only the plugin's settings that differ from their defaults
-        and reads a missing ``adjust_scheduler`` as False, so its default
-        (True) reads False too; a prepared scheduler then leaves accumulating
-        micro-batches uncounted (`scheduler.AcceleratedScheduler`).
-        """
-        return False
+        """Whether a prepared scheduler counts accumulating micro-batches (`scheduler.AcceleratedScheduler`)."""
+        return self.plugin_kwargs.get("adjust_scheduler", False)
 
     @property
     def sync_with_dataloader(self) -> bool:
         """Whether gradients sync on the last batch of a loader, mid-cycle included."""
-        return self.plugin.sync_with_dataloader
-
-    @property
-    def sync_each_batch(self) -> bool:
-        """Whether gradients sync on every batch even while accumulating."""
-        return self.plugin.sync_each_batch
+        return self.plugin_kwargs.get("sync_with_dataloader", True)
 
     def _set_sync_gradients(self, sync_gradients: bool) -> None:
         """Set whether the current step synchronises gradients (the Accelerator calls it)."""
@@ -584,19 +665,17 @@ class GradientState(_SharedState):
 
     @property
     def dataloader_references(self) -> list[Any]:
-        """The loaders being iterated, outermost first (loaders garbage-collected since are left out)."""
-        loaders = (reference() for reference in self._dataloader_references_ref)
-        return [loader for loader in loaders if loader is not None]
+        """The loaders being iterated, outermost first (None for the initial entry and for dropped loaders)."""
+        return [reference() if reference is not None else None for reference in self._dataloader_references_ref]
 
     @dataloader_references.setter
     def dataloader_references(self, loaders: list[Any]) -> None:
-        self._dataloader_references_ref = [weakref.ref(loader) for loader in loaders]
+        self._dataloader_references_ref = [weakref.ref(loader) if loader is not None else None for loader in loaders]
 
     @property
     def active_dataloader(self) -> Any:
-        """The innermost loader being iterated, or None."""
-        loaders = self.dataloader_references
-        return loaders[-1] if loaders else None
+        """The innermost loader being iterated (the last reference), or None."""
+        return self.dataloader_references[-1]
 
     @property
     def in_dataloader(self) -> bool:
@@ -605,15 +684,17 @@ class GradientState(_SharedState):
 
     @property
     def end_of_dataloader(self) -> bool:
-        """True while the active loader's last batch is out; False outside any loader."""
-        active = self.active_dataloader
-        return bool(active is not None and active.end_of_dataloader)
+        """The active loader's ``end_of_dataloader`` (True on its last batch); False outside any loader."""
+        if not self.in_dataloader:
+            return False
+        return self.active_dataloader.end_of_dataloader
 
     @property
     def remainder(self) -> int:
         """Real samples in the active loader's last global batch; -1 when unknown or outside any loader."""
-        active = self.active_dataloader
-        return -1 if active is None else active.remainder
+        if not self.in_dataloader:
+            return -1
+        return self.active_dataloader.remainder
 
     def _add_dataloader(self, dataloader: Any) -> None:
         """Register ``dataloader`` as the active loader (a loader calls it when an epoch starts)."""

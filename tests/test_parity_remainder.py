@@ -136,10 +136,10 @@ def test_verify_and_chained_operation_match_hf_on_one_process() -> None:
 
 def test_gathered_parameters_is_a_no_op_without_deepspeed() -> None:
     from accelerate_ref import AcceleratorState, PartialState
-    from accelerate_ref.utils import GatheredParameters
+    from accelerate_ref.utils import GatheredParameters, TorchDynamoPlugin
 
     PartialState(cpu=True)
-    AcceleratorState(cpu=True)
+    AcceleratorState(cpu=True, dynamo_plugin=TorchDynamoPlugin(), _from_accelerator=True)
     layer = torch.nn.Linear(2, 2)
     before = [p.detach().clone() for p in layer.parameters()]
     with GatheredParameters(list(layer.parameters()), modifier_rank=0) as inside:

@@ -25,7 +25,7 @@ from accelerate_ref import (
     GradScalerKwargs,
     ProfileKwargs,
 )
-from accelerate_ref import precision
+from accelerate_ref import state as state_module
 from accelerate_ref.optimizer import AcceleratedOptimizer
 from accelerate_ref.scheduler import AcceleratedScheduler
 from accelerate_ref.utils import extract_model_from_parallel, is_compiled_module
@@ -104,11 +104,13 @@ def test_device_placement_flags_reach_each_object(monkeypatch):
     assert moved == [], "an already prepared model is not placed again"
 
 
-def test_a_scheduler_without_its_prepared_optimizer_is_refused():
+def test_a_scheduler_without_its_prepared_optimizer_follows_every_prepared_optimizer():
+    """HF 1.15: a scheduler whose optimizer was not prepared steps with all the prepared ones."""
     acc = Accelerator()
     _, _, scheduler = objects()
-    with pytest.raises(ValueError, match="optimizer of this LambdaLR was not prepared"):
-        acc.prepare_scheduler(scheduler)
+    assert acc.prepare_scheduler(scheduler).optimizers == []
+    other = acc.prepare_optimizer(torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1))
+    assert acc.prepare_scheduler(objects()[2]).optimizers == [other]
 
 
 def test_a_scheduler_built_on_the_prepared_optimizer_is_accepted():
@@ -342,13 +344,13 @@ def test_clip_grad_norm_unscales_fp16_gradients_first():
 
 
 def test_fp8_without_an_engine_names_the_packages(monkeypatch):
-    monkeypatch.setattr(precision, "is_fp8_available", lambda: False)
-    with pytest.raises(ImportError, match="transformer-engine, torchao, ms-amp"):
+    monkeypatch.setattr(state_module, "is_fp8_available", lambda: False)
+    with pytest.raises(ValueError, match="requires `transformer_engine` or `MS-AMP` to be installed"):
         Accelerator(mixed_precision="fp8")
 
 
 def test_fp8_with_an_engine_is_not_driven(monkeypatch):
-    monkeypatch.setattr(precision, "is_fp8_available", lambda: True)
+    monkeypatch.setattr(state_module, "is_fp8_available", lambda: True)
     with pytest.raises(NotImplementedError, match="FP8"):
         Accelerator(mixed_precision="fp8")
 

@@ -74,6 +74,14 @@ class DeviceFamily:
         """The device a rank with this local index computes on."""
         raise NotImplementedError
 
+    def backend_for(self, requested: str | None) -> str:
+        """The backend this family's ranks join with when ``requested`` (None: not chosen) is asked for.
+
+        Rule (HF 1.15's `PartialState`): the family's own backend; families
+        that can run another one (CUDA, CPU with MPI) override this.
+        """
+        return self.backend
+
     def init_process_group(self, launch: LaunchEnv, backend: str | None, **kwargs: Any) -> None:
         """Join the process group of the launch, unless already joined.
 

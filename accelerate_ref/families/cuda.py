@@ -15,6 +15,10 @@ class CudaFamily(DeviceFamily):
     backend = "nccl"
     distributed_type = DistributedType.MULTI_GPU
 
+    def backend_for(self, requested: str | None) -> str:
+        """Any backend asked for (gloo, ...), else nccl: HF 1.15 passes a requested backend on for GPUs."""
+        return requested or self.backend
+
     def is_available(self) -> bool:
         return torch.cuda.is_available()
 
