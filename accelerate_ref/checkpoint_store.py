@@ -17,6 +17,14 @@ in); a crash between them leaves ``<name>`` missing, and loading ``<name>``
 then finds the one set aside (the last one published under that name).
 Deleting renames first, so a half-deleted checkpoint is never visible.
 
+HF accelerate writes its checkpoints in place, without a manifest. A
+folder without one that holds ``random_states_0.pkl`` (which every
+``save_state`` writes, on process 0, after the models, optimizers,
+schedulers and loader states) is taken for such a checkpoint: it loads,
+counts among the automatically named ones (the newest loads, the oldest
+are deleted for ``total_limit``), and saving to its name replaces it, so
+that a project switching libraries keeps its checkpoints.
+
 Catalog: save_state.roundtrip, save_state.auto_naming, save_state.total_limit.
 """
 
@@ -28,10 +36,13 @@ import re
 import shutil
 from typing import Optional
 
+from .utils.constants import RNG_STATE_NAME
 from .utils.serialization import fsync_directory, write_atomically
 
 #: File in every published checkpoint listing the world size and each file's size.
 MANIFEST_NAME = "checkpoint.json"
+#: Process 0's random states, in every checkpoint: marks one HF accelerate wrote (it writes no manifest).
+MAIN_RNG_FILE = f"{RNG_STATE_NAME}_0.pkl"
 #: Folder under ``project_dir`` that automatic checkpoint naming writes into.
 CHECKPOINTS_FOLDER = "checkpoints"
 #: Published names under automatic naming: ``checkpoint_<iteration>``.
@@ -57,16 +68,24 @@ def is_published(path: str) -> bool:
     return os.path.isfile(os.path.join(path, MANIFEST_NAME))
 
 
+def is_checkpoint(path: str) -> bool:
+    """Whether ``path`` is a checkpoint: published here, or written by HF accelerate (``random_states_0.pkl``, no manifest).
+
+    Catalog: save_state.auto_naming, save_state.total_limit.
+    """
+    return is_published(path) or os.path.isfile(os.path.join(path, MAIN_RNG_FILE))
+
+
 def check_replaceable(target: str) -> None:
-    """Refuse to save over ``target`` unless it is absent, empty or a published checkpoint (whose files it replaces).
+    """Refuse to save over ``target`` unless it is absent, empty or a checkpoint (`is_checkpoint`; its files are replaced).
 
     A directory holding anything else may be the user's data; replacing it
     would delete that. Raised before anything is written. Catalog: save_state.roundtrip.
     """
-    if os.path.isdir(target) and os.listdir(target) and not is_published(target):
+    if os.path.isdir(target) and os.listdir(target) and not is_checkpoint(target):
         raise CheckpointError(
-            f"{target} exists and is not a checkpoint written by save_state (it has no {MANIFEST_NAME}); "
-            "save to a new or empty directory, or remove it first"
+            f"{target} exists and is not a checkpoint written by save_state (it has neither {MANIFEST_NAME} nor "
+            f"{MAIN_RNG_FILE}); save to a new or empty directory, or remove it first"
         )
     if os.path.exists(target) and not os.path.isdir(target):
         raise CheckpointError(f"{target} exists and is a file, not a checkpoint directory")
@@ -140,7 +159,7 @@ def remove_leftovers(parent: str, name: Optional[str] = None, keep: str = "") ->
 
 
 def published_in(folder: str) -> list[tuple[int, str]]:
-    """``(iteration, path)`` of every published ``checkpoint_<iteration>`` in ``folder``, oldest first.
+    """``(iteration, path)`` of every ``checkpoint_<iteration>`` in ``folder`` that `is_checkpoint`, oldest first.
 
     Catalog: save_state.auto_naming, save_state.total_limit.
     """
@@ -150,16 +169,16 @@ def published_in(folder: str) -> list[tuple[int, str]]:
     for entry in os.listdir(folder):
         match = AUTOMATIC_NAME.fullmatch(entry)
         path = os.path.join(folder, entry)
-        if match and is_published(path):
+        if match and is_checkpoint(path):
             found.append((int(match.group(1)), path))
     return sorted(found)
 
 
 def prune(folder: str, total_limit: int, token: str) -> None:
-    """Delete the oldest published checkpoints of ``folder`` until ``total_limit`` remain.
+    """Delete the oldest checkpoints of ``folder`` until ``total_limit`` remain.
 
-    Only published checkpoints count and are deleted (never one being
-    written); each is renamed aside before it is removed.
+    Only checkpoints (`published_in`) count and are deleted, never one
+    being written; each is renamed aside before it is removed.
     Catalog: save_state.total_limit.
     """
     published = published_in(folder)

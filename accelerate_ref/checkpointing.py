@@ -21,8 +21,21 @@ file                           content                                       wri
 With ``save_on_each_node`` "main process" reads "local main process of
 each machine". Everything is read back with safetensors or
 ``torch.load(weights_only=True)``: a checkpoint cannot run code when it is
-loaded. RNG states are stored as tensors and plain values for that reason
-(numpy's key array as a tensor).
+loaded.
+
+Checkpoints cross implementations: the names, keys and value types are HF
+1.15's, so HF resumes from a folder written here and this module resumes
+from one HF wrote. The random states are HF's layout exactly, numpy's key
+array an ndarray (accelerate_ref stored it as an int64 tensor before; such
+files still load): `utils.serialization.load`, as HF's ``load``, lets
+weights_only loading rebuild numpy arrays, so the tensor bought no safety,
+and a file in HF's layout reads the same to both libraries and their tools.
+What HF does not write is optional on reading: HF writes ``sampler.bin``
+only for an iterable dataset shard with a seedable sampler (in practice
+never), so a loader without one is left where ``prepare`` put it, as HF
+leaves it (`skip_first_batches` then skips into the epoch that begins).
+The manifest (`checkpoint_store`) is accelerate_ref's alone; HF ignores it
+and a folder without one is not checked against it.
 
 Catalog: save_state.roundtrip, save_state.file_names, save_state.resume_data_order,
 register_for_checkpointing.
@@ -90,15 +103,19 @@ def _model_file_names(index: int) -> tuple[str, str]:
 
 
 def rng_states(step: int) -> dict[str, Any]:
-    """This process's random states (Python, numpy, torch, accelerators, XLA) and ``step``, loadable with weights_only.
+    """This process's random states (Python, numpy, torch, accelerators, XLA) and ``step``, in HF 1.15's layout.
 
-    Catalog: save_state.roundtrip.
+    Rule: the keys and values are HF's (``numpy_random_seed`` is
+    ``np.random.get_state()`` itself, its key array a uint32 ndarray), so
+    that either library resumes from the other's file. It still loads
+    without running code: `utils.serialization.load` (as HF's ``load``)
+    lets ``torch.load(weights_only=True)`` rebuild numpy arrays and nothing
+    else beyond tensors. Catalog: save_state.roundtrip.
     """
-    kind, keys, position, has_gauss, cached_gaussian = np.random.get_state()
     states: dict[str, Any] = {
         "step": step,
         "random_state": random.getstate(),
-        "numpy_random_seed": (kind, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, cached_gaussian),
+        "numpy_random_seed": np.random.get_state(),
         "torch_manual_seed": torch.get_rng_state(),
     }
     for device_type in _DEVICE_RNGS:
@@ -111,11 +128,19 @@ def rng_states(step: int) -> dict[str, Any]:
     return states
 
 
+def _numpy_state(saved: tuple[Any, ...]) -> tuple[Any, ...]:
+    """numpy's state tuple from a saved one, whose key array is an ndarray (HF, and accelerate_ref now) or an
+    int64 tensor (checkpoints accelerate_ref wrote before it wrote HF's layout)."""
+    kind, keys, *rest = saved
+    if isinstance(keys, torch.Tensor):
+        keys = keys.numpy()
+    return (kind, np.asarray(keys, dtype=np.uint32), *rest)
+
+
 def restore_rng_states(states: dict[str, Any]) -> None:
-    """Put back the random states `rng_states` saved. Catalog: save_state.roundtrip."""
+    """Put back the random states `rng_states` saved (or HF 1.15 did). Catalog: save_state.roundtrip."""
     random.setstate(states["random_state"])
-    kind, keys, position, has_gauss, cached_gaussian = states["numpy_random_seed"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), position, has_gauss, cached_gaussian))
+    np.random.set_state(_numpy_state(states["numpy_random_seed"]))
     torch.set_rng_state(states["torch_manual_seed"])
     for device_type in _DEVICE_RNGS:
         key = f"torch_{device_type}_manual_seed"
@@ -146,8 +171,8 @@ def save_accelerator_state(
     safetensors unless ``safe_serialization=False``. Every file is written
     atomically. A loader without ``state_dict`` (one that was not prepared)
     has no position to save and is skipped; one with ``use_stateful_dataloader``
-    saves its StatefulDataLoader state to ``dl_state_dict.bin`` (HF's file),
-    which loading reads back only where it is there, as HF does.
+    saves its StatefulDataLoader state to ``dl_state_dict.bin`` (HF's file).
+    Loading reads either file back only where it is there.
     Catalog: save_state.roundtrip, save_state.file_names, save_state.resume_data_order.
     """
     directory = Path(output_dir)
@@ -209,9 +234,13 @@ def load_accelerator_state(
     (``map_location=None`` or ``"cpu"``) or this process's device
     (``"on_device"``), anything else is a TypeError; ``load_kwargs`` go to
     ``torch.load`` (``weights_only=True`` unless they say otherwise). Every
-    object given must find its file, and this process its
-    ``random_states_<process_index>.pkl``: a missing or unreadable file is
-    a CheckpointError naming it.
+    model, optimizer and scheduler given must find its file, and this
+    process its ``random_states_<process_index>.pkl``: a missing or
+    unreadable file is a CheckpointError naming it. A data loader's
+    ``sampler.bin`` or ``dl_state_dict.bin`` is loaded where it is there
+    (HF writes ``sampler.bin`` for no map-style loader); without it the
+    loader stays unpositioned, as under HF. The random states may be HF's
+    or this module's (`restore_rng_states`).
     Catalog: save_state.roundtrip, save_state.resume_data_order.
     """
     if map_location not in (None, "cpu", "on_device"):
@@ -231,17 +260,16 @@ def load_accelerator_state(
     for i, model in enumerate(models):
         safe_name, pickle_name = _model_file_names(i)
         weights = directory / (safe_name if (directory / safe_name).is_file() else pickle_name)
-        _read(weights, lambda path: load_checkpoint_in_model(model, path, **{"strict": True, **load_model_func_kwargs}))
+        _read(weights, lambda path: load_checkpoint_in_model(model, os.fspath(path), **{"strict": True, **load_model_func_kwargs}))
     for i, optimizer in enumerate(optimizers):
         optimizer.load_state_dict(read(indexed_name(f"{OPTIMIZER_NAME}.bin", i), map_location=location))
     for i, scheduler in enumerate(schedulers):
         scheduler.load_state_dict(read(indexed_name(f"{SCHEDULER_NAME}.bin", i)))
     for i, dataloader in enumerate(dataloaders):
-        if getattr(dataloader, "use_stateful_dataloader", False):
-            if (directory / indexed_name(STATEFUL_LOADER_NAME, i)).is_file():  # HF loads it only when it is there
-                dataloader.load_state_dict(read(indexed_name(STATEFUL_LOADER_NAME, i)))
-        elif hasattr(dataloader, "load_state_dict"):
-            dataloader.load_state_dict(read(indexed_name(f"{SAMPLER_NAME}.bin", i)))
+        stateful = getattr(dataloader, "use_stateful_dataloader", False)
+        name = indexed_name(STATEFUL_LOADER_NAME if stateful else f"{SAMPLER_NAME}.bin", i)
+        if hasattr(dataloader, "load_state_dict") and (directory / name).is_file():
+            dataloader.load_state_dict(read(name))
     if scaler is not None:
         scaler.load_state_dict(read(SCALER_NAME))
     states = read(rng_file_name(process_index))

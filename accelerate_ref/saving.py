@@ -405,10 +405,12 @@ class CheckpointingMixin:
         Rules: from ``input_dir``, or with automatic checkpoint naming and
         no ``input_dir`` from the newest complete checkpoint in
         ``project_dir/checkpoints`` (a checkpoint still being written, or
-        left by a crash, is never taken); ``project_configuration.iteration``
-        then continues after it. Before anything is loaded the checkpoint
-        must have been saved at this world size, hold every file intact and
-        one ``custom_checkpoint_<i>.pkl`` per registered object: otherwise
+        left by a crash, is never taken; HF accelerate's count too, see
+        `checkpoint_store`); ``project_configuration.iteration`` then
+        continues after it. A folder HF wrote loads as one written here.
+        Before anything is loaded the checkpoint must have been saved at
+        this world size, hold every file intact and one
+        ``custom_checkpoint_<i>.pkl`` per registered object: otherwise
         an error names the directory or file. Load hooks run first
         (`register_load_state_pre_hook`). Nothing runs code from the files
         (``load_kwargs={"weights_only": False}`` opts out, for trusted
@@ -419,7 +421,9 @@ class CheckpointingMixin:
         Prepared data loaders are positioned where they were: iterate
         `skip_first_batches(loader, batches_done)` for the rest of the
         epoch, then the loader, and the batches are those an uninterrupted
-        run yields. `step` is restored. A failure on any process fails the
+        run yields (from a folder HF wrote, which holds no position, the
+        loader starts its epoch afresh, as HF's does). `step` is restored.
+        A failure on any process fails the
         call on every process.
         Catalog: save_state.roundtrip, save_state.resume_data_order, save_state.auto_naming,
         save_state.pre_hooks, register_for_checkpointing, plugin.deepspeed_zero.
