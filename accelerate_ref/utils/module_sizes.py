@@ -495,9 +495,12 @@ def _as_parameter(current: nn.Parameter, new_value: torch.Tensor, old_value: tor
     elif param_cls.__name__ == "AffineQuantizedTensor" or "torchao" in getattr(param_cls, "__module__", ""):
         parameter = new_value.to(device, non_blocking=non_blocking)
     else:
-        # ``new_value`` is on ``device`` already; HF moves the Parameter there again, which for an indexed CPU
-        # device (``cpu:0``, a CPU world's accelerator.device) copies it into a plain Tensor (catalog save_model.reload).
         parameter = param_cls(new_value, requires_grad=old_value.requires_grad)
+        # ``new_value`` is on ``device`` already; HF moves the Parameter there again, which for an indexed CPU
+        # device (``cpu:0``, a CPU world's accelerator.device) copies it into a plain Tensor (catalog
+        # save_model.reload): the CPU is left out of that second move.
+        if torch.device(device).type != "cpu":
+            parameter = parameter.to(device, non_blocking=non_blocking)
     if is_hf_initialized is not None:
         parameter._is_hf_initialized = is_hf_initialized
     if fp16_statistics is not None:
