@@ -19,7 +19,7 @@ JOBS       ?= 2
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: conformance conformance-hf test extended bench clean faults scale
+.PHONY: conformance conformance-hf test extended bench clean faults scale shipped
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -65,6 +65,11 @@ faults: $(STAMP)
 
 scale: $(STAMP)
 	$(PY) benchmarks/scale.py
+
+# Issue 20: HF's shipped self-test scripts (accelerate/test_utils/scripts) at 2 ranks, on HF and with
+# `import accelerate` switched to $(IMPL), side by side (minutes: take the lock).
+shipped: $(STAMP)
+	$(PY) -m conformance shipped --impl $(IMPL) --markdown $(REPORTS)/shipped-$(IMPL).md
 
 clean:
 	rm -rf $(VENV) $(REPORTS) .pytest_cache .tox *.egg-info

@@ -220,7 +220,7 @@ def _check_debug_mode(r, n):
             call()
         except DistributedOperationException as error:
             message = str(error)
-            assert f"`{operation}`" in message, message
+            assert f"Operation: `accelerate_ref.utils.operations.{operation}`" in message, message
             assert all(line in message for line in expected), message
         else:
             raise AssertionError(f"{operation} with mismatched shapes did not raise")

@@ -75,10 +75,8 @@ def _tensor_collectives(data: Any, operation: str, same_shapes: bool) -> Collect
     """Check `data` and return the collectives of the current world.
 
     Rule: in debug mode (`PartialState().debug`, from ACCELERATE_DEBUG_MODE)
-    with several processes and `same_shapes`, every rank's description of its
-    input (tensor shapes, other leaves by type) is exchanged first; if any
-    differs, every rank raises DistributedOperationException naming each
-    rank's input. Then a non-tensor leaf is a TypeError naming its type and
+    with several processes and `same_shapes`, the input is verified first
+    (`_verify`). Then a non-tensor leaf is a TypeError naming its type and
     path. Catalog: debug.shape_mismatch, gather.nested.
     """
     from ..state import PartialState
@@ -86,26 +84,83 @@ def _tensor_collectives(data: Any, operation: str, same_shapes: bool) -> Collect
     state = PartialState()
     collectives = collectives_for(state)
     if same_shapes and state.debug and state.use_distributed:
-        _check_same_shapes(data, operation, collectives)
+        _verify(data, f"{__name__}.{operation}", state, collectives)
     apply_to_leaves(_describe_leaf, data, reject_others_in=operation)
     return collectives
 
 
-def _check_same_shapes(data: Any, operation: str, collectives: Collectives) -> None:
-    """Raise DistributedOperationException on every rank when the ranks' inputs differ in shape."""
+def _verify(data: Any, operation: str, state: Any, collectives: Collectives) -> None:
+    """Debug mode's check before a collective (HF 1.15's texts), raising DistributedOperationException.
+
+    Rule: the input's tensors must be on the state's device type (checked on
+    each rank), then every rank's input must have the same shapes (checked by
+    exchanging them, so every rank raises together, naming each rank's
+    shapes). `operation` is the collective's qualified name. Catalog:
+    debug.shape_mismatch.
+    """
+    device = find_device(data)
+    if device is not None and device.type != state.device.type:
+        expected = state.device.type
+        raise DistributedOperationException(
+            f"One or more of the tensors passed to {operation} were not on the {device.type} while the "
+            f"`Accelerator` is configured for {expected}. Please move it to the {expected} before calling {operation}."
+        )
     described = recursively_apply(_describe_leaf, data, test_type=_accept_any)
     everyone = collectives.all_gather_object(described)
     if any(description != everyone[0] for description in everyone):
-        per_rank = "\n".join(f"  - Process {rank}: {description}" for rank, description in enumerate(everyone))
+        per_rank = "\n  - ".join(f"Process {rank}: {description}" for rank, description in enumerate(everyone))
         raise DistributedOperationException(
-            f"Cannot apply `{operation}` across processes: the input shapes differ between processes "
-            f"(they must be equal on every process).\nInput shapes:\n{per_rank}"
+            "Cannot apply desired operation due to shape mismatches. All shapes across devices must be valid."
+            f"\n\nOperation: `{operation}`\nInput shapes:\n  - {per_rank}"
         )
 
 
 def _check_process_index(from_process: int, collectives: Collectives) -> None:
     if not 0 <= from_process < collectives.num_processes:
         raise ValueError(f"from_process={from_process} is not a process index (0 to {collectives.num_processes - 1})")
+
+
+def verify_operation(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate a collective so that, in debug mode, ranks with mismatched inputs fail on every rank.
+
+    Rule (HF 1.15): outside debug mode (`PartialState().debug`) or without
+    several processes the call goes straight through; otherwise the input (the
+    `tensor` keyword, else the first argument) must be on the state's device
+    type, and every rank's input shapes must match, else every rank raises
+    DistributedOperationException naming the operation. Catalog: debug.shape_mismatch.
+    """
+    from ..state import PartialState
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        state = PartialState()
+        if not (state.debug and state.use_distributed):
+            return function(*args, **kwargs)
+        tensor = kwargs["tensor"] if "tensor" in kwargs else args[0]
+        _verify(tensor, f"{function.__module__}.{function.__name__}", state, collectives_for(state))
+        return function(*args, **kwargs)
+
+    return wrapper
+
+
+def chained_operation(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate a function so a DistributedOperationException from within is re-raised naming it.
+
+    Rule (HF 1.15): the new exception says "Error found while calling
+    `<module>.<name>`" and chains the original as its cause.
+    """
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except DistributedOperationException as error:
+            operation = f"{function.__module__}.{function.__name__}"
+            raise DistributedOperationException(
+                f"Error found while calling `{operation}`. Please see the earlier error for more details."
+            ) from error
+
+    return wrapper
 
 
 def gather(tensor: Any) -> Any:
@@ -218,6 +273,7 @@ class CannotPadNestedTensorWarning(UserWarning):
     """Warned when `pad_across_processes` meets a nested tensor, which it leaves as it is."""
 
 
+@chained_operation
 def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
     """Pad every tensor of a nested structure to the largest size any process has on `dim`.
 
@@ -227,10 +283,13 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
     dimension `dim` (e.g. 0-d), and a nested tensor (with a
     `CannotPadNestedTensorWarning`). Lists/tuples/dicts are padded leaf by leaf;
     non-tensor leaves are a TypeError. Rank r holding `arange(r + 1)` on 2
-    ranks gives shape [2] everywhere.
-    Catalog: pad.doc_example, pad.pad_first_index_dim.
+    ranks gives shape [2] everywhere. Each leaf's shape travels by `gather`,
+    so in debug mode leaves whose number of dimensions differs across ranks
+    raise DistributedOperationException, re-raised naming
+    `pad_across_processes` (HF 1.15).
+    Catalog: pad.doc_example, pad.pad_first_index_dim, debug.shape_mismatch.
     """
-    collectives = _tensor_collectives(tensor, "pad_across_processes", same_shapes=False)
+    _tensor_collectives(tensor, "pad_across_processes", same_shapes=False)
 
     def pad_one(leaf: torch.Tensor) -> torch.Tensor:
         if getattr(leaf, "is_nested", False):
@@ -241,7 +300,7 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
             return leaf
         axis = dim % leaf.ndim
         size = leaf.shape[axis]
-        largest = int(collectives.all_gather(torch.tensor([size], device=leaf.device)).max())
+        largest = int(gather(torch.tensor(leaf.shape, device=leaf.device)[None])[:, axis].max())
         if largest == size:
             return leaf
         shape = list(leaf.shape)
@@ -293,55 +352,6 @@ TENSOR_INT_TO_DTYPE = {code: dtype for dtype, code in TENSOR_TYPE_TO_INT.items()
 
 #: Room for the shape plus its dtype code that `gather_tensor_shape` reduces across processes.
 _SHAPE_SLOTS = 2**20
-
-
-def verify_operation(function: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorate a collective so that, in debug mode, ranks with mismatched inputs fail on every rank.
-
-    Rule (HF 1.15): outside debug mode (`PartialState().debug`) or without
-    several processes the call goes straight through; otherwise the input (the
-    `tensor` keyword, else the first argument) must be on the state's device
-    type, and every rank's input shapes must match, else every rank raises
-    DistributedOperationException naming the operation. Catalog: debug.shape_mismatch.
-    """
-    from ..state import PartialState
-
-    @functools.wraps(function)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        state = PartialState()
-        if not (state.debug and state.use_distributed):
-            return function(*args, **kwargs)
-        operation = f"{function.__module__}.{function.__name__}"
-        tensor = kwargs["tensor"] if "tensor" in kwargs else args[0]
-        if find_device(tensor).type != state.device.type:
-            raise DistributedOperationException(
-                f"One or more of the tensors passed to {operation} were not on {state.device.type}, the device "
-                f"the `Accelerator` is configured for; move them there before calling {operation}."
-            )
-        _check_same_shapes(tensor, operation, collectives_for(state))
-        return function(*args, **kwargs)
-
-    return wrapper
-
-
-def chained_operation(function: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorate a function so a DistributedOperationException from within is re-raised naming it.
-
-    Rule (HF 1.15): the new exception says "Error found while calling
-    `<module>.<name>`" and chains the original as its cause.
-    """
-
-    @functools.wraps(function)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return function(*args, **kwargs)
-        except DistributedOperationException as error:
-            operation = f"{function.__module__}.{function.__name__}"
-            raise DistributedOperationException(
-                f"Error found while calling `{operation}`. Please see the earlier error for more details."
-            ) from error
-
-    return wrapper
 
 
 def gather_tensor_shape(tensor: torch.Tensor | None) -> tuple[torch.Tensor, int]:
