@@ -613,17 +613,17 @@ class Accelerator(ProcessControlMixin, CheckpointingMixin, TrackingMixin, Engine
         collectives instead of leaving them hanging. ``even_batches``
         overrides the prepared map-style loaders' setting inside the block
         and is restored after. On every data-parallel backend (CPU ranks
-        on gloo and XLA included), not only GPUs; a no-op on one process;
-        under an engine that does not wrap in DDP (FSDP, DeepSpeed,
-        Megatron-LM) a no-op with HF 1.15's UserWarning, as HF on a non-GPU
-        type. Catalog: join.uneven_inputs.
+        on gloo and XLA included), not only GPUs; under an engine that does
+        not wrap in DDP (FSDP, DeepSpeed, Megatron-LM) a no-op with HF
+        1.15's UserWarning, as HF on a non-GPU type, even on one process;
+        otherwise a no-op on one process. Catalog: join.uneven_inputs.
         """
-        if not self.use_distributed:
-            return contextlib.nullcontext()
         if self.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED, DistributedType.MEGATRON_LM):
             warnings.warn("Joining uneven inputs is only supported for multi-GPU training, as a result "
                           "`join_uneven_inputs` will have no effect.")
-            return contextlib.nullcontext(joinables)
+            return contextlib.nullcontext()
+        if not self.use_distributed:
+            return contextlib.nullcontext()
         uneven = not (self.even_batches if even_batches is None else even_batches)
         return gradient_sync.join(joinables, enable=uneven, dataloaders=self._dataloaders, even_batches=even_batches)
 

@@ -112,8 +112,10 @@ class PartialState(_SharedState):
     1.15's ValueError naming the backend to use.
     """
 
+    #: HF 1.15's list, and ``family`` (the reference's device family, held by an initialised state too), so that
+    #: code reaching it after a reset gets HF's message (HF's test_script.py: test_reinstantiated_state).
     _known_attrs = ["_cpu", "_mixed_precision", "_shared_state", "backend", "debug", "device", "distributed_type",
-                    "fork_launched", "local_process_index", "num_processes", "process_index"]
+                    "family", "fork_launched", "local_process_index", "num_processes", "process_index"]
 
     def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
         if self._attach():

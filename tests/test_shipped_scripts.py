@@ -5,6 +5,7 @@ at 2 ranks (a few seconds); the whole table, HF beside accelerate_ref, is
 ``extended``.
 """
 
+import importlib
 import sys
 
 import pytest
@@ -67,3 +68,21 @@ def test_every_shipped_script_that_passes_on_hf_passes_on_accelerate_ref():
                            progress=lambda line: None)
     assert any(row.hf.status == "pass" for row in rows)
     assert [row.script for row in rows if row.regression] == [], shipped.table(rows, "accelerate_ref")
+
+
+@pytest.mark.parametrize("impl", ["accelerate", "accelerate_ref"])
+def test_join_under_an_engine_without_ddp_warns_and_does_nothing(impl):
+    """test_distributed_data_loop.py's test_join_raises_warning_for_non_ddp_distributed, on one process: HF 1.15's
+    warning, on either implementation."""
+    module = importlib.import_module(impl)
+    state = importlib.import_module(f"{impl}.state")
+    state.AcceleratorState._reset_state(True)
+    try:
+        accelerator = module.Accelerator(cpu=True)
+        accelerator.state.distributed_type = module.DistributedType.FSDP
+        with pytest.warns(UserWarning, match="only supported for multi-GPU training"):
+            with accelerator.join_uneven_inputs([object()]) as inside:
+                assert inside is None
+    finally:
+        state.AcceleratorState._reset_state(True)
+        state.GradientState._reset_state()
