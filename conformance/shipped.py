@@ -129,10 +129,14 @@ class Row:
         if self.hf.retried or self.impl.retried:
             parts.append(f"hung once, run again: {RACES[Path(self.script).name]}")
         if self.hf.status != "pass":
-            parts.append(f"HF: {self.hf.error}")
+            parts.append(f"HF: {_short(self.hf.error)}")
         if self.impl.status != "pass" and self.impl.error != self.hf.error:
-            parts.append(f"impl: {self.impl.error}")
+            parts.append(f"impl: {_short(self.impl.error)}")
         return "; ".join(part for part in parts if part)
+
+
+def _short(error: str, limit: int = 160) -> str:
+    return error if len(error) <= limit else error[:limit - 1] + "…"
 
 
 def scripts_dir() -> Path:
