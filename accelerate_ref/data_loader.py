@@ -14,7 +14,10 @@ of two loaders, both real `DataLoader` subclasses:
   process keeps its slice.
 
 With ``use_stateful_dataloader`` both draw their batches through torchdata's
-`StatefulDataLoader` and keep its state (`DataLoaderAdapter`, their base).
+`StatefulDataLoader` and keep its state (`DataLoaderAdapter`, their base,
+which also makes them what HF's are to ``isinstance`` and attribute access).
+Where they are in an epoch, for a resumed run, is `DataLoaderPositionMixin`'s
+(`data_loader_position`).
 
 While a prepared loader is iterated it is registered in `GradientState`,
 with ``end_of_dataloader`` (True on its last batch) and ``remainder`` (the
@@ -27,6 +30,7 @@ through `GradientState`.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import math
@@ -36,14 +40,15 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 
 from .data_loader_adapter import DataLoaderAdapter, carried_arguments, uncount_prefetched
+from .data_loader_position import DataLoaderPositionMixin
 from .samplers import (
     BatchSamplerShard,
     IterableDatasetShard,
     SeedableRandomSampler,
     SkipBatchSampler,
+    batching_chain,
     check_split_batch_size,
     get_sampler,
-    set_sampler,
 )
 from .parallelism import data_parallel_share
 from .state import GradientState, PartialState
@@ -59,18 +64,9 @@ from .utils.operations import (
 from .utils.random import synchronize_rng_states
 from .utils.samples import concatenate_samples, count_samples, slice_samples
 
-def _batching_chain(dataloader: DataLoader) -> Iterator[Any]:
-    """The loader's batch sampler, the batch samplers it wraps in turn, then its dataset."""
-    node = dataloader.batch_sampler
-    while node is not None:
-        yield node
-        node = getattr(node, "batch_sampler", None)
-    yield dataloader.dataset
-
-
 def _total_batch_size(dataloader: DataLoader) -> Optional[int]:
     """Samples per step over all processes: a shard's global batch size, else the loader's batch size."""
-    chain = list(_batching_chain(dataloader))
+    chain = list(batching_chain(dataloader))
     for node in chain:
         if isinstance(node, (BatchSamplerShard, IterableDatasetShard)):
             return node.total_batch_size
@@ -81,7 +77,7 @@ def _total_batch_size(dataloader: DataLoader) -> Optional[int]:
 def _set_epoch_everywhere(dataloader: DataLoader, epoch: int) -> None:
     """Call ``set_epoch(epoch)`` on every batch sampler, sampler and dataset of the loader that has one."""
     candidates: list[Any] = []
-    for node in _batching_chain(dataloader):
+    for node in batching_chain(dataloader):
         candidates += [node, getattr(node, "sampler", None)]
     seen: set[int] = set()
     for candidate in candidates:
@@ -95,9 +91,11 @@ class DataLoaderStateMixin:
 
     Rule: when an epoch starts the loader registers itself (`begin`) with
     ``end_of_dataloader`` False and ``remainder`` = total dataset length
-    modulo total batch size (-1 when the length is unknown or the loader
-    drops its last batch); ``end_of_dataloader`` turns True just before the
-    last batch is yielded; when the epoch completes it unregisters (`end`).
+    modulo total batch size (-1 when the length is unknown, the loader
+    drops its last batch, or, as a `SkipDataLoader` (HF's), it has no
+    ``total_batch_size``, ``total_dataset_length`` nor ``_drop_last``);
+    ``end_of_dataloader`` turns True just before the last batch is
+    yielded; when the epoch completes it unregisters (`end`).
     A loader left mid-epoch stays registered until it starts again (the
     documented example reads the state after ``next(iter(loader))``).
     Catalog: gather_for_metrics.doc_example, gather_for_metrics.full_epoch,
@@ -106,7 +104,6 @@ class DataLoaderStateMixin:
 
     end_of_dataloader: bool = False
     remainder: int = -1
-    _drop_last: bool = False
 
     @property
     def gradient_state(self) -> GradientState:
@@ -121,22 +118,15 @@ class DataLoaderStateMixin:
     def begin(self) -> None:
         """Register with `GradientState` for a new epoch."""
         self.reset()
-        if not self._drop_last:
-            try:
+        # a loader without the sizes, a dataset without a length, or batches of varying size: -1
+        with contextlib.suppress(AttributeError, TypeError):
+            if not self._drop_last:  # type: ignore[attr-defined]
                 self.remainder = self.total_dataset_length % self.total_batch_size  # type: ignore[attr-defined]
-            except TypeError:  # a dataset without a length, or batches of varying size
-                self.remainder = -1
         GradientState()._add_dataloader(self)
 
     def end(self) -> None:
         """Unregister from `GradientState` at the end of an epoch."""
         GradientState()._remove_dataloader(self)
-
-    @property
-    def total_dataset_length(self) -> int:
-        """Samples in the whole dataset, over all processes (TypeError when it has no length)."""
-        dataset = self.dataset  # type: ignore[attr-defined]
-        return len(dataset.dataset if isinstance(dataset, IterableDatasetShard) else dataset)
 
     def _flag_last(self, batches: Iterable[Any]) -> Iterator[Any]:
         """Yield ``batches`` with ``end_of_dataloader`` True while the last one is out."""
@@ -145,6 +135,12 @@ class DataLoaderStateMixin:
             if is_last:
                 self._finish_state()  # type: ignore[attr-defined]
             yield batch
+
+
+def _total_dataset_length(loader: DataLoader) -> int:
+    """Samples in the whole dataset, over all processes (TypeError when it has no length)."""
+    dataset = loader.dataset
+    return len(dataset.dataset if isinstance(dataset, IterableDatasetShard) else dataset)
 
 
 def _mark_last(items: Iterable[Any]) -> Iterator[tuple[Any, bool]]:
@@ -160,142 +156,6 @@ def _mark_last(items: Iterable[Any]) -> Iterator[tuple[Any, bool]]:
 
 
 _NOTHING = object()
-
-
-class _SamplerAccessMixin:
-    """HF 1.15's ``get_sampler``/``set_sampler`` of the prepared loaders (see `samplers.get_sampler`)."""
-
-    def get_sampler(self) -> Any:
-        return get_sampler(self)
-
-    def set_sampler(self, sampler: Any) -> None:
-        set_sampler(self, sampler)
-
-
-class DataLoaderPositionMixin(_SamplerAccessMixin):
-    """Where a prepared loader is in its epoch, so that a resumed run yields what an uninterrupted one would.
-
-    Rules (catalog save_state.resume_data_order):
-
-    * an epoch's order is decided by the loader's order generator (the
-      synchronised generator, else the sampler's or the dataset's own);
-      its state when the epoch began is recorded, with the number of
-      batches handed out since;
-    * `state_dict` gives the epoch (``iteration``), whether it has begun,
-      the batches handed out in it, the generator state its order starts
-      from and a `SeedableRandomSampler`'s seed; `load_state_dict`
-      restores them, and the loader is then positioned there;
-    * a `skip_first_batches` copy of a positioned loader (one restored by
-      `load_state_dict`, or left in the middle of an epoch) continues that
-      epoch: it replays the epoch's order from its recorded start, redoes
-      none of the epoch's start (no RNG synchronisation, no draw from
-      torch's RNG for the iterator's base seed, both of which the
-      interrupted run made before it saved), counts its batches in the
-      loader's position, and when it completes the epoch the loader moves
-      on to the next one. A copy of a loader that is not positioned is a
-      loader of its own, as before.
-    """
-
-    iteration: int
-    #: The positioned loader whose epoch this `skip_first_batches` copy continues, else None.
-    _continues: Optional["DataLoaderPositionMixin"] = None
-    #: Batches of the epoch this copy leaves out (where it starts in the epoch).
-    _skipped: int = 0
-    _epoch_started: bool = False
-    _epoch_start_rng: Optional[torch.Tensor] = None
-    _batches_in_epoch: int = 0
-    _restored: bool = False
-
-    @property
-    def _positioned(self) -> bool:
-        return self._epoch_started or self._restored
-
-    @property
-    def _keeper(self) -> "DataLoaderPositionMixin":
-        """The loader that keeps the position: the one this copy continues, else itself."""
-        return self._continues if self._continues is not None else self
-
-    def _continues_started_epoch(self) -> bool:
-        return self._continues is not None and self._continues._epoch_started
-
-    def _order_generator(self) -> Optional[torch.Generator]:
-        """The generator that decides the order of the loader's batches, if any."""
-        candidates = [getattr(self, "synchronized_generator", None)]
-        candidates += [getattr(getattr(node, "sampler", None), "generator", None) for node in _batching_chain(self)]
-        candidates.append(getattr(getattr(self.dataset, "dataset", self.dataset), "generator", None))
-        return next((c for c in candidates if isinstance(c, torch.Generator)), None)
-
-    def _seedable_sampler(self) -> Optional[SeedableRandomSampler]:
-        samplers = (getattr(node, "sampler", None) for node in _batching_chain(self))
-        return next((s for s in samplers if isinstance(s, SeedableRandomSampler)), None)
-
-    def _epoch_iterator(self, continuing: bool) -> Iterator[Any]:
-        """The epoch's batches (`DataLoaderAdapter`), whose iterator draws a base seed from torch's RNG (not again when continuing)."""
-        if not continuing:
-            return self._drawn_batches()  # type: ignore[attr-defined]
-        state = torch.get_rng_state()
-        try:
-            return self._drawn_batches()  # type: ignore[attr-defined]
-        finally:
-            torch.set_rng_state(state)
-
-    def _enter_epoch(self) -> None:
-        """Record the start of an epoch, or, continuing a begun one, put its order generator back to that start."""
-        keeper, generator = self._keeper, self._order_generator()
-        if self._continues_started_epoch():
-            if generator is not None and keeper._epoch_start_rng is not None:
-                generator.set_state(keeper._epoch_start_rng)
-        else:
-            keeper._epoch_started = True
-            keeper._epoch_start_rng = generator.get_state() if generator is not None else None
-        keeper._batches_in_epoch = self._skipped
-
-    def _count_batch(self) -> None:
-        self._keeper._batches_in_epoch += 1
-
-    def _leave_epoch(self) -> None:
-        """A completed epoch: the keeper moves on to the next one and holds no position anymore."""
-        keeper = self._keeper
-        keeper.iteration = self.iteration
-        keeper._epoch_started, keeper._epoch_start_rng, keeper._batches_in_epoch, keeper._restored = False, None, 0, False
-
-    def state_dict(self) -> dict[str, Any]:
-        """The loader's position: epoch, whether it began, batches handed out, order generator state, sampler seed.
-
-        With ``use_stateful_dataloader``, the StatefulDataLoader's state (`DataLoaderAdapter.state_dict`).
-        Catalog: save_state.resume_data_order.
-        """
-        if self.use_stateful_dataloader:  # type: ignore[attr-defined]
-            return super().state_dict()  # type: ignore[misc]
-        keeper, generator = self._keeper, self._order_generator()
-        if keeper._epoch_started:
-            generator_state = keeper._epoch_start_rng
-        else:
-            generator_state = generator.get_state() if generator is not None else None
-        seedable = self._seedable_sampler()
-        return {
-            "iteration": keeper.iteration,
-            "epoch_started": keeper._epoch_started,
-            "batches_in_epoch": keeper._batches_in_epoch,
-            "generator_state": generator_state,
-            "sampler_seed": seedable.initial_seed if seedable is not None else None,
-        }
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Position the loader where `state_dict` says (see the class rules); with ``use_stateful_dataloader``, see
-        `DataLoaderAdapter.load_state_dict`. Catalog: save_state.resume_data_order."""
-        if self.use_stateful_dataloader:  # type: ignore[attr-defined]
-            return super().load_state_dict(state_dict)  # type: ignore[misc]
-        generator, seedable = self._order_generator(), self._seedable_sampler()
-        if generator is not None and state_dict["generator_state"] is not None:
-            generator.set_state(state_dict["generator_state"])
-        if seedable is not None and state_dict["sampler_seed"] is not None:
-            seedable.initial_seed = state_dict["sampler_seed"]
-        self.iteration = state_dict["iteration"]
-        self._epoch_started = state_dict["epoch_started"]
-        self._epoch_start_rng = state_dict["generator_state"] if self._epoch_started else None
-        self._batches_in_epoch = state_dict["batches_in_epoch"]
-        self._restored = True
 
 
 class DataLoaderShard(DataLoaderPositionMixin, DataLoaderStateMixin, DataLoaderAdapter):
@@ -366,6 +226,8 @@ class DataLoaderShard(DataLoaderPositionMixin, DataLoaderStateMixin, DataLoaderA
         """Samples per step over all processes (the script's batch size, times num_processes unless split)."""
         return _total_batch_size(self)
 
+    total_dataset_length = property(_total_dataset_length)
+
 
 class DataLoaderDispatcher(DataLoaderPositionMixin, DataLoaderStateMixin, DataLoaderAdapter):
     """A `DataLoader` that only process 0 iterates; each global batch is broadcast and sliced.
@@ -408,7 +270,6 @@ class DataLoaderDispatcher(DataLoaderPositionMixin, DataLoaderStateMixin, DataLo
         self.torch_device_mesh = torch_device_mesh
         self.iteration = iteration
         self.state = PartialState()
-        self.device = self.state.device
 
     @property
     def _share(self) -> tuple[int, int]:
@@ -480,7 +341,7 @@ class DataLoaderDispatcher(DataLoaderPositionMixin, DataLoaderStateMixin, DataLo
             return None
         layout, real, is_last = header[0]
         batch = announced[0] if announced is not None else initialize_tensors(layout)
-        placed = send_to_device(batch, self.device, non_blocking=self._non_blocking)
+        placed = send_to_device(batch, self.state.device, non_blocking=self._non_blocking)
         # plain objects (strings, ...) came with the layout; only the tensors are left to broadcast
         return recursively_apply(broadcast, placed, from_process=0), real, is_last
 
@@ -498,6 +359,8 @@ class DataLoaderDispatcher(DataLoaderPositionMixin, DataLoaderStateMixin, DataLo
         """Samples per step over all processes."""
         size = _total_batch_size(self)
         return None if size is None else size * self._batches_per_step
+
+    total_dataset_length = property(_total_dataset_length)
 
 
 def _concatenate_step(batches: list[Any]) -> Any:
@@ -521,7 +384,9 @@ class SkipDataLoader(DataLoaderStateMixin, DataLoaderAdapter):
     """A plain `DataLoader` that leaves out its first ``skip_batches`` batches.
 
     Used by `skip_first_batches` for an unprepared loader over an iterable
-    dataset, whose batches cannot be skipped by index. With
+    dataset, whose batches cannot be skipped by index. Like HF 1.15's, it has
+    no ``total_batch_size``, ``total_dataset_length`` nor ``_drop_last``, so its
+    ``remainder`` is -1 (`DataLoaderStateMixin`). With
     ``use_stateful_dataloader`` its state counts the skipped batches too (HF's)
     and is marked finished with its last batch (HF's never is).
     Catalog: data.skip_first_batches.
@@ -530,7 +395,6 @@ class SkipDataLoader(DataLoaderStateMixin, DataLoaderAdapter):
     def __init__(self, dataset: Any, skip_batches: int = 0, use_stateful_dataloader: bool = False, **kwargs: Any) -> None:
         super().__init__(dataset, use_stateful_dataloader=use_stateful_dataloader, **kwargs)
         self.skip_batches = skip_batches
-        self._drop_last = self.drop_last
 
     def __iter__(self) -> Iterator[Any]:
         self.begin()
@@ -542,10 +406,6 @@ class SkipDataLoader(DataLoaderStateMixin, DataLoaderAdapter):
 
     def adjust_state_dict_for_prefetch(self) -> None:
         """No correction: nothing is drawn ahead (HF 1.15 uncounts ``num_processes - 1``, resuming early)."""
-
-    @property
-    def total_batch_size(self) -> Optional[int]:
-        return self.batch_size
 
 
 # -- building prepared loaders ---------------------------------------------------
@@ -796,6 +656,7 @@ __all__ = [
     "SeedableRandomSampler",
     "SkipBatchSampler",
     "SkipDataLoader",
+    "get_sampler",
     "prepare_data_loader",
     "skip_first_batches",
 ]

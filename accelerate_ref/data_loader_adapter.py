@@ -9,7 +9,20 @@ HF accelerate 1.15 wraps the user's loader in an adapter whose
 `StatefulDataLoader` over the same dataset and batching (their
 ``base_dataloader``) whose state it keeps.
 
-Rules (HF 1.15's, measured side by side in tests/test_stateful_loader.py):
+What a prepared loader is, to ``isinstance`` and to attribute access (HF 1.15's,
+measured side by side in tests/test_switching_behaviour.py):
+
+* its ``__class__`` is its base loader's: torchdata's `StatefulDataLoader`
+  with ``use_stateful_dataloader``, else `DataLoader`; so it is an instance
+  of `StatefulDataLoader` too (HF's `DataLoaderAdapter` does the same), while
+  ``type()`` stays its own class (it pickles and copies as that class);
+* an attribute it lacks is looked up on the `StatefulDataLoader`, and is
+  otherwise an AttributeError naming that base class (``'DataLoader' object
+  has no attribute 'x'``), as HF's, which forwards to its base loader;
+* ``base_dataloader`` is an attribute of instances only: on the class it is
+  an AttributeError (``type object 'DataLoaderShard' has no attribute ...``).
+
+Rules of the state (HF 1.15's, measured side by side in tests/test_stateful_loader.py):
 
 * ``use_stateful_dataloader`` without torchdata >= 0.8 is an ImportError
   naming the package, in HF's words;
@@ -82,6 +95,20 @@ def uncount_prefetched(state_dict: dict[str, Any], batches: int, batch_size: Opt
         sampler_state["samples_yielded"] -= (batch_size or 0) * batches
 
 
+class _InstanceProperty(property):
+    """A property that the class does not have, as an attribute set in ``__init__`` (HF's ``base_dataloader``)."""
+
+    def __get__(self, instance: Any, owner: Optional[type] = None) -> Any:
+        if instance is None:
+            raise AttributeError(f"type object '{owner.__name__}' has no attribute '{self.fget.__name__}'")
+        return super().__get__(instance, owner)
+
+
+def _unpickled(cls: type) -> Any:
+    """An empty instance of ``cls``, its attributes restored by pickle."""
+    return object.__new__(cls)
+
+
 class DataLoaderAdapter(DataLoader):
     """A `DataLoader` that, with ``use_stateful_dataloader``, is backed by torchdata's `StatefulDataLoader`.
 
@@ -98,7 +125,7 @@ class DataLoaderAdapter(DataLoader):
         if stateful is not None:
             self.dl_state_dict: dict[str, Any] = stateful.state_dict()
 
-    @property
+    @_InstanceProperty
     def base_dataloader(self) -> DataLoader:
         """The `StatefulDataLoader` behind this loader, else a plain `DataLoader` of its dataset and batching.
 
@@ -113,6 +140,23 @@ class DataLoaderAdapter(DataLoader):
             else {"batch_sampler": self.batch_sampler}
         )
         return DataLoader(self.dataset, **batching, **carried_arguments(self))
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        """The base loader's class, as HF's adapter reports it (see the module's rules)."""
+        stateful = self.__dict__.get("_stateful")
+        return DataLoader if stateful is None else type(stateful)
+
+    def __getattr__(self, name: str) -> Any:
+        """An attribute this loader lacks: the `StatefulDataLoader`'s, else HF's AttributeError naming the base class."""
+        stateful = self.__dict__.get("_stateful")
+        if stateful is None:
+            raise AttributeError(f"'DataLoader' object has no attribute '{name}'")
+        return getattr(stateful, name)
+
+    def __reduce_ex__(self, protocol: Any) -> tuple:
+        """Pickle as ``type(self)`` (pickle's default would take the reported ``__class__``)."""
+        return _unpickled, (type(self),), self.__dict__
 
     def __iter__(self) -> Iterator[Any]:
         return self._drawn_batches()

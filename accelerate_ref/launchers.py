@@ -8,6 +8,9 @@ created before the call is refused with a ``ValueError`` saying so (catalog
 ``launch.notebook_launcher``). ``debug_launcher(fn, args, num_processes=2)``
 forks CPU ranks over gloo for debugging (catalog ``launch.debug_launcher``).
 A rank that raises ends the launch with a ``RuntimeError`` naming it.
+``fn`` may be any callable: a ``functools.partial`` or a callable object
+too (HF's ``debug_launcher`` takes them; its ``notebook_launcher`` hands them
+to torch's elastic agent, which fails on their missing ``__name__``).
 """
 
 from __future__ import annotations
@@ -101,7 +104,23 @@ def _fork_ranks(function, args, nproc, num_nodes, rendezvous, max_restarts, moni
     )
     with patch_environment(omp_num_threads=os.environ.get("OMP_NUM_THREADS", "1"), **env):
         try:
-            elastic_launch(config=config, entrypoint=function)(*args)
+            elastic_launch(config=config, entrypoint=_named(function))(*args)
         except ChildFailedError as error:
             rank, failure = error.get_first_failure()
             raise RuntimeError(f"rank {rank} of the launch failed: {failure.message or failure.exitcode}") from None
+
+
+def _named(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` with a ``__name__``, which torch's elastic agent names the entrypoint by.
+
+    A ``functools.partial`` or a callable object has none: it is called
+    through a function named after what it wraps (its ``func``, else its class).
+    """
+    if hasattr(function, "__name__"):
+        return function
+
+    def entrypoint(*args: Any) -> Any:
+        return function(*args)
+
+    entrypoint.__name__ = getattr(getattr(function, "func", None), "__name__", type(function).__name__)
+    return entrypoint

@@ -21,7 +21,7 @@ import math
 from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import torch
-from torch.utils.data import BatchSampler, IterableDataset, RandomSampler
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
 
 def check_split_batch_size(batch_size: Optional[int], num_processes: int, splitter: str = "a `DataLoader`") -> None:
@@ -329,3 +329,12 @@ def set_sampler(dataloader: Any, sampler: Any) -> None:
     while isinstance(getattr(type(node), "sampler", None), property) and hasattr(node, "batch_sampler"):
         node = node.batch_sampler
     node.sampler = sampler
+
+
+def batching_chain(dataloader: DataLoader) -> Iterator[Any]:
+    """The loader's batch sampler, the batch samplers it wraps in turn, then its dataset."""
+    node = dataloader.batch_sampler
+    while node is not None:
+        yield node
+        node = getattr(node, "batch_sampler", None)
+    yield dataloader.dataset
