@@ -22,12 +22,13 @@ class AcceleratedScheduler:
     * ``step_with_optimizer=False`` (``Accelerator(step_scheduler_with_optimizer=False)``):
       every call steps the scheduler once; the script decides when.
     * Otherwise the scheduler follows the optimizer's real updates. On a
-      micro-batch that only accumulates gradients it does not step; with
-      the `GradientAccumulationPlugin`'s ``adjust_scheduler`` (the default)
-      only its ``_step_count`` goes up by one (what OneCycleLR's limit
-      below counts), its learning rate is left alone. When an optimizer
-      skipped its update (fp16 overflow: `AcceleratedOptimizer.step_was_skipped`)
-      it does not step.
+      micro-batch that only accumulates gradients it does not step; when
+      ``GradientState.adjust_scheduler`` is True only its ``_step_count``
+      goes up by one (what OneCycleLR's limit below counts). HF 1.15 reads
+      that flag from the plugin's non-default settings only, so the
+      plugin's default True reads False: by default nothing happens.
+      When an optimizer skipped its update (fp16 overflow:
+      `AcceleratedOptimizer.step_was_skipped`) it does not step.
     * On a real update it steps once with ``split_batches``, else once per
       process: each process consumed a batch of the script's size, so one
       update saw ``num_processes`` of the script's batches, and a scheduler
