@@ -56,8 +56,11 @@ from .utils.dataclasses import (
 )
 from .utils.low_precision import FP8_RECIPE_CLASSES, AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
 from .engines import EnginesMixin, compile_model, prepare_with_engines, resolve_engines
+from .logging import get_logger
 from .utils.memory import release_memory
 from .utils.other import extract_model_from_parallel, has_device_map
+
+logger = get_logger(__name__)
 
 #: The handlers `kwargs_handlers` takes, with the Accelerator attribute each lands in (HF 1.15's names).
 HANDLER_ATTRIBUTES = {
@@ -204,6 +207,11 @@ class Accelerator(ProcessControlMixin, CheckpointingMixin, TrackingMixin, Engine
         self._schedulers: list[AcceleratedScheduler] = []
         self._dataloaders: list[Any] = []
 
+    def __deepcopy__(self, memo: dict) -> "Accelerator":
+        """A deep copy is the Accelerator itself (HF 1.15, with its info log): one process has one Accelerator."""
+        logger.info("Deep copying the `Accelerator` object, note that this will point to the same original object.")
+        return self
+
     # -- topology (catalog state.attributes) -----------------------------
 
     @property
@@ -269,7 +277,10 @@ class Accelerator(ProcessControlMixin, CheckpointingMixin, TrackingMixin, Engine
 
     @property
     def even_batches(self) -> bool:
-        """``even_batches`` of the `DataLoaderConfiguration` (set: for the loaders prepared after). Catalog: join.uneven_inputs."""
+        """``even_batches`` of the `DataLoaderConfiguration`; setting it changes the loaders prepared after.
+
+        Catalog: join.uneven_inputs.
+        """
         return self.dataloader_config.even_batches
 
     @even_batches.setter
@@ -566,7 +577,8 @@ class Accelerator(ProcessControlMixin, CheckpointingMixin, TrackingMixin, Engine
         accumulate.end_of_dataloader, accumulate.scheduler.
         """
         self._count_step()
-        must_sync = self.sync_gradients or (self.use_distributed and self.gradient_state.plugin_kwargs.get("sync_each_batch", False))
+        sync_each_batch = self.gradient_state.plugin_kwargs.get("sync_each_batch", False)
+        must_sync = self.sync_gradients or (self.use_distributed and sync_each_batch)
         with contextlib.ExitStack() as stack:
             if not must_sync:
                 for model in models:

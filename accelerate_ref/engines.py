@@ -103,7 +103,7 @@ def resolve_engines(
         raise NotImplementedError("megatron_lm_plugin: accelerate_ref does not drive megatron yet (it is installed)")
     if "torch_tp_plugin" in given:
         _check_tensor_parallel(given["torch_tp_plugin"])
-    # The precision the state will run (the launcher's environment when none is given), unvalidated: the state checks it.
+    # The precision the state will run (the launcher's environment when none is given).
     precision = str(mixed_precision if mixed_precision is not None else os.environ.get("ACCELERATE_MIXED_PRECISION", "no")).lower()
     if any(handlers.get(recipe) is not None for recipe in FP8_RECIPE_CLASSES):
         if precision == "fp8":
@@ -125,7 +125,8 @@ def _check_engine_arguments(given: dict[str, Any]) -> None:
         raise ValueError("You cannot pass in both `deepspeed_plugins` and `deepspeed_plugin`.")
     deepspeed = given.get("deepspeed_plugin", given.get("deepspeed_plugins"))
     if deepspeed is not None:
-        if isinstance(deepspeed, dict) and not all(isinstance(plugin, DeepSpeedPlugin) for plugin in deepspeed.values()):
+        plugins = deepspeed.values() if isinstance(deepspeed, dict) else ()
+        if not all(isinstance(plugin, DeepSpeedPlugin) for plugin in plugins):
             raise TypeError("`deepspeed_plugin` must be a DeepSpeedPlugin object.")
         if not imports.is_deepspeed_available():
             raise ImportError("DeepSpeed is not installed => run `pip install deepspeed` or build it from source.")

@@ -74,7 +74,8 @@ class ParallelismMixin:
         fsdp_plugin = self._engines.fsdp_plugin
         if fsdp_plugin is not None:
             _check_fsdp_mesh(fsdp_plugin, parallelism_config)
-        ignored = {f"ParallelismConfig.{name}_handler is set, but {name}_size is set to 1. This handler will be ignored."
+        ignored = {f"ParallelismConfig.{name}_handler is set, but {name}_size is set to 1. "
+                   "This handler will be ignored."
                    for name, size in parallelism_config._sizes.items()
                    if size == 1 and getattr(parallelism_config, f"{name}_handler", None) is not None}
         if ignored and self.is_main_process:

@@ -8,6 +8,8 @@ saving, state dicts and the parallelism members in ``accelerator_saving``.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from ..probe import Api, probe
@@ -63,6 +65,7 @@ def constructor_values(api: Api) -> None:
     api.observe("gradient_accumulation_steps after", getattr, accelerator, "gradient_accumulation_steps")
     api.observe("sync_gradients set", setattr, accelerator, "sync_gradients", False)
     api.observe("sync_gradients after", getattr, accelerator, "sync_gradients")
+    api.observe("deepcopy is the accelerator", lambda: copy.deepcopy(accelerator) is accelerator)
 
 
 @probe(AREA)
