@@ -55,8 +55,16 @@ class DeviceFamily:
 
     Subclasses set the class attributes and override what differs; the
     defaults describe a torch.distributed backend initialised from the
-    torchrun environment.
+    torchrun environment. A family holds no instance state, so two instances
+    of one family are equal: a pickled state's copy equals the original, as
+    HF 1.15's state dicts do (HF's test_distributed_data_loop.py).
     """
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other)
+
+    def __hash__(self) -> int:
+        return hash(type(self))
 
     #: Short name, also the torch device type (``"cpu"``, ``"cuda"``, ...).
     name: str = ""
