@@ -33,7 +33,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Iterator, Sequence
 
 from simulators.launcher import LaunchResult, launch
 from simulators.topology import World
@@ -196,7 +196,7 @@ def _run_once(script: str, impl: str, timeout: float, log: Path | None) -> Outco
 
 
 @contextlib.contextmanager
-def _output_to(log: Path | None):
+def _output_to(log: Path | None) -> Iterator[None]:
     """Send this process's stdout and stderr (where the launcher copies the ranks' lines) to the end of ``log``."""
     with open(log if log else os.devnull, "a", encoding="utf-8") as sink:
         with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
@@ -204,7 +204,7 @@ def _output_to(log: Path | None):
 
 
 def run_all(impl: str, scripts: Sequence[str], timeout: float, logs: Path | None = None,
-            progress=print) -> list[Row]:
+            progress: Callable[[str], None] = print) -> list[Row]:
     """Each script on HF then on ``impl``; ``progress`` gets a line per finished row."""
     rows = []
     for script in scripts:
