@@ -23,7 +23,9 @@ folder without one that holds ``random_states_0.pkl`` (which every
 schedulers and loader states) is taken for such a checkpoint: it loads,
 counts among the automatically named ones (the newest loads, the oldest
 are deleted for ``total_limit``), and saving to its name replaces it, so
-that a project switching libraries keeps its checkpoints.
+that a project switching libraries keeps its checkpoints. HF saving into a
+published folder leaves its manifest behind, describing files HF has
+overwritten; `verify` recognises that and does not hold the folder to it.
 
 Catalog: save_state.roundtrip, save_state.auto_naming, save_state.total_limit.
 """
@@ -34,6 +36,7 @@ import json
 import os
 import re
 import shutil
+import zipfile
 from typing import Optional
 
 from .utils.constants import RNG_STATE_NAME
@@ -108,17 +111,23 @@ def open_staging(target: str, token: str) -> bool:
     return True
 
 
+def _file_sizes(folder: str) -> dict[str, int]:
+    """Every file under ``folder`` but the manifest: relative path -> bytes."""
+    sizes = {}
+    for parent, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(parent, name)
+            sizes[os.path.relpath(path, folder)] = os.path.getsize(path)
+    sizes.pop(MANIFEST_NAME, None)
+    return dict(sorted(sizes.items()))
+
+
 def write_manifest(staging: str, num_processes: int) -> None:
     """Record the world size and every file of ``staging`` (relative path -> bytes), atomically.
 
     Catalog: save_state.roundtrip.
     """
-    files = {}
-    for folder, _, names in os.walk(staging):
-        for name in names:
-            path = os.path.join(folder, name)
-            files[os.path.relpath(path, staging)] = os.path.getsize(path)
-    manifest = {"format": 1, "num_processes": num_processes, "files": dict(sorted(files.items()))}
+    manifest = {"format": 1, "num_processes": num_processes, "files": _file_sizes(staging)}
     write_atomically(os.path.join(staging, MANIFEST_NAME), lambda stream: stream.write(json.dumps(manifest, indent=1).encode()))
 
 
@@ -211,13 +220,40 @@ def resolve(path: str) -> str:
     raise CheckpointError(f"Tried to find {path} but folder does not exist")  # HF's words
 
 
+def _reads_whole(path: str) -> bool:
+    """Whether ``path`` is a complete safetensors or ``torch.save`` (zip) file, judged by its own structure."""
+    try:
+        if path.endswith(".safetensors"):
+            with open(path, "rb") as stream:
+                header_size = int.from_bytes(stream.read(8), "little")
+                header = json.loads(stream.read(header_size))
+            data_end = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"), default=0)
+            return os.path.getsize(path) == 8 + header_size + data_end
+        with zipfile.ZipFile(path) as archive:
+            return archive.testzip() is None
+    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile):
+        return False
+
+
+def _rewritten_in_place(path: str, listed: dict[str, int]) -> bool:
+    """Whether another writer saved into published ``path`` since: files the manifest does not list, or a listed
+    file of another size that is whole (HF accelerate saves over a folder's files in place, manifest untouched)."""
+    found = _file_sizes(path)
+    if set(found) - set(listed):
+        return True
+    changed = [name for name, size in listed.items() if name in found and found[name] != size]
+    return any(_reads_whole(os.path.join(path, name)) for name in changed)
+
+
 def verify(path: str, num_processes: int) -> None:
     """Check a published checkpoint before anything is loaded from it.
 
     Rules: the world size it was saved at must be this one; every file
     its manifest lists must be there with the size it had. A directory
-    without a manifest (not written by this implementation) is not
-    checked here; reading its files reports what is wrong.
+    without a manifest (not written by this implementation), or one
+    another writer saved into after it was published (`_rewritten_in_place`:
+    HF accelerate saving to the same folder), is not checked here, since
+    the manifest does not describe it; reading its files reports what is wrong.
     Catalog: save_state.roundtrip.
     """
     manifest_path = os.path.join(path, MANIFEST_NAME)
@@ -228,6 +264,8 @@ def verify(path: str, num_processes: int) -> None:
             manifest = json.load(stream)
     except (OSError, ValueError) as error:
         raise CheckpointError(f"the manifest {manifest_path} cannot be read: {error}") from error
+    if _rewritten_in_place(path, manifest["files"]):
+        return
     if manifest["num_processes"] != num_processes:
         raise CheckpointError(
             f"{path} was saved by {manifest['num_processes']} processes and this run has {num_processes}: "

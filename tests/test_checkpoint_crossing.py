@@ -186,13 +186,14 @@ def test_world_1_resumes_across_libraries(tmp_path: Path):
     _check(crossing(str(tmp_path), DEFAULT), DEFAULT, "world 1")
 
 
-def _accelerator(impl: str, project_dir: Path, automatic: bool = True) -> tuple[Any, torch.nn.Module]:
-    """An Accelerator (with automatic checkpoint naming, two kept, unless told otherwise) and its prepared model."""
+def _accelerator(impl: str, project_dir: Path, automatic: bool = True) -> tuple[Any, torch.nn.Module, Any]:
+    """An Accelerator (with automatic checkpoint naming, two kept, unless told otherwise), its model and AdamW."""
     _reset_states()
     library = importlib.import_module(impl)
     naming = {"automatic_checkpoint_naming": True, "total_limit": 2} if automatic else {}
     accelerator = library.Accelerator(cpu=True, project_config=library.utils.ProjectConfiguration(str(project_dir), **naming))
-    return accelerator, accelerator.prepare(torch.nn.Linear(2, 1))
+    model = torch.nn.Linear(2, 1)
+    return accelerator, *accelerator.prepare(model, torch.optim.AdamW(model.parameters()))
 
 
 def _fill(model: torch.nn.Module, value: float) -> None:
@@ -207,27 +208,39 @@ def _values(model: torch.nn.Module) -> set[float]:
 
 def test_a_project_switching_keeps_its_checkpoint_folders(tmp_path: Path):
     """HF's automatically named checkpoints (no manifest) are loaded, counted for ``total_limit`` and replaced
-    by accelerate_ref; HF loads the newest one accelerate_ref wrote; each saves over the other's explicit folder."""
+    by accelerate_ref, and HF loads the newest one accelerate_ref wrote. Saving to one explicit folder, each
+    library replaces the other's, and accelerate_ref loads its own folder after HF saved into it in place
+    (its manifest then lists files of other sizes)."""
     try:
-        hf, model = _accelerator("accelerate", tmp_path)
+        hf, model, _ = _accelerator("accelerate", tmp_path)
         for value in (1.0, 2.0, 3.0):
             _fill(model, value)
             hf.save_state()
-        hf, model = _accelerator("accelerate", tmp_path, automatic=False)
-        hf.save_state(tmp_path / "latest")
-        ref, model = _accelerator("accelerate_ref", tmp_path)
+        ref, model, _ = _accelerator("accelerate_ref", tmp_path)
         ref.load_state()
         assert _values(model) == {3.0} and ref.save_iteration == 3, "the newest of HF's checkpoints loads"
         _fill(model, 4.0)
         ref.save_state()
         assert sorted(os.listdir(tmp_path / "checkpoints")) == ["checkpoint_2", "checkpoint_3"], "HF's oldest is pruned"
-        ref, model = _accelerator("accelerate_ref", tmp_path, automatic=False)
-        _fill(model, 5.0)
-        ref.save_state(tmp_path / "latest")  # HF's folder: replaced, not refused
-        hf, model = _accelerator("accelerate", tmp_path)
+        hf, model, _ = _accelerator("accelerate", tmp_path)
         hf.load_state()
         assert _values(model) == {4.0}
-        hf.load_state(tmp_path / "latest")
+
+        latest = tmp_path / "latest"
+        hf, model, _ = _accelerator("accelerate", tmp_path, automatic=False)
+        hf.save_state(latest)
+        ref, model, _ = _accelerator("accelerate_ref", tmp_path, automatic=False)
+        _fill(model, 5.0)
+        ref.save_state(latest)  # HF's folder: replaced, not refused
+        hf, model, optimizer = _accelerator("accelerate", tmp_path, automatic=False)
+        hf.load_state(latest)
         assert _values(model) == {5.0}
+        model(torch.ones(1, 2)).sum().backward()
+        optimizer.step()  # AdamW's moments: a larger optimizer.bin than accelerate_ref saved there
+        hf.save_state(latest)
+        expected = _values(model)
+        ref, model, optimizer = _accelerator("accelerate_ref", tmp_path, automatic=False)
+        ref.load_state(latest)
+        assert _values(model) == expected and len(optimizer.state_dict()["state"]) == 2
     finally:
         _reset_states()
