@@ -196,6 +196,19 @@ def _accelerator(impl: str, project_dir: Path, automatic: bool = True) -> tuple[
     return accelerator, *accelerator.prepare(model, torch.optim.AdamW(model.parameters()))
 
 
+class Counter:
+    """A registered object (`register_for_checkpointing`): its state crosses as ``custom_checkpoint_0.pkl``."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.value = state["value"]
+
+
 def _fill(model: torch.nn.Module, value: float) -> None:
     with torch.no_grad():
         for parameter in model.parameters():
@@ -210,7 +223,7 @@ def test_a_project_switching_keeps_its_checkpoint_folders(tmp_path: Path):
     """HF's automatically named checkpoints (no manifest) are loaded, counted for ``total_limit`` and replaced
     by accelerate_ref, and HF loads the newest one accelerate_ref wrote. Saving to one explicit folder, each
     library replaces the other's, and accelerate_ref loads its own folder after HF saved into it in place
-    (its manifest then lists files of other sizes)."""
+    (its manifest then lists files of other sizes); registered objects and ``step`` cross too."""
     try:
         hf, model, _ = _accelerator("accelerate", tmp_path)
         for value in (1.0, 2.0, 3.0):
@@ -226,21 +239,27 @@ def test_a_project_switching_keeps_its_checkpoint_folders(tmp_path: Path):
         hf.load_state()
         assert _values(model) == {4.0}
 
-        latest = tmp_path / "latest"
+        latest, counters = tmp_path / "latest", {impl: Counter() for impl in IMPLS}
         hf, model, _ = _accelerator("accelerate", tmp_path, automatic=False)
         hf.save_state(latest)
         ref, model, _ = _accelerator("accelerate_ref", tmp_path, automatic=False)
+        ref.register_for_checkpointing(counters["accelerate_ref"])
+        counters["accelerate_ref"].value, ref.step = 7, 11
         _fill(model, 5.0)
         ref.save_state(latest)  # HF's folder: replaced, not refused
         hf, model, optimizer = _accelerator("accelerate", tmp_path, automatic=False)
+        hf.register_for_checkpointing(counters["accelerate"])
         hf.load_state(latest)
-        assert _values(model) == {5.0}
+        assert _values(model) == {5.0} and counters["accelerate"].value == 7 and hf.step == 11
         model(torch.ones(1, 2)).sum().backward()
         optimizer.step()  # AdamW's moments: a larger optimizer.bin than accelerate_ref saved there
-        hf.save_state(latest)
         expected = _values(model)
+        counters["accelerate"].value, hf.step = 8, 12
+        hf.save_state(latest)
         ref, model, optimizer = _accelerator("accelerate_ref", tmp_path, automatic=False)
+        ref.register_for_checkpointing(counters["accelerate_ref"])
         ref.load_state(latest)
         assert _values(model) == expected and len(optimizer.state_dict()["state"]) == 2
+        assert counters["accelerate_ref"].value == 8 and ref.step == 12
     finally:
         _reset_states()
