@@ -72,7 +72,8 @@ def is_published(path: str) -> bool:
 
 
 def is_checkpoint(path: str) -> bool:
-    """Whether ``path`` is a checkpoint: published here, or written by HF accelerate (``random_states_0.pkl``, no manifest).
+    """Whether ``path`` is a checkpoint: published here, or one HF accelerate wrote (``random_states_0.pkl``,
+    no manifest).
 
     Catalog: save_state.auto_naming, save_state.total_limit.
     """
@@ -80,7 +81,7 @@ def is_checkpoint(path: str) -> bool:
 
 
 def check_replaceable(target: str) -> None:
-    """Refuse to save over ``target`` unless it is absent, empty or a checkpoint (`is_checkpoint`; its files are replaced).
+    """Refuse to save over ``target`` unless it is absent, empty or a checkpoint (`is_checkpoint`), which is replaced.
 
     A directory holding anything else may be the user's data; replacing it
     would delete that. Raised before anything is written. Catalog: save_state.roundtrip.
@@ -227,7 +228,8 @@ def _reads_whole(path: str) -> bool:
             with open(path, "rb") as stream:
                 header_size = int.from_bytes(stream.read(8), "little")
                 header = json.loads(stream.read(header_size))
-            data_end = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"), default=0)
+            ends = (entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__")
+            data_end = max(ends, default=0)
             return os.path.getsize(path) == 8 + header_size + data_end
         with zipfile.ZipFile(path) as archive:
             return archive.testzip() is None

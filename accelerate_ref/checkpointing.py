@@ -257,10 +257,11 @@ def load_accelerator_state(
     def read(name: str, **extra: Any) -> Any:
         return _read(directory / name, lambda path: load(path, **{**options, **extra}))
 
+    options_of_model = {"strict": True, **load_model_func_kwargs}
     for i, model in enumerate(models):
         safe_name, pickle_name = _model_file_names(i)
         weights = directory / (safe_name if (directory / safe_name).is_file() else pickle_name)
-        _read(weights, lambda path: load_checkpoint_in_model(model, os.fspath(path), **{"strict": True, **load_model_func_kwargs}))
+        _read(weights, lambda path: load_checkpoint_in_model(model, os.fspath(path), **options_of_model))
     for i, optimizer in enumerate(optimizers):
         optimizer.load_state_dict(read(indexed_name(f"{OPTIMIZER_NAME}.bin", i), map_location=location))
     for i, scheduler in enumerate(schedulers):
