@@ -4,6 +4,7 @@
 * ``list``: one line per catalog ID with the cases that cover it, or ``UNCOVERED``.
 * ``report``: build the Markdown/HTML matrix from saved JSON runs.
 * ``parity``: every public name of HF accelerate's documented modules, checked in ``--impl``.
+* ``differential``: probes of public behaviour under ``--impl`` and ``--against``, compared (:mod:`conformance.differential`).
 * ``shipped``: HF's own self-test scripts from its wheel, on HF and switched to ``--impl`` (:mod:`conformance.shipped`).
 """
 
@@ -23,6 +24,7 @@ from .impl import chosen
 from .manifest import Manifest
 from simulators.cli import OneLineParser
 
+from .differential import cli as differential_cli
 from .shipped import DEFAULT_SCRIPT_TIMEOUT
 from .runner import DEFAULT_CASE_TIMEOUT, DEFAULT_WORLDS, WORLD_PRESETS, RunOptions, execute, parse_worlds
 
@@ -68,6 +70,8 @@ def _parser() -> argparse.ArgumentParser:
                          help="seconds before a script is a hang on one implementation")
     shipped.add_argument("--logs", metavar="DIR", help="keep every run's rank output here")
     shipped.add_argument("--markdown", metavar="PATH", help="write the table here too")
+
+    differential_cli.add_parser(commands)
     return parser
 
 
@@ -192,7 +196,8 @@ def cmd_shipped(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    commands = {"run": cmd_run, "list": cmd_list, "report": cmd_report, "parity": cmd_parity, "shipped": cmd_shipped}
+    commands = {"run": cmd_run, "list": cmd_list, "report": cmd_report, "parity": cmd_parity, "shipped": cmd_shipped,
+                "differential": differential_cli.command}
     return commands[args.command](args)
 
 
