@@ -28,8 +28,7 @@ from typing import Any, Optional
 
 import yaml
 
-from ..big_modeling import init_empty_weights
-from ..utils import calculate_maximum_sizes, convert_bytes, is_timm_available, is_transformers_available
+from ..utils import convert_bytes, is_timm_available, is_transformers_available
 from .utils import CustomArgumentParser
 
 #: dtype -> how many times smaller than float32 a parameter is.
@@ -141,6 +140,8 @@ def _empty_transformers_model(model_name: str, info: Any, trust_remote_code: boo
     import transformers
 
     config = transformers.AutoConfig.from_pretrained(model_name, trust_remote_code=trust_remote_code, token=access_token)
+    from ..big_modeling import init_empty_weights  # not at CLI start-up (tests/test_lazy_imports.py)
+
     with init_empty_weights():
         constructor = _auto_model_class(transformers, info.config.get("auto_map", False))
         # float32 explicitly: a config's own torch_dtype would change the sizes
@@ -158,6 +159,8 @@ def _empty_timm_model(model_name: str, info: Any):
         name = f"local-dir:{folder}"
     else:
         name = add_timm_hub_prefix(model_name)
+    from ..big_modeling import init_empty_weights  # not at CLI start-up (tests/test_lazy_imports.py)
+
     with init_empty_weights():
         return timm.create_model(name, pretrained=False)
 
@@ -285,6 +288,8 @@ def gather_data(args: argparse.Namespace) -> list:
                 f"Tried to load `{args.model_name}` with `{library}` but a possible model to load was not found inside the repo."
             )
         raise
+    from ..utils.modeling import calculate_maximum_sizes  # not at CLI start-up
+
     total_size, (largest_layer, _) = calculate_maximum_sizes(model)
     return [
         [dtype, _scaled(largest_layer, dtype), _scaled(total_size, dtype), estimate_training_usage(total_size, dtype)]
