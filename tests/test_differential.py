@@ -71,12 +71,21 @@ def test_the_reference_against_itself_shows_no_difference() -> None:
     assert report.runs == {"cpu/1": len(META_PROBES)}
 
 
-@pytest.mark.usefixtures("broken_impls_importable")
-@pytest.mark.parametrize(("broken", "probe", "label", "what"), [
+DIFFERENTIAL_BREAKS = [
     ("diff_message_changed", "meta.register_refusal", "an object without state_dict", "raises"),
     ("diff_isinstance_lost", "meta.prepared_optimizer", "prepared optimizer", "value"),
     ("diff_warning_swallowed", "meta.autocast_cache_enabled", "autocast(cache_enabled=True)", "warnings"),
-])
+]
+
+
+def test_every_differential_break_is_planned() -> None:
+    """Each ``broken_impls/diff_*`` module is run here (test_meta_suite plans the others)."""
+    modules = {path.stem for path in (TESTS_DIR / "broken_impls").glob("diff_*.py")}
+    assert modules == {broken for broken, *_ in DIFFERENTIAL_BREAKS}
+
+
+@pytest.mark.usefixtures("broken_impls_importable")
+@pytest.mark.parametrize(("broken", "probe", "label", "what"), DIFFERENTIAL_BREAKS)
 def test_a_broken_implementation_is_caught(broken: str, probe: str, label: str, what: str) -> None:
     report = run(f"broken_impls.{broken}", REFERENCE, META_PROBES, [], settings=("cpu/1",))
     assert [(f.probe, f.label) for f in report.unexplained] == [(probe, label)], report.text()

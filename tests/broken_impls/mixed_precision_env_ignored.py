@@ -8,12 +8,12 @@ Rule: with no ``mixed_precision`` argument the value comes from
 from broken_impls._wrap import BrokenCopy
 
 ref = BrokenCopy(__name__)
-original = ref.get("state._precision")
+original = ref.get("state.requested_precision")
 
 
 def _precision(value):
     return original("no" if value is None else value)
 
 
-ref.replace("state._precision", _precision)
+ref.replace("state.requested_precision", _precision)
 ref.export(globals())

@@ -9,12 +9,12 @@ import os
 from broken_impls._wrap import BrokenCopy
 
 ref = BrokenCopy(__name__)
-original = ref.get("state._precision")
+original = ref.get("state.requested_precision")
 
 
 def _precision(value):
     return original(os.environ.get("ACCELERATE_MIXED_PRECISION", value))
 
 
-ref.replace("state._precision", _precision)
+ref.replace("state.requested_precision", _precision)
 ref.export(globals())

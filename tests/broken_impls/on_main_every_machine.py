@@ -8,10 +8,11 @@ Rule: the decorated function runs on rank 0 only, once overall (the example's
 from broken_impls._wrap import BrokenCopy
 
 ref = BrokenCopy(__name__)
+do_nothing = ref.get("state.do_nothing")
 
 
 def on_main_process(self, function=None):
-    return self._only_if(function, lambda state: state.is_local_main_process)
+    return function if self.is_local_main_process or not self.use_distributed else do_nothing
 
 
 ref.replace("state.PartialState.on_main_process", on_main_process)

@@ -10,10 +10,10 @@ ref = BrokenCopy(__name__)
 original = ref.get("state._split")
 
 
-def _split(inputs, num_processes, index, apply_padding):
+def _split(inputs, num_processes, index, apply_padding, device):
     if isinstance(inputs, dict):
-        return {key: original(value, num_processes, index, apply_padding) for key, value in inputs.items()}
-    return original(inputs, num_processes, index, apply_padding)
+        return {key: original(value, num_processes, index, apply_padding, device) for key, value in inputs.items()}
+    return original(inputs, num_processes, index, apply_padding, device)
 
 
 ref.replace("state._split", _split)

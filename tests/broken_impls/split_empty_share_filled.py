@@ -10,10 +10,10 @@ ref = BrokenCopy(__name__)
 original = ref.get("state._split")
 
 
-def _split(inputs, num_processes, index, apply_padding):
-    share = original(inputs, num_processes, index, apply_padding)
+def _split(inputs, num_processes, index, apply_padding, device):
+    share = original(inputs, num_processes, index, apply_padding, device)
     if not isinstance(inputs, dict) and len(share) == 0 and len(inputs) > 0:
-        return original(inputs, num_processes, index, True)
+        return original(inputs, num_processes, index, True, device)
     return share
 
 

@@ -11,8 +11,8 @@ ref = BrokenCopy(__name__)
 original = ref.get("state._split")
 
 
-def _split(inputs, num_processes, index, apply_padding):
-    return original(inputs, num_processes, index, False)
+def _split(inputs, num_processes, index, apply_padding, device):
+    return original(inputs, num_processes, index, False, device)
 
 
 ref.replace("state._split", _split)

@@ -14,14 +14,14 @@ ref = BrokenCopy(__name__)
 original = ref.get("state._split")
 
 
-def _split(inputs, num_processes, index, apply_padding):
+def _split(inputs, num_processes, index, apply_padding, device):
     if isinstance(inputs, dict) or not apply_padding:
-        return original(inputs, num_processes, index, apply_padding)
-    share = original(inputs, num_processes, index, False)
+        return original(inputs, num_processes, index, apply_padding, device)
+    share = original(inputs, num_processes, index, False, device)
     longest = -(-len(inputs) // num_processes)
     missing = longest - len(share)
     if missing == 0 or len(share) == 0:
-        return original(inputs, num_processes, index, True)
+        return original(inputs, num_processes, index, True, device)
     if isinstance(inputs, torch.Tensor):
         return torch.cat([share, share[-1:].expand(missing, *share.shape[1:])])
     return share + type(share)([share[-1]] * missing)

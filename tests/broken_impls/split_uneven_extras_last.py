@@ -13,9 +13,9 @@ ref = BrokenCopy(__name__)
 original = ref.get("state._split")
 
 
-def _split(inputs, num_processes, index, apply_padding):
+def _split(inputs, num_processes, index, apply_padding, device):
     if isinstance(inputs, dict):
-        return original(inputs, num_processes, index, apply_padding)  # its values come back here
+        return original(inputs, num_processes, index, apply_padding, device)  # its values come back here
     per, extras = divmod(len(inputs), num_processes)
     first_with_extra = num_processes - extras
     start = index * per + max(0, index - first_with_extra)
