@@ -54,7 +54,12 @@ class Finding:
     label: str
     reference: Any
     candidate: Any
-    reason: str | None = None
+    #: the deviation entry that explains it, if any
+    deviation: Deviation | None = None
+
+    @property
+    def reason(self) -> str | None:
+        return self.deviation.reason if self.deviation else None
 
     def text(self) -> str:
         head = f"{self.probe} [{self.setting} rank {self.rank}] {self.label}"
@@ -134,7 +139,7 @@ def run(candidate: str, reference: str, probes: Iterable[Probe], deviations: lis
             say("." if not findings else ("d" if all(f.reason for f in findings) else "D"))
         result.runs[setting] = len(chosen)
         say("\n")
-    used = {id(_match(deviations, f.probe, f.label, f.setting)) for f in result.findings}
+    used = {id(finding.deviation) for finding in result.findings if finding.deviation}
     result.stale = [entry for entry in deviations
                     if id(entry) not in used and any(entry.applies_to(name, setting) for name, setting in ran)]
     if measure_coverage:
@@ -151,7 +156,7 @@ def _findings(name: str, setting: str, per_rank: dict[int, dict[str, Any]], devi
     for rank_index, reply in sorted(per_rank.items()):
         for label, theirs, ours in compare(reply["reference"], reply["candidate"]):
             entry = _match(deviations, name, label, setting)
-            findings.append(Finding(name, setting, rank_index, label, theirs, ours, entry.reason if entry else None))
+            findings.append(Finding(name, setting, rank_index, label, theirs, ours, entry))
     return findings
 
 
