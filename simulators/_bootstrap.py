@@ -12,9 +12,17 @@ Before either, :func:`simulators.watchdog.install_stack_dumper` arms faulthandle
 After either returns with status 0, the rank creates ``$SIMULATORS_RETURNED_FILE``,
 so that the driver can tell a rank that died at interpreter exit (after its
 work was done) from one that died during it.
+
+A ``--call`` rank ends as multiprocessing's children do: it runs the
+``atexit`` handlers, flushes its streams and leaves with ``os._exit``, so
+that C++ destructors at interpreter teardown (gloo's threads, now and then
+aborting with "terminate called without an active exception") cannot turn a
+returned function into a failed rank. A script rank exits normally: a
+script that aborts at exit is what the dry run must report.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import pickle
 import runpy
@@ -81,12 +89,23 @@ def _run_script(script: str, args: list[str]) -> int:
     return 0
 
 
+def _leave(status: int) -> None:
+    """End a ``--call`` rank without interpreter teardown: atexit handlers, flushed streams, ``os._exit``."""
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 def main(argv: list[str]) -> int:
     install_stack_dumper()
     install_flight_recorder_dumper()
-    status = _call(*argv[1:]) if argv and argv[0] == CALL_FLAG else _run_script(argv[0], argv[1:])
+    calling = bool(argv) and argv[0] == CALL_FLAG
+    status = _call(*argv[1:]) if calling else _run_script(argv[0], argv[1:])
     if status == 0 and os.environ.get(RETURNED_FILE_ENV):
         Path(os.environ[RETURNED_FILE_ENV]).touch()
+    if calling:
+        _leave(status)
     return status
 
 
