@@ -27,6 +27,7 @@ from datetime import timedelta
 from typing import Any, Callable
 
 from simulators.devices import world_settings
+from simulators.outcome import RankOutcome
 from simulators.pool import PoolResult, PoolStartError, RankPool
 from simulators.spawn import describe_exit
 from simulators.topology import World
@@ -106,6 +107,7 @@ class SimBackend:
                 "conformance.worker:run_case",
                 (case.key, world.label, shared_dir),
                 case.timeout_within(self.case_timeout) + RENDEZVOUS_S_PER_RANK * max(0, world.size - 8),
+                failed=_rank_failed,
             )
         except PoolStartError as error:
             message = f"the ranks of world {world.label} did not start:\n{error}"
@@ -170,6 +172,11 @@ class SimNpuBackend(SimBackend):
     name = "sim-npu"
     base_env: dict[str, str] = {}
     device = "npu"
+
+
+def _rank_failed(outcome: RankOutcome) -> bool:
+    """Whether a rank's reply fails the case (the others then get the pool's grace, not the case's timeout)."""
+    return not outcome.ok or outcome.value.get("status") in (Status.FAIL.value, Status.ERROR.value)
 
 
 def _replies(outcome: PoolResult) -> dict[int, dict[str, Any]]:

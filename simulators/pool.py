@@ -9,7 +9,11 @@ Rules:
   waits for the replies and the worker processes together:
   every rank replied -> "ok"; a worker died -> "crash" (exit code or signal
   kept, the rest killed); ``timeout`` passed -> "hang" (the Python stacks of
-  the ranks that have not replied kept, all killed). At a hang or crash the
+  the ranks that have not replied kept, all killed). Once one rank's reply
+  is a failure (``failed(outcome)``; by default, the target raised), the
+  ranks still running get ``grace`` seconds more, not the rest of
+  ``timeout``: they are most likely waiting in a collective for the rank
+  that failed, and their stacks say so sooner. At a hang or crash the
   pool also reads every live rank's torch Flight Recorder and keeps which
   collective each rank was in and which ranks never joined it
   (:mod:`simulators.collectives`). After a crash or a hang
@@ -40,7 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
@@ -83,6 +87,10 @@ class PoolResult:
     output_tail: dict[int, str] = field(default_factory=dict)
     collectives: Diagnosis | None = None
     duration_s: float = 0.0
+
+
+#: Seconds the other ranks get to reply once one rank's reply is a failure.
+FAILURE_GRACE_S = 5.0
 
 
 class PoolStartError(RuntimeError):
@@ -148,10 +156,19 @@ class RankPool:
                 self._teardown()
                 raise
 
-    def run(self, target: str, args: tuple = (), timeout: float = 10.0) -> PoolResult:
+    def run(
+        self,
+        target: str,
+        args: tuple = (),
+        timeout: float = 10.0,
+        *,
+        failed: Callable[[RankOutcome], bool] = lambda outcome: not outcome.ok,
+        grace: float = FAILURE_GRACE_S,
+    ) -> PoolResult:
         """Call ``target`` ("module:function") with ``args`` on every rank; (re)start the pool first if needed.
 
-        Raises PoolStartError when that (re)start fails.
+        After the first reply that is ``failed``, the other ranks have at most
+        ``grace`` seconds left. Raises PoolStartError when the (re)start fails.
         """
         if self._ranks and not all(rank.alive() for rank in self._ranks):
             self._teardown()  # a worker died between targets: start clean rather than blame this one
@@ -160,7 +177,7 @@ class RankPool:
         offsets = {rank.rank: rank.log_size() for rank in self._ranks}
         since_ns = time.time_ns()
         try:
-            result = self._run(target, args, timeout)
+            result = self._run(target, args, timeout, failed, grace)
             if result.status != "ok":
                 result.collectives = diagnose(dump_flight_records(self._ranks), self.world.size, since_ns)
         except BaseException:
@@ -191,7 +208,9 @@ class RankPool:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _run(self, target: str, args: tuple, timeout: float) -> PoolResult:
+    def _run(
+        self, target: str, args: tuple, timeout: float, failed: Callable[[RankOutcome], bool], grace: float
+    ) -> PoolResult:
         for conn in self._conns.values():
             try:
                 conn.send(("run", target, args))
@@ -214,6 +233,8 @@ class RankPool:
                     crashed.append(self._ranks[rank])
                 except Exception as exc:  # the reply arrived but does not unpickle here
                     outcomes[rank] = RankOutcome.from_exception(rank, exc)
+                if rank in outcomes and failed(outcomes[rank]):
+                    deadline = min(deadline, time.monotonic() + grace)
             if crashed:
                 return PoolResult("crash", outcomes, exit_codes=_exit_codes(crashed))
         return PoolResult("ok", outcomes)

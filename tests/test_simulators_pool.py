@@ -201,6 +201,17 @@ def test_a_rank_stuck_in_a_gloo_barrier_is_a_hang_with_its_stack_and_a_new_group
     assert values(pool.run(target("gloo_all_reduce"), timeout=60)) == [3.0, 3.0]
 
 
+def test_after_a_failed_reply_the_others_get_the_grace_not_the_timeout(make_pool):
+    pool = make_pool("2")
+    started = time.monotonic()
+    result = pool.run(target("fail_on_rank_0_while_the_others_wait"), timeout=120, grace=0.5)
+    assert result.status == "hang" and list(result.stacks) == [1], result
+    assert "rank 0 gives up" in result.outcomes[0].error
+    assert time.monotonic() - started < 60, "the waiting rank was given the whole timeout"
+    ok = pool.run(target("fail_on_rank_1"), timeout=120, failed=lambda outcome: False)
+    assert ok.status == "ok" and not ok.outcomes[1].ok, "a reply that is not `failed` leaves the others their time"
+
+
 def test_busy_workers_die_with_a_killed_driver(tmp_path, assert_gone):
     driver = tmp_path / "driver.py"
     driver.write_text(textwrap.dedent(f"""

@@ -55,6 +55,12 @@ def stuck_here_on_ranks_1_and_2():
     return "rank 0 is done"
 
 
+def fail_on_rank_0_while_the_others_wait():
+    if rank() == 0:
+        raise ValueError("rank 0 gives up")
+    threading.Event().wait()
+
+
 def start_grandchild():
     return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]).pid
 
