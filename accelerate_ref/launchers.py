@@ -7,7 +7,7 @@ a torchrun-style world. The ``Accelerator`` must be created inside ``fn``: one
 created before the call is refused with a ``ValueError`` saying so (catalog
 ``launch.notebook_launcher``). ``debug_launcher(fn, args, num_processes=2)``
 forks CPU ranks over gloo for debugging (catalog ``launch.debug_launcher``).
-A rank that raises ends the launch with a ``RuntimeError`` naming it.
+A rank that raises ends the launch with torch's ``ChildFailedError`` naming it.
 ``fn`` may be any callable: a ``functools.partial`` or a callable object
 too (HF's ``debug_launcher`` takes them; its ``notebook_launcher`` hands them
 to torch's elastic agent, which fails on their missing ``__name__``).
@@ -20,18 +20,24 @@ from typing import Any, Callable
 
 from .state import AcceleratorState, PartialState
 from .utils.constants import ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION  # noqa: F401  (HF's launchers expose it)
-from .utils.environment import patch_environment
+from .utils.dataclasses import PrecisionType
+from .utils.environment import are_libraries_initialized, get_current_device_type, patch_environment
+from .utils.imports import is_mps_available
 from .utils.launch import LOOPBACK
 from .utils.ports import get_free_port
 
 REFUSAL = (
-    "an Accelerator (or PartialState) was created before notebook_launcher was called: create the "
-    "Accelerator only inside the training function, restart the notebook and run the launcher first"
+    "To launch a multi-device training from your notebook, the `Accelerator` should only be initialized "
+    "inside your training function. Restart your notebook and make sure no cells initializes an "
+    "`Accelerator`."
 )
+#: Libraries that initialise a device when imported: imported before a forking launch, they are refused.
+DEVICE_INITIALISING_LIBRARIES = ("bitsandbytes",)
 
 
 def _state_exists() -> bool:
-    return bool(PartialState._shared_state) or bool(AcceleratorState._shared_state)
+    """Whether an Accelerator was created in this process (its state is shared by every later one)."""
+    return bool(AcceleratorState._shared_state)
 
 
 def notebook_launcher(
@@ -51,21 +57,40 @@ def notebook_launcher(
     monitor_interval: float = 0.1,
     log_line_prefix_template: str | None = None,
 ) -> None:
-    """Run ``function(*args)`` on ``num_processes`` forked ranks per node (one process in place when 1 or None).
+    """Run ``function(*args)`` on ``num_processes`` forked ranks per node (in place when 1).
 
-    The rendezvous is torch's elastic one: ``rdzv_backend`` (``static``: this node's rank is
-    ``node_rank`` and the endpoint defaults to ``master_addr:use_port``), ``rdzv_endpoint``,
-    ``rdzv_conf`` and ``rdzv_id`` are passed to it as torchrun passes its options of those names;
-    ``log_line_prefix_template`` prefixes each rank's log lines (torch >= 2.2).
+    Rules, in HF 1.15's order: ``mixed_precision`` must be a PrecisionType;
+    ``num_processes`` must be given; ``node_rank < num_nodes``. With more than one
+    process the launch is refused (RuntimeError) after an ``import bitsandbytes``,
+    which initialises the device a fork would inherit, and (ValueError) once an
+    Accelerator exists (catalog ``launch.notebook_launcher``); a rank that raises
+    ends the launch with torch's ``ChildFailedError``. The rendezvous is torch's
+    elastic one: ``rdzv_backend`` (``static``: this node's rank is ``node_rank`` and
+    the endpoint defaults to ``master_addr:use_port``), ``rdzv_endpoint``,
+    ``rdzv_conf`` and ``rdzv_id`` are passed to it as torchrun passes its options of
+    those names; ``log_line_prefix_template`` prefixes each rank's log lines.
     """
+    if mixed_precision.lower() not in PrecisionType.list():
+        raise ValueError(f"Unknown mixed_precision mode: {mixed_precision.lower()}. Choose between {PrecisionType.list()}.")
+    if num_processes is None:
+        raise ValueError(
+            "You have to specify the number of devices you would like to use, add `num_processes=...` to your call."
+        )
+    if node_rank >= num_nodes:
+        raise ValueError("The node_rank must be less than the number of nodes.")
+    if num_processes == 1:
+        print(f"Launching training on {_single_device()}.")
+        function(*args)
+        return
     if _state_exists():
         raise ValueError(REFUSAL)
-    if not num_processes or num_processes == 1:
-        with patch_environment(accelerate_mixed_precision=mixed_precision):
-            function(*args)
-        return
-    if not 0 <= node_rank < num_nodes:
-        raise ValueError(f"node_rank {node_rank} must be in [0, num_nodes={num_nodes})")
+    imported = are_libraries_initialized(*DEVICE_INITIALISING_LIBRARIES)
+    if imported:
+        raise RuntimeError(
+            "Could not start distributed process. Libraries known to initialize device upon import have been "
+            "imported already. Please keep these imports inside your training function to try and help with this:"
+            + "".join(f"\n\t* `{name}`" for name in imported)
+        )
     rdzv_conf = dict(rdzv_conf or {})
     if rdzv_backend == "static":
         rdzv_conf["rank"] = node_rank
@@ -73,8 +98,23 @@ def notebook_launcher(
     rendezvous = {"rdzv_backend": rdzv_backend, "rdzv_endpoint": rdzv_endpoint, "rdzv_configs": rdzv_conf, "run_id": rdzv_id}
     if log_line_prefix_template is not None:
         rendezvous["log_line_prefix_template"] = log_line_prefix_template
+    print(f"Launching training on {num_processes} {get_current_device_type()[0].upper()}s.")
     _fork_ranks(function, args, num_processes, num_nodes, rendezvous, max_restarts, monitor_interval,
                 accelerate_mixed_precision=mixed_precision)
+
+
+def _single_device() -> str:
+    """What HF's launcher names the one device a single-process launch trains on."""
+    import torch
+
+    if is_mps_available():
+        os.environ["PYTORCH_ENABLE_MPS_FALLBACK"] = "1"
+        return "MPS"
+    if torch.cuda.is_available():
+        return "one GPU"
+    if torch.xpu.is_available():
+        return "one XPU"
+    return "CPU"
 
 
 def debug_launcher(function: Callable[..., Any], args: tuple = (), num_processes: int = 2) -> None:
@@ -90,7 +130,6 @@ def test_launch():
 
 
 def _fork_ranks(function, args, nproc, num_nodes, rendezvous, max_restarts, monitor_interval, **env) -> None:
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     config = LaunchConfig(
@@ -103,11 +142,7 @@ def _fork_ranks(function, args, nproc, num_nodes, rendezvous, max_restarts, moni
         **rendezvous,
     )
     with patch_environment(omp_num_threads=os.environ.get("OMP_NUM_THREADS", "1"), **env):
-        try:
-            elastic_launch(config=config, entrypoint=_named(function))(*args)
-        except ChildFailedError as error:
-            rank, failure = error.get_first_failure()
-            raise RuntimeError(f"rank {rank} of the launch failed: {failure.message or failure.exitcode}") from None
+        elastic_launch(config=config, entrypoint=_named(function))(*args)
 
 
 def _named(function: Callable[..., Any]) -> Callable[..., Any]:
