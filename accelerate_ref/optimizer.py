@@ -6,6 +6,7 @@ prepare.order, prepare.single_methods.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Optional
 
 import torch
@@ -75,7 +76,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.gradient_state = GradientState()
         self._is_overflow = False
         if device_placement:
-            self.optimizer.load_state_dict(move_to_device(self.optimizer.state_dict(), self.accelerator_state.device))
+            placed = move_to_device(self.optimizer.state_dict(), self.accelerator_state.device)
+            self.optimizer.load_state_dict(placed)
 
     # -- the wrapped optimizer's attributes ---------------------------------
 
@@ -119,47 +121,63 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.optimizer.load_state_dict(state_dict)
 
     def train(self) -> None:
-        """Put optimizers that have modes (schedule-free ones) in training mode; others have none."""
-        if callable(getattr(self.optimizer, "train", None)):
-            self.optimizer.train()
+        """Put an optimizer that has modes (schedule-free ones) in training mode; others have none.
+
+        Rule (HF 1.15): the wrapped optimizer's ``train`` if it is callable,
+        else that of the optimizer it wraps in turn (DeepSpeed's wrapper).
+        """
+        self._switch_mode("train")
 
     def eval(self) -> None:
-        """Put optimizers that have modes (schedule-free ones) in evaluation mode."""
-        if callable(getattr(self.optimizer, "eval", None)):
-            self.optimizer.eval()
+        """Put an optimizer that has modes (schedule-free ones) in evaluation mode; the rule of `train`."""
+        self._switch_mode("eval")
+
+    def _switch_mode(self, mode: str) -> None:
+        for candidate in (self.optimizer, getattr(self.optimizer, "optimizer", None)):
+            switch = getattr(candidate, mode, None)
+            if callable(switch):
+                switch()
+                return
 
     # -- the rules ------------------------------------------------------------
 
     def zero_grad(self, set_to_none: Optional[bool] = None) -> None:
         """Clear gradients, but only on a step where gradients are synchronised.
 
-        Catalog: accumulate.doc_example.
+        Rules (HF 1.15): an optimizer whose ``zero_grad`` takes
+        ``set_to_none`` is given it (True when not given); one whose
+        ``zero_grad`` does not is called bare, and refuses an explicit
+        ``set_to_none`` with a ValueError. Catalog: accumulate.doc_example.
         """
         if not self.gradient_state.sync_gradients:
             return
-        if set_to_none is None:
-            self.optimizer.zero_grad()
+        if "set_to_none" in inspect.signature(self.optimizer.zero_grad).parameters:
+            self.optimizer.zero_grad(set_to_none=True if set_to_none is None else set_to_none)
+        elif set_to_none is not None:
+            raise ValueError("`set_to_none` for Optimizer.zero_grad` is not supported by this optimizer.")
         else:
-            self.optimizer.zero_grad(set_to_none=set_to_none)
+            self.optimizer.zero_grad()
 
-    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
+    def step(self, closure: Optional[Callable[[], Any]] = None) -> None:
         """Update the weights, but only on a step where gradients are synchronised.
 
         Under fp16 the scaler unscales, skips the update if any gradient is
         inf/NaN, and adjusts its scale; whether it called the optimizer's
         ``step`` (`patch_optimizer_step`, as HF detects it) is recorded in
-        `step_was_skipped`.
+        `step_was_skipped`. Returns None, even with a ``closure`` (HF 1.15
+        drops the loss the wrapped ``step`` returns).
         Catalog: accumulate.doc_example, autocast.fp16_scaler.
         """
         if not self.gradient_state.sync_gradients:
-            return None
+            return
         if self.scaler is None:
-            return self.optimizer.step(closure)
+            self.optimizer.step(closure)
+            return
         self._accelerate_step_called = False
         own_step = self.optimizer.__dict__.get("step")
         self.optimizer.step = patch_optimizer_step(self, self.optimizer.step)
         try:
-            result = self.scaler.step(self.optimizer, closure)  # positional: GradScaler refuses closure=...
+            self.scaler.step(self.optimizer, closure)  # positional: GradScaler refuses closure=...
             self.scaler.update()
         finally:
             if own_step is None:
@@ -167,7 +185,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             else:
                 self.optimizer.step = own_step
         self._is_overflow = not self._accelerate_step_called
-        return result
+        self._accelerate_step_called = False
 
     @property
     def step_was_skipped(self) -> bool:
@@ -180,8 +198,14 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     # torch's Optimizer pickles only defaults, state and param_groups, which here are the wrapped
     # optimizer's: pickle the wrapper's own attributes instead (the wrapped optimizer among them).
     def __getstate__(self) -> dict[str, Any]:
-        """The wrapper's attributes, so a prepared optimizer pickles and unpickles (as HF's does)."""
-        return dict(self.__dict__)
+        """The wrapper's attributes but the step-tracking flag, so a prepared optimizer pickles (as HF's does)."""
+        return {key: value for key, value in self.__dict__.items() if key != "_accelerate_step_called"}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        """Restore `__getstate__`'s attributes; with a scaler, the step-tracking flag starts False again.
+
+        Rule (HF 1.15): a state without ``scaler`` is refused (AttributeError).
+        """
         self.__dict__.update(state)
+        if self.scaler is not None:
+            self._accelerate_step_called = False

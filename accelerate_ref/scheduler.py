@@ -1,16 +1,24 @@
 """The prepared learning-rate scheduler: steps in step with the optimizer's real updates.
 
+Importing this module silences torch's UserWarnings from ``torch.optim.lr_scheduler`` process-wide,
+as importing HF 1.15's does: the wrapper steps schedulers on the script's behalf (several times per
+update, or not at all after a skipped step), which trips torch's step-order warning for no fault of
+the script's.
+
 Catalog: accumulate.scheduler, prepare.order, prepare.single_methods.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Sequence, Union
 
 import torch
 
 from .optimizer import AcceleratedOptimizer
 from .state import AcceleratorState, GradientState
+
+warnings.filterwarnings("ignore", category=UserWarning, module="torch.optim.lr_scheduler")
 
 
 class AcceleratedScheduler:
@@ -46,7 +54,9 @@ class AcceleratedScheduler:
         split_batches: bool = False,
     ) -> None:
         self.scheduler = scheduler
-        self.optimizers = list(optimizers) if isinstance(optimizers, (list, tuple)) else [optimizers]
+        # A list or tuple is kept as given (HF 1.15): the Accelerator's own list of prepared optimizers,
+        # given for a scheduler whose optimizer is not prepared, goes on growing with later ones.
+        self.optimizers = optimizers if isinstance(optimizers, (list, tuple)) else [optimizers]
         self.step_with_optimizer = step_with_optimizer
         self.split_batches = split_batches
         self.gradient_state = GradientState()
@@ -91,6 +101,6 @@ class AcceleratedScheduler:
         """Load a state dict into the wrapped scheduler. Catalog: save_state.roundtrip."""
         self.scheduler.load_state_dict(state_dict)
 
-    def print_lr(self, *args: Any, **kwargs: Any) -> None:
-        """The wrapped scheduler's ``print_lr``. Catalog: accumulate.scheduler."""
-        self.scheduler.print_lr(*args, **kwargs)
+    def print_lr(self, *args: Any, **kwargs: Any) -> Any:
+        """The wrapped scheduler's ``print_lr`` (torch 2.13's schedulers have none: AttributeError)."""
+        return self.scheduler.print_lr(*args, **kwargs)
