@@ -185,14 +185,16 @@ def _checker(mode: str, folder: Path, last_reported: int, write: int) -> None:
     os.write(write, json.dumps(_check(mode, folder, last_reported)).encode())
 
 
-def _warm_up() -> None:
-    """Import, once before forking, what the first optimizer step loads lazily (torch._dynamo: seconds)."""
-    import torch
+def _warm_up(scratch: Path) -> None:
+    """Before forking: one save and load in ``scratch``, so that what they import lazily (torch._dynamo,
+    the reference's saving modules: seconds) is imported once, not in every child; then freeze what
+    exists, so that the load's garbage collection in a child skips the imported modules."""
+    import gc
 
-    layer = torch.nn.Linear(1, 1)
-    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1, momentum=0.9)
-    layer(torch.ones(1, 1)).sum().backward()
-    optimizer.step()
+    acc, _, _, _ = _prepared("auto", scratch)
+    acc.save_state()
+    acc.load_state()
+    gc.freeze()
 
 
 def run_trials(root: Path, trials: int, seed: int) -> list[dict[str, Any]]:
@@ -202,7 +204,7 @@ def run_trials(root: Path, trials: int, seed: int) -> list[dict[str, Any]]:
     import accelerate_ref  # noqa: F401  (imported once, before forking)
 
     torch.set_num_threads(1)
-    _warm_up()
+    _warm_up(root / "warm-up")
     chooser = random.Random(seed)
     last = {"auto": -1, "replace": -1}
     results = []
