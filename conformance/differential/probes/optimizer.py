@@ -329,7 +329,7 @@ def pickling(api: Api) -> None:
     model = _model().to(accelerator.device)
     optimizer = accelerator.prepare(torch.optim.SGD(model.parameters(), lr=0.1))
     api.observe("__getstate__ keys", lambda: sorted(optimizer.__getstate__()))
-    _loss(model).backward()
+    accelerator.backward(_loss(model))
     optimizer.step()
     api.observe("__getstate__ keys after a step", lambda: sorted(optimizer.__getstate__()))
     copy = api.observe("pickle round trip", lambda: pickle.loads(pickle.dumps(optimizer)))
