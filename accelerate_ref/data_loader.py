@@ -37,7 +37,7 @@ import math
 from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset, RandomSampler
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
 from .data_loader_adapter import DataLoaderAdapter, carried_arguments, uncount_prefetched
 from .data_loader_position import DataLoaderPositionMixin
@@ -46,13 +46,14 @@ from .samplers import (
     IterableDatasetShard,
     SeedableRandomSampler,
     SkipBatchSampler,
+    batch_source,
     batching_chain,
-    check_split_batch_size,
+    uneven_split,
     get_sampler,
 )
 from .parallelism import data_parallel_share
 from .state import GradientState, PartialState
-from .utils.dataclasses import RNGType
+from .utils.dataclasses import DistributedType, RNGType
 from .utils.operations import (
     broadcast,
     broadcast_object_list,
@@ -118,11 +119,16 @@ class DataLoaderStateMixin:
     def begin(self) -> None:
         """Register with `GradientState` for a new epoch."""
         self.reset()
+        self.remainder = self._remainder_at_start()
+        GradientState()._add_dataloader(self)
+
+    def _remainder_at_start(self) -> int:
+        """The epoch's remainder as known when it starts (-1 where it is not)."""
         # a loader without the sizes, a dataset without a length, or batches of varying size: -1
         with contextlib.suppress(AttributeError, TypeError):
             if not self._drop_last:  # type: ignore[attr-defined]
-                self.remainder = self.total_dataset_length % self.total_batch_size  # type: ignore[attr-defined]
-        GradientState()._add_dataloader(self)
+                return self.total_dataset_length % self.total_batch_size  # type: ignore[attr-defined]
+        return -1
 
     def end(self) -> None:
         """Unregister from `GradientState` at the end of an epoch."""
@@ -210,9 +216,6 @@ class DataLoaderShard(DataLoaderPositionMixin, DataLoaderStateMixin, DataLoaderA
         self._leave_epoch()
         self.end()
 
-    def __len__(self) -> int:
-        return max(super().__len__() - self.skip_batches, 0)
-
     def adjust_state_dict_for_prefetch(self) -> None:
         """No correction: the state is taken before the batch drawn ahead (HF's rule for this loader)."""
 
@@ -280,10 +283,16 @@ class DataLoaderDispatcher(DataLoaderPositionMixin, DataLoaderStateMixin, DataLo
     def _batches_per_step(self) -> int:
         return 1 if self.split_batches else self._share[0]
 
+    def _remainder_at_start(self) -> int:
+        """-1: the remainder is the real size of the last step, set when it is dispatched (HF 1.15's)."""
+        return -1
+
     def adjust_state_dict_for_prefetch(self) -> None:
-        """Uncount the rest of the next step, which process 0 drew ahead: ``num_processes - 1`` batches, none with
-        ``split_batches`` (HF 1.15 uncounts ``num_processes - 1`` there too, so it resumes a step early)."""
-        uncount_prefetched(self.dl_state_dict, self._batches_per_step - 1, self.batch_size)
+        """When distributed, uncount the rest of the next step, which process 0 drew ahead: ``num_processes - 1``
+        batches, none with ``split_batches`` (HF 1.15 uncounts ``num_processes - 1`` there too, so it resumes a
+        step early)."""
+        if self.state.distributed_type != DistributedType.NO:
+            uncount_prefetched(self.dl_state_dict, self._batches_per_step - 1, self.batch_size)
 
     def __iter__(self) -> Iterator[Any]:
         continuing = self._continues_started_epoch()
@@ -398,11 +407,12 @@ class SkipDataLoader(DataLoaderStateMixin, DataLoaderAdapter):
 
     def __iter__(self) -> Iterator[Any]:
         self.begin()
-        yield from self._flag_last(itertools.islice(super().__iter__(), self.skip_batches, None))
+        yield from self._flag_last(itertools.islice(self._drawn_batches(), self.skip_batches, None))
         self.end()
 
     def __len__(self) -> int:
-        return max(super().__len__() - self.skip_batches, 0)
+        """The base loader's batches less the skipped ones (a ValueError from ``len()`` when negative, as HF's)."""
+        return len(self.base_dataloader) - self.skip_batches
 
     def adjust_state_dict_for_prefetch(self) -> None:
         """No correction: nothing is drawn ahead (HF 1.15 uncounts ``num_processes - 1``, resuming early)."""
@@ -416,6 +426,20 @@ def _batch_size(dataloader: DataLoader) -> Optional[int]:
     if dataloader.batch_size is not None:
         return dataloader.batch_size
     return getattr(dataloader.batch_sampler, "batch_size", None)
+
+
+def _check_split(dataloader: DataLoader, batch_size: Optional[int], num_processes: int) -> None:
+    """Refuse to split batches of no known size, or whose size (above 1) ``num_processes`` does not divide (HF's
+    words, which name the loader's own ``batch_size``). Catalog: data.split_batches."""
+    if batch_size is None:
+        raise ValueError(
+            "In order to use `split_batches==True` you must have a `batch_size` attribute either in the passed "
+            "`dataloader` or `dataloader.batch_sampler` objects, and it has to return a natural number. "
+            "Your `dataloader.batch_size` is None and `dataloader.batch_sampler` "
+            f"(`{type(dataloader.batch_sampler)}`) does not have the `batch_size` attribute set."
+        )
+    if batch_size > 1 and batch_size % num_processes != 0:
+        raise uneven_split(dataloader.batch_size, num_processes, "a `DataLoader`")
 
 
 def _sampler_of(batch_sampler: Any) -> Any:
@@ -491,8 +515,8 @@ def prepare_data_loader(
     * batches go to ``device`` when ``put_on_device``;
     * ``use_stateful_dataloader``: torchdata's `StatefulDataLoader` underneath (ImportError without it);
     * with ``torch_device_mesh``, shares are the mesh's data-parallel ones (`parallelism.data_parallel_share`);
-    * anything but a `DataLoader` is a TypeError; a map-style loader
-      without batches (``batch_size=None`` and no batch sampler) a ValueError.
+    * a map-style loader without batches (``batch_size=None`` and no batch
+      sampler) is a ValueError; anything without a ``dataset`` an AttributeError (HF's).
 
     The user's loader is left usable. Catalog: data.shard_disjoint,
     data.effective_batch, data.split_batches, data.even_batches,
@@ -500,8 +524,6 @@ def prepare_data_loader(
     data.iterable_dataset, data.seedable_sampler, data.device_placement,
     data.len_after_prepare.
     """
-    if not isinstance(dataloader, DataLoader):
-        raise TypeError(f"prepare_data_loader takes a torch.utils.data.DataLoader, got {type(dataloader).__name__}")
     state = PartialState()
     num_processes = state.num_processes if num_processes is None else num_processes
     process_index = state.process_index if process_index is None else process_index
@@ -514,37 +536,46 @@ def prepare_data_loader(
         raise ValueError("Using `dispatch_batches=True` requires `put_on_device=True`.")  # HF's words
     batch_size = _batch_size(dataloader)
     if split_batches:
-        check_split_batch_size(batch_size, num_processes)
-    if not iterable and dataloader.batch_sampler is None:
-        raise ValueError("prepare_data_loader needs a batched DataLoader (a batch_size or a batch_sampler)")
-    batch_sampler = None if iterable else dataloader.batch_sampler
+        _check_split(dataloader, batch_size, num_processes)
+    batch_sampler = None if iterable else batch_source(dataloader)
     if batch_sampler is not None and use_seedable_sampler:
         batch_sampler = _seedable(batch_sampler, data_seed)
-    batching = (
-        {"batch_sampler": batch_sampler}
-        if batch_sampler is not None
-        else {"batch_size": batch_size, "drop_last": dataloader.drop_last}
-    )
+    if batch_sampler is None:  # an iterable dataset, or a loader without batches (yielding samples)
+        batching = {"batch_size": batch_size, "drop_last": dataloader.drop_last}
+    elif isinstance(dataloader.sampler, BatchSampler):  # kept as the sampler, as HF 1.15 keeps it
+        batching = {"sampler": batch_sampler, "batch_size": dataloader.batch_size}
+    else:
+        batching = {"batch_sampler": batch_sampler}
     common = {"_drop_last": dataloader.drop_last, "_non_blocking": non_blocking, "use_stateful_dataloader": use_stateful_dataloader,
               **carried_arguments(dataloader)}
     if dispatch_batches:
-        return DataLoaderDispatcher(dataset, split_batches=split_batches, slice_fn=slice_fn_for_dispatch,
-                                    torch_device_mesh=torch_device_mesh, **batching, **common)
+        return _with_seedable_sampler(DataLoaderDispatcher(
+            dataset, split_batches=split_batches, slice_fn=slice_fn_for_dispatch, torch_device_mesh=torch_device_mesh,
+            **batching, **common))
 
     own_generator = _wants_generator(rng_types) and not use_seedable_sampler
     dataset, batching, generator = _share_of_process(
         dataloader, batching, num_processes, process_index, split_batches, even_batches, own_generator
     )
-    if generator is None:
-        rng_types = [rng_type for rng_type in rng_types or [] if RNGType(rng_type) != RNGType.GENERATOR]
-    return DataLoaderShard(
+    if generator is None and rng_types is not None and "generator" in rng_types:
+        rng_types.remove("generator")  # the caller's list, as HF 1.15 does
+    return _with_seedable_sampler(DataLoaderShard(
         dataset,
         device=device if put_on_device else None,
-        rng_types=list(rng_types or []),
+        rng_types=rng_types,
         synchronized_generator=generator,
         **batching,
         **common,
-    )
+    ))
+
+
+def _with_seedable_sampler(loader: Any) -> Any:
+    """``loader``, its `SeedableRandomSampler` (if any) made the one `get_sampler` returns (HF 1.15's ``set_sampler``
+    after preparing: a `BatchSamplerShard` shows it as its ``sampler`` too)."""
+    seedable = loader._seedable_sampler()
+    if seedable is not None:
+        loader.set_sampler(seedable)
+    return loader
 
 
 def _share_of_process(
@@ -561,8 +592,9 @@ def _share_of_process(
     The generator is the iterable dataset's own, or (with ``own_generator``)
     the shuffling sampler's, created if needed; None when there is none.
     """
+    key = "sampler" if "sampler" in batching else "batch_sampler"
     if num_processes == 1:  # nothing to synchronise, but the order generator makes the epoch resumable
-        sampler = _sampler_of(batching.get("batch_sampler"))
+        sampler = _sampler_of(batching.get(key))
         return dataloader.dataset, batching, _own_generator(sampler) if own_generator else None
     if isinstance(dataloader.dataset, IterableDataset):
         batch_size = batching["batch_size"]
@@ -572,18 +604,24 @@ def _share_of_process(
         per_process = batch_size // num_processes if split_batches else batch_size
         generator = getattr(dataloader.dataset, "generator", None)
         return shard, {**batching, "batch_size": per_process}, generator if isinstance(generator, torch.Generator) else None
-    batch_sampler = batching["batch_sampler"]
+    batch_sampler = batching[key]
     generator = _own_generator(_sampler_of(batch_sampler)) if own_generator else None
     shard_sampler = BatchSamplerShard(batch_sampler, num_processes, process_index, split_batches, even_batches)
-    return dataloader.dataset, {"batch_sampler": shard_sampler}, generator
+    return dataloader.dataset, {**batching, key: shard_sampler}, generator
 
 
-def _skipping_batches(dataloader: DataLoader, num_batches: int) -> dict[str, Any]:
-    """The batching arguments of a copy of ``dataloader`` that leaves out ``num_batches`` batches by index."""
+def _skipping_batches(dataloader: DataLoader, num_batches: int, prepared: bool = True) -> dict[str, Any]:
+    """The batching arguments of a copy of ``dataloader`` that leaves out ``num_batches`` batches by index.
+
+    A BatchSampler given as a prepared loader's ``sampler`` stays its ``sampler``; a plain loader's becomes the
+    copy's ``batch_sampler`` (HF 1.15's)."""
     if isinstance(dataloader.dataset, IterableDataset):
         return {"batch_size": dataloader.batch_size, "drop_last": dataloader.drop_last}
-    batch_sampler = dataloader.batch_sampler
-    return {"batch_sampler": SkipBatchSampler(batch_sampler, num_batches) if num_batches else batch_sampler}
+    source = batch_source(dataloader)
+    skipping = SkipBatchSampler(source, num_batches) if num_batches else source
+    if prepared and isinstance(dataloader.sampler, BatchSampler):
+        return {"sampler": skipping, "batch_size": dataloader.batch_size}
+    return {"batch_sampler": skipping}
 
 
 def _continuing(dataloader: DataLoaderPositionMixin, num_batches: int, copy: DataLoaderPositionMixin) -> Any:
@@ -606,11 +644,9 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
     a batch sampler, the skipped ones are left out by index (nothing is
     loaded); over an iterable dataset, and for a dispatching loader (whose
     last step is padded from its first), they are loaded and dropped.
-    ``len()`` is what remains. Anything but a `DataLoader` is a TypeError.
+    ``len()`` is what remains. Anything without a ``dataset`` is an AttributeError (HF's).
     Catalog: data.skip_first_batches, save_state.resume_data_order.
     """
-    if not isinstance(dataloader, DataLoader):
-        raise TypeError(f"skip_first_batches takes a torch.utils.data.DataLoader, got {type(dataloader).__name__}")
     dataset = dataloader.dataset
     carried = carried_arguments(dataloader)
     by_loading = num_batches if isinstance(dataset, IterableDataset) else 0
@@ -640,9 +676,9 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
             **_skipping_batches(dataloader, num_batches - by_loading),
             **carried,
         ))
-    if by_loading:
+    if isinstance(dataset, IterableDataset):
         return SkipDataLoader(dataset, skip_batches=by_loading, **_skipping_batches(dataloader, 0), **carried)
-    return DataLoader(dataset, **_skipping_batches(dataloader, num_batches), **carried)
+    return DataLoader(dataset, **_skipping_batches(dataloader, num_batches, prepared=False), **carried)
 
 
 __all__ = [

@@ -1,26 +1,22 @@
 """`DataLoaderAdapter`: the base of the prepared loaders, and their backing by torchdata's `StatefulDataLoader`.
 
-HF accelerate 1.15 wraps the user's loader in an adapter whose
-``base_dataloader`` is a `DataLoader`, or, with ``use_stateful_dataloader``
-(`DataLoaderConfiguration`, `prepare_data_loader`), torchdata's
-`StatefulDataLoader`. accelerate_ref's prepared loaders are themselves
-`DataLoader` subclasses; this adapter is their common base and, with
-``use_stateful_dataloader``, draws their batches through a
-`StatefulDataLoader` over the same dataset and batching (their
-``base_dataloader``) whose state it keeps.
+As HF accelerate 1.15's, a prepared loader wraps the loader it draws from,
+its ``base_dataloader``: a `DataLoader` over the same dataset and batching,
+or, with ``use_stateful_dataloader`` (`DataLoaderConfiguration`,
+`prepare_data_loader`), torchdata's `StatefulDataLoader`, whose state it keeps.
 
 What a prepared loader is, to ``isinstance`` and to attribute access (HF 1.15's,
-measured side by side in tests/test_switching_behaviour.py):
+measured side by side in tests/test_switching_behaviour.py and by the differential probes):
 
-* its ``__class__`` is its base loader's: torchdata's `StatefulDataLoader`
-  with ``use_stateful_dataloader``, else `DataLoader`; so it is an instance
-  of `StatefulDataLoader` too (HF's `DataLoaderAdapter` does the same), while
+* its class is no `DataLoader` subclass (``type(loader).__mro__`` holds the
+  adapter and its mixins only), but its ``__class__`` is its base loader's:
+  `DataLoader`, or `StatefulDataLoader`; so it is an instance of those, while
   ``type()`` stays its own class (it pickles and copies as that class);
-* an attribute it lacks is looked up on the `StatefulDataLoader`, and is
-  otherwise an AttributeError naming that base class (``'DataLoader' object
-  has no attribute 'x'``), as HF's, which forwards to its base loader;
+* an attribute it lacks is its base loader's, otherwise an AttributeError
+  naming the base's class (``'DataLoader' object has no attribute 'x'``);
 * ``base_dataloader`` is an attribute of instances only: on the class it is
-  an AttributeError (``type object 'DataLoaderShard' has no attribute ...``).
+  an AttributeError (``type object 'DataLoaderShard' has no attribute ...``);
+* the adapter alone is not iterable (a TypeError); its subclasses are.
 
 Rules of the state (HF 1.15's, measured side by side in tests/test_stateful_loader.py):
 
@@ -54,7 +50,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Iterator, Optional
 
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader
 
 from .state import PartialState
 from .utils.dataclasses import DistributedType
@@ -85,6 +81,11 @@ def _stateful_dataloader(dataset: Any, batch_sampler: Any, kwargs: dict[str, Any
     return StatefulDataLoader(dataset, batch_sampler=batch_sampler, **given)
 
 
+def _unpickled(cls: type) -> Any:
+    """An empty instance of ``cls``, its attributes restored by pickle."""
+    return object.__new__(cls)
+
+
 def uncount_prefetched(state_dict: dict[str, Any], batches: int, batch_size: Optional[int]) -> None:
     """Lower the batch counts of a `StatefulDataLoader` state by ``batches`` drawn ahead (counts at 0 stay)."""
     for key in ("_sampler_iter_yielded", "_num_yielded"):
@@ -95,77 +96,50 @@ def uncount_prefetched(state_dict: dict[str, Any], batches: int, batch_size: Opt
         sampler_state["samples_yielded"] -= (batch_size or 0) * batches
 
 
-class _InstanceProperty(property):
-    """A property that the class does not have, as an attribute set in ``__init__`` (HF's ``base_dataloader``)."""
+class DataLoaderAdapter:
+    """A wrapper of a `DataLoader` (``base_dataloader``), or of torchdata's `StatefulDataLoader` with
+    ``use_stateful_dataloader``, that passes itself off as it (see the module's rules).
 
-    def __get__(self, instance: Any, owner: Optional[type] = None) -> Any:
-        if instance is None:
-            raise AttributeError(f"type object '{owner.__name__}' has no attribute '{self.fget.__name__}'")
-        return super().__get__(instance, owner)
-
-
-def _unpickled(cls: type) -> Any:
-    """An empty instance of ``cls``, its attributes restored by pickle."""
-    return object.__new__(cls)
-
-
-class DataLoaderAdapter(DataLoader):
-    """A `DataLoader` that, with ``use_stateful_dataloader``, is backed by torchdata's `StatefulDataLoader`.
-
-    The base of `DataLoaderShard`, `DataLoaderDispatcher` and
-    `SkipDataLoader` (see the module's rules). Iterated itself, it yields
-    its batches, keeping the state as its subclasses do.
+    The base of `DataLoaderShard`, `DataLoaderDispatcher` and `SkipDataLoader`,
+    which iterate it; the adapter itself is not iterable (HF 1.15's).
     """
 
     def __init__(self, dataset: Any, use_stateful_dataloader: bool = False, batch_sampler: Any = None, **kwargs: Any) -> None:
-        stateful = _stateful_dataloader(dataset, batch_sampler, kwargs) if use_stateful_dataloader else None
-        super().__init__(dataset, batch_sampler=batch_sampler, **kwargs)
         self.use_stateful_dataloader = use_stateful_dataloader
-        self._stateful = stateful
-        if stateful is not None:
-            self.dl_state_dict: dict[str, Any] = stateful.state_dict()
+        if use_stateful_dataloader:
+            self.base_dataloader = _stateful_dataloader(dataset, batch_sampler, kwargs)
+        else:
+            self.base_dataloader = DataLoader(dataset, batch_sampler=batch_sampler, **kwargs)
+        if hasattr(self.base_dataloader, "state_dict"):
+            self.dl_state_dict: dict[str, Any] = self.base_dataloader.state_dict()
 
-    @_InstanceProperty
-    def base_dataloader(self) -> DataLoader:
-        """The `StatefulDataLoader` behind this loader, else a plain `DataLoader` of its dataset and batching.
-
-        The plain one has no placement or synchronisation; HF keeps such a
-        loader here, this loader is itself a `DataLoader`, so it is built on request.
-        """
-        if self._stateful is not None:
-            return self._stateful
-        batching = (
-            {"batch_size": self.batch_size, "drop_last": self.drop_last}
-            if isinstance(self.dataset, IterableDataset)
-            else {"batch_sampler": self.batch_sampler}
-        )
-        return DataLoader(self.dataset, **batching, **carried_arguments(self))
+    def __getattr__(self, name: str) -> Any:
+        """An attribute the adapter lacks is its base loader's (an AttributeError naming the base's class)."""
+        if name == "base_dataloader":  # not built yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.base_dataloader, name)
 
     @property  # type: ignore[misc]
     def __class__(self) -> type:
-        """The base loader's class, as HF's adapter reports it (see the module's rules)."""
-        stateful = self.__dict__.get("_stateful")
-        return DataLoader if stateful is None else type(stateful)
-
-    def __getattr__(self, name: str) -> Any:
-        """An attribute this loader lacks: the `StatefulDataLoader`'s, else HF's AttributeError naming the base class."""
-        stateful = self.__dict__.get("_stateful")
-        if stateful is None:
-            raise AttributeError(f"'DataLoader' object has no attribute '{name}'")
-        return getattr(stateful, name)
+        """The base loader's class, so that ``isinstance(loader, DataLoader)`` holds (see the module's rules)."""
+        return type(self.__dict__["base_dataloader"]) if "base_dataloader" in self.__dict__ else type(self)
 
     def __reduce_ex__(self, protocol: Any) -> tuple:
         """Pickle as ``type(self)`` (pickle's default would take the reported ``__class__``)."""
         return _unpickled, (type(self),), self.__dict__
 
-    def __iter__(self) -> Iterator[Any]:
-        return self._drawn_batches()
+    def __len__(self) -> int:
+        return len(self.base_dataloader)
+
+    @property
+    def _stateful(self) -> bool:
+        return hasattr(self.base_dataloader, "state_dict")
 
     def _drawn_batches(self) -> Iterator[Any]:
-        """One epoch of batches: `DataLoader.__iter__`, or through the `StatefulDataLoader`, snapshotting its state."""
-        if self._stateful is None:
-            return DataLoader.__iter__(self)
-        return self._snapshotting(iter(self._stateful))
+        """One epoch of the base loader's batches; a stateful one's state is taken before each batch is drawn."""
+        if not self._stateful:
+            return iter(self.base_dataloader)
+        return self._snapshotting(iter(self.base_dataloader))
 
     def _snapshotting(self, batches: Iterator[Any]) -> Iterator[Any]:
         while True:
@@ -178,12 +152,12 @@ class DataLoaderAdapter(DataLoader):
 
     def _finish_state(self) -> None:
         """The epoch's last batch is handed out: take the state once more, marked finished (so it resumes a new epoch)."""
-        if self._stateful is not None:
+        if self._stateful:
             self._update_state_dict(finished=True)
 
     def _update_state_dict(self, finished: bool) -> None:
         """Take the `StatefulDataLoader`'s state, corrected for prefetching, marked finished or not."""
-        self.dl_state_dict = self._stateful.state_dict()  # type: ignore[union-attr]
+        self.dl_state_dict = self.base_dataloader.state_dict()
         self.adjust_state_dict_for_prefetch()
         self.dl_state_dict["_iterator_finished"] = finished
 
@@ -192,10 +166,8 @@ class DataLoaderAdapter(DataLoader):
         return self.dl_state_dict
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Resume the next epoch from ``state_dict`` (a state of `state_dict`)."""
-        if self._stateful is None:
-            raise AttributeError(f"{type(self).__name__} keeps no state without use_stateful_dataloader=True")
-        self._stateful.load_state_dict(state_dict)
+        """Resume the next epoch from ``state_dict`` (a state of `state_dict`; AttributeError without one)."""
+        self.base_dataloader.load_state_dict(state_dict)
 
     def adjust_state_dict_for_prefetch(self) -> None:
         """HF's default correction: when distributed, the state's counts are lowered by ``num_processes - 1``.

@@ -24,25 +24,18 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
 
-def check_split_batch_size(batch_size: Optional[int], num_processes: int, splitter: str = "a `DataLoader`") -> None:
-    """Refuse a batch that cannot be split evenly over ``num_processes``.
+def uneven_split(batch_size: Any, num_processes: int, splitter: str) -> ValueError:
+    """The refusal of a batch that cannot be split evenly over ``num_processes``, in HF 1.15's words.
 
     Rule: with ``split_batches=True`` each process gets ``batch_size /
-    num_processes`` samples of every batch, so the batch size must be known
-    and a multiple of the number of processes; otherwise a ValueError in HF
-    1.15's words, naming ``splitter`` (the class that splits) and both
-    numbers. Catalog: data.split_batches.
+    num_processes`` samples of every batch, so the batch size must be a
+    multiple of the number of processes; ``splitter`` names the class that
+    splits. Catalog: data.split_batches.
     """
-    if batch_size is None:
-        raise ValueError(
-            "In order to use `split_batches==True` you must have a `batch_size` attribute either in the passed "
-            "`dataloader` or `dataloader.batch_sampler` objects, and it has to return a natural number."
-        )
-    if batch_size % num_processes != 0:
-        raise ValueError(
-            f"To use {splitter} in `split_batches` mode, the batch size ({batch_size}) "
-            f"needs to be a round multiple of the number of processes ({num_processes})."
-        )
+    return ValueError(
+        f"To use {splitter} in `split_batches` mode, the batch size ({batch_size}) "
+        f"needs to be a round multiple of the number of processes ({num_processes})."
+    )
 
 
 def take_from_start(samples: Sequence[Any], count: int) -> list[Any]:
@@ -89,7 +82,7 @@ class BatchSamplerShard(BatchSampler):
     * default: process ``i`` takes the ``i``-th batch of each step;
     * ``split_batches=True``: every process takes its ``1/num_processes``
       share of each batch (the batch size must be a multiple of
-      ``num_processes``: `check_split_batch_size`);
+      ``num_processes``: `uneven_split`);
     * the last, incomplete step: dropped when the batch sampler has
       ``drop_last``; with ``even_batches`` (default) completed with samples
       from the start (see the module docstring), so all processes get the
@@ -117,13 +110,8 @@ class BatchSamplerShard(BatchSampler):
         self.even_batches = even_batches
         self.batch_size: Optional[int] = getattr(batch_sampler, "batch_size", None)
         self.drop_last: bool = getattr(batch_sampler, "drop_last", False)
-        if split_batches:
-            check_split_batch_size(self.batch_size, num_processes, splitter="`BatchSamplerShard`")
-
-    @property
-    def sampler(self) -> Any:
-        """The sampler of the wrapped batch sampler (where shuffling happens)."""
-        return getattr(self.batch_sampler, "sampler", None)
+        if split_batches and (self.batch_size is None or self.batch_size % num_processes != 0):
+            raise uneven_split(self.batch_size, num_processes, "`BatchSamplerShard`")
 
     @property
     def total_length(self) -> int:
@@ -206,8 +194,8 @@ class BatchSamplerShard(BatchSampler):
         if self.even_batches or self.drop_last or batches == 0:
             return 0
         try:
-            samples = len(self.sampler)
-        except TypeError:  # no sized sampler: assume full batches
+            samples = len(self.batch_sampler.sampler)  # type: ignore[attr-defined]
+        except (AttributeError, TypeError):  # no sized sampler: assume full batches
             return 0
         last = samples - (batches - 1) * self.batch_size  # type: ignore[operator]
         return int(last <= self.process_index * (self.batch_size // self.num_processes))  # type: ignore[operator]
@@ -222,7 +210,9 @@ class IterableDatasetShard(IterableDataset):
     ``i``-th slice of each. The last, short global batch is dropped with
     ``drop_last``, else completed with samples from the start of the stream,
     so nothing is lost and only that padding is duplicated. (As documented,
-    ``even_batches`` does not apply to iterable datasets.)
+    ``even_batches`` does not apply to iterable datasets.) A dataset without
+    ``set_epoch`` but with a ``torch.Generator`` as ``generator`` has it
+    seeded with the epoch before each pass.
     Catalog: data.iterable_dataset.
     """
 
@@ -235,10 +225,8 @@ class IterableDatasetShard(IterableDataset):
         process_index: int = 0,
         split_batches: bool = False,
     ) -> None:
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"sharding an IterableDataset needs the DataLoader's batch_size, got {batch_size!r}")
-        if split_batches:
-            check_split_batch_size(batch_size, num_processes, splitter="`IterableDatasetShard`")
+        if split_batches and batch_size > 1 and batch_size % num_processes != 0:  # a batch of 1 is not split (HF's)
+            raise uneven_split(batch_size, num_processes, "`IterableDatasetShard`")
         self.dataset = dataset
         self.batch_size = batch_size
         self.drop_last = drop_last
@@ -264,6 +252,9 @@ class IterableDatasetShard(IterableDataset):
         return (math.floor(steps) if self.drop_last else math.ceil(steps)) * (self.total_batch_size // self.num_processes)
 
     def __iter__(self) -> Iterator[Any]:
+        generator = getattr(self.dataset, "generator", None)
+        if not hasattr(self.dataset, "set_epoch") and isinstance(generator, torch.Generator):
+            generator.manual_seed(self.epoch)  # the epoch decides a dataset's own shuffle (HF 1.15)
         size = self.total_batch_size // self.num_processes
         mine = slice(self.process_index * size, (self.process_index + 1) * size)
         first: Optional[list[Any]] = None
@@ -293,11 +284,6 @@ class SkipBatchSampler(BatchSampler):
         self.skip_batches = skip_batches
 
     @property
-    def sampler(self) -> Any:
-        """The sampler of the wrapped batch sampler."""
-        return getattr(self.batch_sampler, "sampler", None)
-
-    @property
     def total_length(self) -> int:
         """Batches of the wrapped batch sampler, skipped ones included (HF 1.15)."""
         return len(self.batch_sampler)  # type: ignore[arg-type]
@@ -306,7 +292,14 @@ class SkipBatchSampler(BatchSampler):
         return itertools.islice(iter(self.batch_sampler), self.skip_batches, None)
 
     def __len__(self) -> int:
-        return max(len(self.batch_sampler) - self.skip_batches, 0)  # type: ignore[arg-type]
+        """Batches left (a ValueError from ``len()`` when more are skipped than there are, as HF 1.15's)."""
+        return len(self.batch_sampler) - self.skip_batches  # type: ignore[arg-type]
+
+
+def batch_source(dataloader: Any) -> Any:
+    """The batch sampler a loader's batches come from: its ``sampler`` where that is a BatchSampler (which HF 1.15
+    accepts there), else its ``batch_sampler`` (None for a loader without batches)."""
+    return dataloader.sampler if isinstance(dataloader.sampler, BatchSampler) else dataloader.batch_sampler
 
 
 def get_sampler(dataloader: Any) -> Any:
@@ -315,25 +308,28 @@ def get_sampler(dataloader: Any) -> Any:
     Rule (HF 1.15): where the loader's ``sampler`` is itself a BatchSampler,
     that one's ``sampler``; else its ``batch_sampler``'s (None if absent).
     """
-    owner = dataloader.sampler if isinstance(dataloader.sampler, BatchSampler) else dataloader.batch_sampler
-    return getattr(owner, "sampler", None)
+    return getattr(batch_source(dataloader), "sampler", None)
 
 
 def set_sampler(dataloader: Any, sampler: Any) -> None:
-    """Make ``sampler`` the one `get_sampler` returns and the loader's batches are drawn from.
+    """Make ``sampler`` the one `get_sampler` returns and the loader's batches are drawn from (HF 1.15's rule).
 
-    Where a batch sampler only shows the sampler of the one it wraps (a
-    read-only ``sampler``, as BatchSamplerShard's), the wrapped one is changed.
+    Rule: where the loader's ``sampler`` is a BatchSampler, it is that one's
+    ``sampler``; else its ``batch_sampler``'s, and the ``sampler`` of the
+    batch sampler that one wraps (a `BatchSamplerShard`'s), if any.
     """
-    node = dataloader.sampler if isinstance(dataloader.sampler, BatchSampler) else dataloader.batch_sampler
-    while isinstance(getattr(type(node), "sampler", None), property) and hasattr(node, "batch_sampler"):
-        node = node.batch_sampler
-    node.sampler = sampler
+    if isinstance(dataloader.sampler, BatchSampler):
+        dataloader.sampler.sampler = sampler
+        return
+    dataloader.batch_sampler.sampler = sampler
+    if hasattr(dataloader.batch_sampler, "batch_sampler"):
+        dataloader.batch_sampler.batch_sampler.sampler = sampler
 
 
 def batching_chain(dataloader: DataLoader) -> Iterator[Any]:
-    """The loader's batch sampler, the batch samplers it wraps in turn, then its dataset."""
-    node = dataloader.batch_sampler
+    """The loader's batch sampler (its ``sampler`` where that is a BatchSampler, as HF 1.15 accepts), the batch
+    samplers it wraps in turn, then its dataset."""
+    node = batch_source(dataloader)
     while node is not None:
         yield node
         node = getattr(node, "batch_sampler", None)
