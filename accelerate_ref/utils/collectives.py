@@ -96,14 +96,24 @@ class TorchDistributedCollectives(Collectives):
         self.num_processes = num_processes
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        # all_gather into a list works on every backend (gloo lacks all_gather_into_tensor).
-        parts = [torch.empty_like(tensor) for _ in range(self.num_processes)]
-        dist.all_gather(parts, tensor)
-        return torch.cat(parts, dim=0)
+        """Into one flat tensor with ``all_gather_into_tensor`` (torch's FutureWarning included), as HF 1.15
+        does, except on gloo, which lacks it: there into a list of tensors."""
+        if dist.get_backend() == "gloo":
+            parts = [torch.empty_like(tensor) for _ in range(self.num_processes)]
+            dist.all_gather(parts, tensor)
+            return torch.cat(parts, dim=0)
+        flat = torch.empty(self.num_processes * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
+        dist.all_gather_into_tensor(flat, tensor)
+        return flat.view(-1, *tensor.shape[1:])
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         result = tensor.clone()
         dist.all_reduce(result, op=dist.ReduceOp.SUM)
+        return result
+
+    def all_reduce_max(self, tensor: torch.Tensor) -> torch.Tensor:
+        result = tensor.clone()
+        dist.all_reduce(result, op=dist.ReduceOp.MAX)
         return result
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:

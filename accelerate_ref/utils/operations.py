@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from collections.abc import Mapping
 from contextlib import contextmanager, nullcontext
 from typing import Any, Callable, Iterator
 
@@ -26,7 +27,7 @@ import torch
 
 from .collectives import Collectives, collectives_for
 from .constants import TORCH_DISTRIBUTED_OPERATION_TYPES  # noqa: F401  (HF's utils.operations exposes it)
-from .structures import (
+from .structures import (  # noqa: F401  (HF's utils.operations offers them all)
     ConvertOutputsToFp32,
     apply_to_leaves,
     concatenate,
@@ -42,6 +43,7 @@ from .structures import (
     is_namedtuple,
     is_tensor_information,
     is_torch_tensor,
+    is_torch_xpu_tensor,
     listify,
     pad_input_tensors,
     recursively_apply,
@@ -71,22 +73,11 @@ def _accept_any(leaf: Any) -> bool:
     return True
 
 
-def _tensor_collectives(data: Any, operation: str, same_shapes: bool) -> Collectives:
-    """Check `data` and return the collectives of the current world.
-
-    Rule: in debug mode (`PartialState().debug`, from ACCELERATE_DEBUG_MODE)
-    with several processes and `same_shapes`, the input is verified first
-    (`_verify`). Then a non-tensor leaf is a TypeError naming its type and
-    path. Catalog: debug.shape_mismatch, gather.nested.
-    """
+def _collectives() -> Collectives:
+    """The collectives of the current world (`PartialState`'s)."""
     from ..state import PartialState
 
-    state = PartialState()
-    collectives = collectives_for(state)
-    if same_shapes and state.debug and state.use_distributed:
-        _verify(data, f"{__name__}.{operation}", state, collectives)
-    apply_to_leaves(_describe_leaf, data, reject_others_in=operation)
-    return collectives
+    return collectives_for(PartialState())
 
 
 def _verify(data: Any, operation: str, state: Any, collectives: Collectives) -> None:
@@ -113,11 +104,6 @@ def _verify(data: Any, operation: str, state: Any, collectives: Collectives) -> 
             "Cannot apply desired operation due to shape mismatches. All shapes across devices must be valid."
             f"\n\nOperation: `{operation}`\nInput shapes:\n  - {per_rank}"
         )
-
-
-def _check_process_index(from_process: int, collectives: Collectives) -> None:
-    if not 0 <= from_process < collectives.num_processes:
-        raise ValueError(f"from_process={from_process} is not a process index (0 to {collectives.num_processes - 1})")
 
 
 def verify_operation(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -163,6 +149,7 @@ def chained_operation(function: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+@verify_operation
 def gather(tensor: Any) -> Any:
     """Gather every tensor of a nested structure from all processes.
 
@@ -175,7 +162,8 @@ def gather(tensor: Any) -> Any:
     Catalog: gather.doc_example, gather.first_dim, gather.nested,
     gather.scalar, debug.shape_mismatch.
     """
-    collectives = _tensor_collectives(tensor, "gather", same_shapes=True)
+    apply_to_leaves(_describe_leaf, tensor, reject_others_in="gather")  # before any rank communicates
+    collectives = _collectives()
 
     def gather_one(leaf: torch.Tensor) -> torch.Tensor:
         return collectives.all_gather((leaf.reshape(1) if leaf.ndim == 0 else leaf).contiguous())
@@ -186,31 +174,36 @@ def gather(tensor: Any) -> Any:
 def gather_object(object: Any) -> list[Any]:
     """Gather a picklable object from all processes.
 
-    Rule: a list (or tuple) gives the concatenation of every rank's items in
-    rank order (`[r]` on 2 ranks gives `[0, 1]`); any other object, a dict
-    included, gives the list of every rank's object (`{"k": r}` gives
-    `[{"k": 0}, {"k": 1}]`; HF 1.15 returns the keys, accelerate issue #2188).
-    On one process: `list(object)`, resp. `[object]`.
+    Rule: a dict gives the list of every rank's dict (`{"k": r}` gives
+    `[{"k": 0}, {"k": 1}]`, also `[{"k": 0}]` on one process; HF 1.15
+    returns the keys, accelerate issue #2188). Anything else is returned
+    as it is on one process; on several, every rank's object is iterated
+    and the items concatenated in rank order (HF 1.15): `[r]` on 2 ranks
+    gives `[0, 1]`, a tuple gives a list, a string its characters, and a
+    non-iterable is a TypeError.
     Catalog: gather_object.nested, gather_object.structures.
     """
-    from ..state import PartialState
+    collectives = _collectives()
+    if isinstance(object, Mapping):
+        return collectives.all_gather_object(object)
+    if collectives.num_processes == 1:
+        return object
+    return [item for part in collectives.all_gather_object(object) for item in part]
 
-    everyone = collectives_for(PartialState()).all_gather_object(object)
-    if isinstance(object, (list, tuple)):
-        return [item for part in everyone for item in part]
-    return everyone
 
-
+@verify_operation
 def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
     """Reduce every tensor of a nested structure across all processes.
 
     Rule: `reduction` is "sum" (element-wise sum over ranks), "mean" (the sum
-    divided by num_processes; integer tensors give floating results), "max"
+    divided in place by num_processes, so an integer tensor on several
+    processes is torch's RuntimeError, as in HF 1.15), "max"
     (element-wise maximum over ranks, listed by A v1.x) or "none" (the input returned unchanged, no communication; HF 1.15 sums
     instead); anything else is a ValueError naming it and the valid ones.
     `scale` multiplies the reduced value (on every backend). The utility
     defaults to "mean"; `Accelerator.reduce` to "sum". Leaves are reduced
-    one by one, structure kept; non-tensor leaves are a TypeError.
+    one by one into new tensors, structure kept; a non-tensor leaf is a
+    TypeError naming `_reduce_across_processes` (HF 1.15's words).
     Catalog: reduce.doc_example, reduce.mean, reduce.none, reduce.nested,
     xla.reduce_scale, debug.shape_mismatch.
     """
@@ -218,54 +211,57 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
         raise ValueError(f"Unknown reduction {reduction!r}; valid reductions are {', '.join(map(repr, REDUCTIONS))}")
     if reduction == "none":
         return tensor
-    collectives = _tensor_collectives(tensor, "reduce", same_shapes=True)
+    collectives = _collectives()
 
-    def reduce_one(leaf: torch.Tensor) -> torch.Tensor:
+    def _reduce_across_processes(leaf: torch.Tensor) -> torch.Tensor:  # HF's name: its refusal names it
         if reduction == "max":
             result = collectives.all_reduce_max(leaf.contiguous())
         else:
             result = collectives.all_reduce_sum(leaf.contiguous())
-        if reduction == "mean":
-            result = result / collectives.num_processes
+        if reduction == "mean" and collectives.num_processes > 1:
+            result /= collectives.num_processes
         return result * scale if scale != 1.0 else result
 
-    return apply_to_leaves(reduce_one, tensor)
+    return recursively_apply(_reduce_across_processes, tensor, error_on_other_type=True)
 
 
+@verify_operation
 def broadcast(tensor: Any, from_process: int = 0) -> Any:
     """Give every process the tensors of process `from_process`.
 
     Rule: each tensor of the nested structure is overwritten in place with
     rank `from_process`'s and returned; shapes and dtypes must agree across
-    ranks; `from_process` outside 0..num_processes-1 is a ValueError;
-    non-tensor leaves are a TypeError.
+    ranks. On one process the input comes back as it is, whatever it holds
+    and whatever `from_process`; on several, a non-tensor leaf is a TypeError
+    naming `_gpu_broadcast_one` and a `from_process` that is no rank is the
+    backend's error (HF 1.15).
     Catalog: broadcast.from_process, debug.shape_mismatch.
     """
-    collectives = _tensor_collectives(tensor, "broadcast", same_shapes=True)
-    _check_process_index(from_process, collectives)
+    collectives = _collectives()
+    if collectives.num_processes == 1:
+        return tensor
 
-    def broadcast_one(leaf: torch.Tensor) -> torch.Tensor:
+    def _gpu_broadcast_one(leaf: torch.Tensor) -> torch.Tensor:  # HF's name: its refusal names it
         buffer = leaf.contiguous()
         collectives.broadcast(buffer, from_process)
         if buffer is not leaf:
             leaf.copy_(buffer)
         return leaf
 
-    return apply_to_leaves(broadcast_one, tensor)
+    return recursively_apply(_gpu_broadcast_one, tensor, error_on_other_type=True)
 
 
 def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list[Any]:
     """Replace the items of `object_list` in place with those of process `from_process`.
 
     Rule: the list is modified in place and returned; it must have the same
-    length on every rank; `from_process` outside 0..num_processes-1 is a
-    ValueError. Catalog: broadcast_object_list.in_place.
+    length on every rank; a `from_process` that is no rank is the backend's
+    error on several processes and ignored on one (HF 1.15).
+    Catalog: broadcast_object_list.in_place.
     """
-    from ..state import PartialState
-
-    collectives = collectives_for(PartialState())
-    _check_process_index(from_process, collectives)
-    collectives.broadcast_object_list(object_list, from_process)
+    collectives = _collectives()
+    if collectives.num_processes > 1:
+        collectives.broadcast_object_list(object_list, from_process)
     return object_list
 
 
@@ -281,17 +277,19 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
     `pad_index`, at the end, or at the start with `pad_first`; a tensor
     already at the largest size is returned as it is, and so is one with no
     dimension `dim` (e.g. 0-d), and a nested tensor (with a
-    `CannotPadNestedTensorWarning`). Lists/tuples/dicts are padded leaf by leaf;
-    non-tensor leaves are a TypeError. Rank r holding `arange(r + 1)` on 2
+    `CannotPadNestedTensorWarning`). The padded tensor is
+    `new_zeros(...) + pad_index`, so its dtype is the one torch promotes to
+    (a bool tensor pads to int64, an int tensor with a float `pad_index` to
+    float), as in HF 1.15. Lists/tuples/dicts are padded leaf by leaf; a
+    non-tensor leaf is a TypeError naming `_pad_across_processes` (HF's
+    words). Rank r holding `arange(r + 1)` on 2
     ranks gives shape [2] everywhere. Each leaf's shape travels by `gather`,
     so in debug mode leaves whose number of dimensions differs across ranks
     raise DistributedOperationException, re-raised naming
     `pad_across_processes` (HF 1.15).
     Catalog: pad.doc_example, pad.pad_first_index_dim, debug.shape_mismatch.
     """
-    _tensor_collectives(tensor, "pad_across_processes", same_shapes=False)
-
-    def pad_one(leaf: torch.Tensor) -> torch.Tensor:
+    def _pad_across_processes(leaf: torch.Tensor) -> torch.Tensor:  # HF's name: its refusal names it
         if getattr(leaf, "is_nested", False):
             warnings.warn("Cannot pad nested tensors without more information. Leaving unprocessed.",
                           CannotPadNestedTensorWarning)
@@ -305,11 +303,11 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
             return leaf
         shape = list(leaf.shape)
         shape[axis] = largest
-        padded = leaf.new_full(shape, pad_index)
+        padded = leaf.new_zeros(shape) + pad_index
         padded.narrow(axis, largest - size if pad_first else 0, size).copy_(leaf)
         return padded
 
-    return apply_to_leaves(pad_one, tensor)
+    return recursively_apply(_pad_across_processes, tensor, error_on_other_type=True)
 
 
 def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:

@@ -27,6 +27,12 @@ def is_torch_tensor(tensor: Any) -> bool:
     return isinstance(tensor, torch.Tensor)
 
 
+def is_torch_xpu_tensor(tensor: Any) -> bool:
+    """True for a tensor on an Intel XPU. (HF 1.15's version calls `isinstance` with eight arguments and so
+    always fails: DIFFERENTIAL.toml.)"""
+    return isinstance(tensor, torch.Tensor) and tensor.device.type == "xpu"
+
+
 def is_tensor_information(tensor_info: Any) -> bool:
     """True for a `TensorInformation`. Catalog: ops.recursively_apply."""
     return isinstance(tensor_info, TensorInformation)
@@ -66,13 +72,13 @@ def apply_to_leaves(
     kwargs: Optional[dict[str, Any]] = None,
     test_type: Callable[[Any], bool] = is_torch_tensor,
     reject_others_in: Optional[str] = None,
-    path: Path = (),
+    path: Optional[Path] = (),
 ) -> Any:
     """Engine of `recursively_apply`, which also knows where it is in `data`.
 
     `reject_others_in` names the operation to blame when a leaf fails
-    `test_type` (TypeError naming the leaf's type and path); None leaves such
-    leaves unchanged.
+    `test_type` (TypeError naming the leaf's type, and its path unless `path`
+    is None); None leaves such leaves unchanged.
     Catalog: ops.recursively_apply, gather.nested.
     """
     kwargs = kwargs or {}
@@ -80,25 +86,30 @@ def apply_to_leaves(
         return honor_type(
             data,
             (
-                apply_to_leaves(func, item, args, kwargs, test_type, reject_others_in, path + (index,))
+                apply_to_leaves(func, item, args, kwargs, test_type, reject_others_in, _down(path, index))
                 for index, item in enumerate(data)
             ),
         )
     if isinstance(data, Mapping):
         return type(data)(
             {
-                key: apply_to_leaves(func, value, args, kwargs, test_type, reject_others_in, path + (key,))
+                key: apply_to_leaves(func, value, args, kwargs, test_type, reject_others_in, _down(path, key))
                 for key, value in data.items()
             }
         )
     if test_type(data):
         return func(data, *args, **kwargs)
     if reject_others_in is not None:
+        where = "" if path is None else f" at {format_path(path)}"
         raise TypeError(
-            f"Unsupported types ({type(data)}) passed to `{reject_others_in}` at {format_path(path)}. Only nested "
+            f"Unsupported types ({type(data)}) passed to `{reject_others_in}`{where}. Only nested "
             f"list/tuple/dicts of objects that are valid for `{test_type.__name__}` should be passed."  # HF's words
         )
     return data
+
+
+def _down(path: Optional[Path], key: Any) -> Optional[Path]:
+    return None if path is None else path + (key,)
 
 
 def recursively_apply(
@@ -114,11 +125,13 @@ def recursively_apply(
     Rule: lists, tuples (namedtuples included) and mappings are rebuilt with
     the same type and keys; leaves `test_type` rejects are returned as they
     are, or, with `error_on_other_type=True`, raise a TypeError naming the
-    leaf's type and its path in `data`.
+    leaf's type and `func` (HF 1.15's words; a `func` without a `__name__`,
+    e.g. a `functools.partial`, is named by its repr, where HF's message
+    fails with an AttributeError: DIFFERENTIAL.toml).
     Catalog: ops.recursively_apply.
     """
     reject_others_in = getattr(func, "__name__", repr(func)) if error_on_other_type else None
-    return apply_to_leaves(func, data, args, kwargs, test_type, reject_others_in)
+    return apply_to_leaves(func, data, args, kwargs, test_type, reject_others_in, path=None)
 
 
 def send_to_device(
@@ -133,14 +146,22 @@ def send_to_device(
     themselves) is moved with `.to(device, non_blocking=...)` (plain
     `.to(device)` when it does not take `non_blocking`); lists, tuples and
     dicts are rebuilt; values under a key in `skip_keys` (at any depth) stay
-    where they are; other leaves are returned untouched.
+    where they are; other leaves are returned untouched. As in HF 1.15,
+    `"npu"` means `"npu:0"`, and an integer device that a `.to` refuses with
+    an AssertionError (torch_npu's) is retried as `"npu:<index>"` where an NPU
+    is available.
     Catalog: ops.send_to_device, data.device_placement.
     """
     if hasattr(tensor, "to"):
+        device = "npu:0" if device == "npu" else device
         try:
-            return tensor.to(device, non_blocking=non_blocking)
-        except TypeError:  # a `.to` without `non_blocking`
-            return tensor.to(device)
+            return _move(tensor, device, non_blocking)
+        except AssertionError:
+            from .imports import is_npu_available
+
+            if not (isinstance(device, int) and is_npu_available()):
+                raise
+            return _move(tensor, f"npu:{device}", non_blocking)
     if isinstance(tensor, (list, tuple)):
         return honor_type(tensor, (send_to_device(item, device, non_blocking, skip_keys) for item in tensor))
     if isinstance(tensor, Mapping):
@@ -152,6 +173,13 @@ def send_to_device(
             }
         )
     return tensor
+
+
+def _move(movable: Any, device: Any, non_blocking: bool) -> Any:
+    try:
+        return movable.to(device, non_blocking=non_blocking)
+    except TypeError:  # a `.to` without `non_blocking`
+        return movable.to(device)
 
 
 def get_data_structure(data: Any) -> Any:
@@ -185,16 +213,16 @@ def find_batch_size(data: Any) -> int:
     """The size of dim 0 of the first tensor found (depth first) in `data`.
 
     Rule: an empty list/tuple/dict is a ValueError; a non-tensor leaf where
-    the first tensor is expected is a TypeError naming its type.
+    the first tensor is expected is a TypeError naming its type (HF 1.15's words).
     Catalog: gather_for_metrics.doc_example.
     """
     if isinstance(data, (list, tuple, Mapping)):
         if len(data) == 0:
-            raise ValueError(f"Cannot find the batch size of an empty {type(data).__name__}.")
+            raise ValueError(f"Cannot find the batch size from empty {type(data)}.")
         first = next(iter(data.values())) if isinstance(data, Mapping) else data[0]
         return find_batch_size(first)
     if not isinstance(data, torch.Tensor):
-        raise TypeError(f"Can only find the batch size of tensors, got {type(data).__name__}.")
+        raise TypeError(f"Can only find the batch size of tensors but got {type(data)}.")
     return data.shape[0]
 
 
@@ -254,8 +282,9 @@ def concatenate(data: Sequence[Any], dim: int = 0) -> Any:
     """Concatenate a list of same-structured nested tensors along `dim`, leaf by leaf.
 
     Rule: `data[0]` gives the structure (lists, tuples, dicts); tensors are
-    joined with `torch.cat`; a one-item list of a non-tensor is returned as
-    that item; any other leaf is a TypeError naming its type.
+    joined with `torch.cat`; a one-item list or tuple of a non-tensor is
+    returned as that item; any other leaf is a TypeError naming its type
+    (HF 1.15's words).
     Catalog: ops.concatenate.
     """
     first = data[0]
@@ -265,9 +294,9 @@ def concatenate(data: Sequence[Any], dim: int = 0) -> Any:
         return type(first)({key: concatenate([item[key] for item in data], dim=dim) for key in first})
     if isinstance(first, torch.Tensor):
         return torch.cat(list(data), dim=dim)
-    if len(data) == 1:
+    if isinstance(data, (list, tuple)) and len(data) == 1:
         return first
-    raise TypeError(f"Can only concatenate tensors, got {type(first).__name__}.")
+    raise TypeError(f"Can only concatenate tensors but got {type(first)}")
 
 
 def pad_input_tensors(tensor: Any, batch_size: int, num_processes: int, dim: int = 0) -> Any:
@@ -282,7 +311,7 @@ def pad_input_tensors(tensor: Any, batch_size: int, num_processes: int, dim: int
     """
     target = -(-batch_size // num_processes) * num_processes
 
-    def pad_one(leaf: torch.Tensor) -> torch.Tensor:
+    def _pad_input_tensors(leaf: torch.Tensor) -> torch.Tensor:  # HF's name: its refusal names it
         size = leaf.shape[dim]
         if size >= target:
             return leaf
@@ -291,7 +320,7 @@ def pad_input_tensors(tensor: Any, batch_size: int, num_processes: int, dim: int
         last = leaf.narrow(dim, size - 1, 1)
         return torch.cat([leaf, last.repeat_interleave(target - size, dim=dim)], dim=dim)
 
-    return recursively_apply(pad_one, tensor, error_on_other_type=True)
+    return recursively_apply(_pad_input_tensors, tensor, error_on_other_type=True)
 
 
 def _is_half_precision(value: Any) -> bool:
@@ -324,8 +353,8 @@ class ConvertOutputsToFp32:
 
     def __getstate__(self) -> None:
         raise pickle.PicklingError(
-            "Cannot pickle a model whose forward converts outputs to fp32 (mixed precision); "
-            "unwrap it with `Accelerator.unwrap_model(model)` before pickling."
+            "Cannot pickle a prepared model with automatic mixed precision, please unwrap the model with "
+            "`Accelerator.unwrap_model(model)` before pickling it."
         )
 
 
