@@ -202,12 +202,11 @@ def prune(folder: str, total_limit: int, token: str) -> None:
 def resolve(path: str) -> str:
     """The checkpoint to load for ``path``: ``path`` itself, or, if a replacement was interrupted, the one set aside.
 
-    A missing checkpoint (or a file) is a CheckpointError naming ``path``. Catalog: save_state.roundtrip.
+    A missing folder (a file too) is HF 1.15's ValueError "Tried to find <path> but folder does not exist".
+    Catalog: save_state.roundtrip.
     """
     if os.path.isdir(path):
         return path
-    if os.path.exists(path):
-        raise CheckpointError(f"{path} is a file, not a checkpoint folder")
     parent, name = os.path.split(os.path.abspath(path))
     if os.path.isdir(parent):
         aside = [
@@ -218,7 +217,7 @@ def resolve(path: str) -> str:
         complete = [candidate for candidate in aside if is_published(candidate)]
         if complete:
             return max(complete, key=os.path.getmtime)
-    raise CheckpointError(f"Tried to find {path} but folder does not exist")  # HF's words
+    raise ValueError(f"Tried to find {path} but folder does not exist")  # HF's words
 
 
 def _reads_whole(path: str) -> bool:

@@ -56,11 +56,15 @@ from .utils.deepspeed import (
     save_engine_checkpoint,
 )
 from .utils.constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
-from .utils.modeling import shard_checkpoint
+from .logging import get_logger
+from .utils.modeling import get_state_dict_offloaded_model, has_offloaded_params, shard_checkpoint
 from .utils.operations import broadcast_object_list, gather_object
-from .utils.serialization import save, write_atomically
+from .utils.other import get_pretty_name
+from .utils.serialization import clean_state_dict_for_safetensors, save, write_atomically
 
 PathLike = Union[str, os.PathLike]
+#: These methods are HF's `Accelerator`'s: they log under its module, accelerate.accelerator.
+_LOGGER_NAME = __name__.rpartition(".")[0] + ".accelerator"
 
 
 class CheckpointingMixin:
@@ -142,17 +146,26 @@ class CheckpointingMixin:
         file atomically, the index last, and only then removes weights
         files of an earlier save of the same kind that the new one does not
         use. Loadable with `load_checkpoint_in_model` or ``load_state_dict``
-        on the bare class. ``save_directory`` being a file, or weights on
-        the meta device, is an error before anything is written.
+        on the bare class. With safetensors, tied weights are stored once
+        (`clean_state_dict_for_safetensors`, which logs the names it drops).
+        As in HF 1.15, a ``save_directory`` that is a file is logged at ERROR
+        (main process) and nothing is saved, and a model with parameters on
+        the meta device is a RuntimeError, both before anything is written;
+        a model with offloaded parameters is saved from its offload.
         Catalog: save_model.default, save_model.sharded, save_model.reload.
         """
         directory = os.fspath(save_directory)
         if os.path.isfile(directory):
-            raise NotADirectoryError(f"save_model needs a directory, and {directory} is a file")
-        state_dict = self.get_state_dict(model)
-        on_meta = [name for name, tensor in state_dict.items() if tensor.device.type == "meta"]
-        if on_meta:
-            raise RuntimeError(f"cannot save weights that are on the meta device (no data): {on_meta}")
+            get_logger(_LOGGER_NAME).error(f"Provided path ({directory}) should be a directory, not a file")
+            return
+        if any(has_offloaded_params(module) for module in model.modules()):
+            state_dict = get_state_dict_offloaded_model(model)
+        else:
+            if any(parameter.device.type == "meta" for parameter in model.parameters()):
+                raise RuntimeError("You can't save the model since some parameters are on the meta device.")
+            state_dict = self.get_state_dict(model)
+        if safe_serialization:
+            state_dict = clean_state_dict_for_safetensors(state_dict)
         weights_name, index_name = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME) if safe_serialization else (WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
         shards, index = shard_checkpoint(state_dict, max_shard_size, weights_name)
         if not self._writes_shared_files:
@@ -170,21 +183,20 @@ class CheckpointingMixin:
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Save and restore ``objects`` with `save_state` / `load_state` (as ``custom_checkpoint_<i>.pkl``).
 
-        Rule: every object needs ``state_dict`` and ``load_state_dict``; if
-        one lacks them a ValueError names each such object and none is
-        registered. Objects are numbered in the order they were registered,
-        and a checkpoint must be loaded with the same objects registered.
+        Rule: every object needs ``state_dict`` and ``load_state_dict``
+        attributes; if one lacks them a ValueError lists each such object
+        (``Item at index <i>``, numbered among the invalid ones, with its
+        `get_pretty_name`, as HF 1.15 words it) and none is registered.
+        Objects are numbered in the order they were registered, and a
+        checkpoint must be loaded with the same objects registered.
         Catalog: register_for_checkpointing.
         """
-        invalid = [
-            f"\n\t- Item at index {i}, `{type(obj).__qualname__}`"
-            for i, obj in enumerate(objects)
-            if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)))
-        ]
-        if invalid:  # HF's wording (which numbers the invalid items among themselves; here: among the arguments)
+        invalid = [obj for obj in objects if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"))]
+        if invalid:
             raise ValueError(
                 "All `objects` must include a `state_dict` and `load_state_dict` function to be stored. "
-                "The following inputs are invalid:" + "".join(invalid)
+                "The following inputs are invalid:"
+                + "".join(f"\n\t- Item at index {index}, `{get_pretty_name(obj)}`" for index, obj in enumerate(invalid))
             )
         self._custom_objects.extend(objects)
 
@@ -250,10 +262,9 @@ class CheckpointingMixin:
                 raise ValueError("automatic_checkpoint_naming needs a project_dir in the ProjectConfiguration")
             target = os.path.join(config.project_dir, store.CHECKPOINTS_FOLDER, f"checkpoint_{self.save_iteration}")
             if os.path.exists(target):
-                raise store.CheckpointError(  # HF's words, then how to continue
+                raise ValueError(  # HF's words
                     f"Checkpoint directory {target} ({self.save_iteration}) already exists. Please manually override "
-                    "`self.save_iteration` with what iteration to start with (project_configuration.iteration; "
-                    "load_state() sets it)."
+                    "`self.save_iteration` with what iteration to start with."
                 )
             return target
         if output_dir is None:
@@ -396,7 +407,7 @@ class CheckpointingMixin:
                 raise store.CheckpointError(f"no complete checkpoint to load in {folder}")
             directory = published[-1][1]
         else:
-            raise ValueError("load_state needs an input_dir unless ProjectConfiguration(automatic_checkpoint_naming=True)")
+            raise ValueError("No input_dir provided and automatic checkpoint naming is disabled.")  # HF's words
         return directory
 
     def load_state(self, input_dir: Optional[PathLike] = None, load_kwargs: Optional[dict[str, Any]] = None, **load_model_func_kwargs: Any) -> None:

@@ -13,6 +13,7 @@ import json
 import os
 import random
 import warnings
+from collections import OrderedDict
 
 import numpy as np
 import pytest
@@ -97,13 +98,17 @@ def test_save_round_trips_and_loading_runs_no_code(tmp_path):
     assert load(tmp_path / "object.pkl", weights_only=False)["counter"].value == 3
 
 
-def test_safe_serialization_stores_tied_tensors_once(tmp_path):
+def test_safe_serialization_stores_tied_tensors_once(tmp_path, caplog):
     fresh()
     shared = torch.arange(4.0)
-    with pytest.warns(UserWarning, match="tied"):
-        save({"embed": shared, "tied": shared, "other": torch.ones(2)}, tmp_path / "w.safetensors", safe_serialization=True)
+    state_dict = OrderedDict(embed=shared, tied=shared, other=torch.ones(2))
+    save(state_dict, tmp_path / "w.safetensors", safe_serialization=True)
     assert sorted(load_file(tmp_path / "w.safetensors")) == ["embed", "other"]
-    with pytest.raises(TypeError, match="dict of tensors"):
+    assert list(state_dict) == ["embed", "other"], "the aliases leave the state dict itself, as in HF 1.15"
+    assert "Removed shared tensor {'tied'} while saving" in caplog.text
+    with pytest.raises(RuntimeError, match="Some tensors share memory"):  # only an OrderedDict is cleaned
+        save({"embed": shared, "tied": shared}, tmp_path / "d.safetensors", safe_serialization=True)
+    with pytest.raises(ValueError, match="Expected a dict of \\[str, torch.Tensor\\]"):
         save([1, 2], tmp_path / "list.safetensors", safe_serialization=True)
 
 
@@ -163,14 +168,14 @@ def test_save_model_single_sharded_and_stale_files(tmp_path):
     assert "config.json" in os.listdir(tmp_path), "files that are not weights stay"
 
 
-def test_save_model_refuses_a_file_and_meta_weights(tmp_path):
+def test_save_model_refuses_a_file_and_meta_weights(tmp_path, caplog):
     acc = fresh()
     (tmp_path / "file").write_text("x")
-    with pytest.raises(NotADirectoryError, match="file"):
-        acc.save_model(net(), tmp_path / "file")
+    assert acc.save_model(net(), tmp_path / "file") is None  # HF 1.15 logs and returns
+    assert f"Provided path ({tmp_path / 'file'}) should be a directory, not a file" in caplog.text
     with torch.device("meta"):
         ghost = Net()
-    with pytest.raises(RuntimeError, match="meta"):
+    with pytest.raises(RuntimeError, match="You can't save the model since some parameters are on the meta device."):
         acc.save_model(ghost, tmp_path / "ghost")
     assert not (tmp_path / "ghost").exists()
 
@@ -349,7 +354,7 @@ def test_automatic_naming_total_limit_and_resuming_the_count(tmp_path):
     acc.save_state()
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["checkpoint_3", "checkpoint_4"]
     acc.project_configuration.iteration = 3
-    with pytest.raises(CheckpointError, match=r"checkpoint_3 \(3\) already exists"):
+    with pytest.raises(ValueError, match=r"checkpoint_3 \(3\) already exists"):
         acc.save_state()
     with pytest.raises(ValueError, match="project_dir"):
         fresh(project_config=ProjectConfiguration(automatic_checkpoint_naming=True)).save_state()
@@ -372,9 +377,9 @@ def test_no_checkpoint_to_load(tmp_path):
     acc, _ = automatic(tmp_path)
     with pytest.raises(CheckpointError, match="no complete checkpoint"):
         acc.load_state()
-    with pytest.raises(CheckpointError, match="missing_dir"):
+    with pytest.raises(ValueError, match="Tried to find .*missing_dir but folder does not exist"):
         acc.load_state(tmp_path / "missing_dir")
-    with pytest.raises(ValueError, match="input_dir"):
+    with pytest.raises(ValueError, match="No input_dir provided"):
         fresh().load_state()
     with pytest.raises(ValueError, match="output_dir"):
         fresh().save_state()
@@ -462,7 +467,7 @@ def test_bad_checkpoints_are_named(tmp_path):
 
 def test_registered_objects_and_code_in_files(tmp_path):
     acc = fresh()
-    with pytest.raises(ValueError, match=r"(?s)Item at index 0, `object`.*Item at index 2, `int`"):
+    with pytest.raises(ValueError, match=r"(?s)Item at index 0, `object`.*Item at index 1, `int`"):
         acc.register_for_checkpointing(object(), Counter(), 5)
     assert acc._custom_objects == [], "nothing is registered when one object is invalid"
 

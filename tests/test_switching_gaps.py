@@ -56,7 +56,7 @@ def test_register_for_checkpointing_error_is_hfs_and_names_the_index() -> None:
     good = torch.nn.Linear(1, 1)
     with pytest.raises(ValueError, match=r"All `objects` must include a `state_dict` and `load_state_dict`") as error:
         accelerator.register_for_checkpointing(good, object())
-    assert "Item at index 1, `object`" in str(error.value)
+    assert "Item at index 0, `object`" in str(error.value)  # HF 1.15 numbers the invalid objects among themselves
 
 
 def test_changing_mixed_precision_after_initialisation_gives_hfs_message() -> None:

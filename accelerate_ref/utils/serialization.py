@@ -18,14 +18,17 @@ save_state.roundtrip.
 
 from __future__ import annotations
 
+import collections
 import os
 import tempfile
-import warnings
+from collections import OrderedDict
 from typing import IO, Any, Callable, Union
 
 import torch
 
 PathOrFile = Union[str, os.PathLike, IO[bytes]]
+#: HF 1.15 logs the removal of aliased tensors under its module accelerate.utils.other.
+_LOGGER_NAME = __name__.rpartition(".")[0] + ".other"
 
 
 def fsync_directory(path: Union[str, os.PathLike]) -> None:
@@ -63,37 +66,46 @@ def write_atomically(path: Union[str, os.PathLike], write: Callable[[IO[bytes]],
 def clean_state_dict_for_safetensors(state_dict: dict[str, Any]) -> dict[str, Any]:
     """``state_dict`` as safetensors can store it: tensors sharing storage kept once (the first key), all contiguous.
 
-    Tied weights (an embedding shared with the output layer) share one
-    storage; safetensors refuses aliases, and loading the first key
-    restores the tie. Catalog: save_model.default.
+    Rules (HF 1.15's): tied weights (an embedding shared with the output
+    layer) share one storage, which safetensors refuses; every later name
+    of a shared storage is deleted from ``state_dict`` itself, and the
+    main process logs ``Removed shared tensor {names} while saving. ...``
+    (a set of the names) at WARNING on ``accelerate.utils.other``. String
+    values (bitsandbytes' quantisation state) are kept as they are. The
+    result is a new dict whose tensors are contiguous. Catalog:
+    save_model.default.
     """
-    kept: dict[str, Any] = {}
-    seen: set[tuple[torch.device, int, int]] = set()
-    dropped = []
+    from ..logging import get_logger
+    from .module_sizes import id_tensor_storage
+
+    names_by_storage: dict[tuple[torch.device, int, int], list[str]] = collections.defaultdict(list)
     for name, tensor in state_dict.items():
-        if isinstance(tensor, torch.Tensor):
-            storage = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.untyped_storage().nbytes())
-            if storage in seen and tensor.device.type != "meta":
-                dropped.append(name)
-                continue
-            seen.add(storage)
-            tensor = tensor.contiguous()
-        kept[name] = tensor
-    if dropped:
-        warnings.warn(f"tensors sharing storage with an earlier one were stored once, without the keys {dropped}")
-    return kept
+        if not isinstance(tensor, str):
+            names_by_storage[id_tensor_storage(tensor)].append(name)
+    removed = {name for names in names_by_storage.values() for name in names[1:]}
+    for name in removed:
+        del state_dict[name]
+    if removed:
+        get_logger(_LOGGER_NAME).warning(
+            f"Removed shared tensor {removed} while saving. This should be OK, but check by verifying that you "
+            "don't receive any warning while reloading"
+        )
+    return {name: value.contiguous() if isinstance(value, torch.Tensor) else value
+            for name, value in state_dict.items()}
 
 
 def _safetensors_bytes(obj: Any) -> bytes:
+    """``obj`` in safetensors' format; safetensors' own errors (a non-dict, a non-tensor value, shared memory) escape."""
     from safetensors.torch import save as safetensors_save
 
-    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise TypeError(
-            f"safe_serialization=True stores a dict of tensors (a state dict), got {type(obj).__name__}; "
-            "save anything else with safe_serialization=False"
-        )
-    tensors = {name: tensor.detach().cpu() for name, tensor in clean_state_dict_for_safetensors(obj).items()}
-    return safetensors_save(tensors, metadata={"format": "pt"})
+    return safetensors_save(obj, metadata={"format": "pt"})
+
+
+def _check_parent_directory(f: Union[str, os.PathLike]) -> None:
+    """torch.save's refusal of a path whose folder is missing, raised before any temporary file is made."""
+    directory = os.path.dirname(os.fspath(f))
+    if directory and not os.path.isdir(directory):
+        raise RuntimeError(f"Parent directory {directory} does not exist.")
 
 
 def write_object(obj: Any, f: PathOrFile, safe_serialization: bool = False) -> None:
@@ -107,6 +119,8 @@ def write_object(obj: Any, f: PathOrFile, safe_serialization: bool = False) -> N
     else:
         write = lambda stream: torch.save(obj, stream)  # noqa: E731
     if isinstance(f, (str, os.PathLike)):
+        if not safe_serialization:
+            _check_parent_directory(f)
         write_atomically(f, write)
     else:
         write(f)
@@ -118,14 +132,20 @@ def save(obj: Any, f: PathOrFile, save_on_each_node: bool = False, safe_serializ
     Rules: in place of ``torch.save``; only the main process writes (with
     ``save_on_each_node``, the local main process of every machine, for
     machines that do not share a file system); ``safe_serialization``
-    writes a dict of tensors with safetensors (aliased tensors stored once)
-    instead of pickle. A path is replaced atomically, so a failed or
-    interrupted save leaves the previous file whole. Nothing is returned
-    and no process waits for the others.
+    writes with safetensors instead of pickle, and an ``OrderedDict`` (a
+    state dict) is first cleaned of aliases on every process
+    (`clean_state_dict_for_safetensors`, which edits it); anything else
+    goes to safetensors as it is, whose errors (a non-dict, a non-tensor
+    value, tensors sharing memory) the writing process raises, as in HF
+    1.15. A path is replaced atomically, so a failed or interrupted save
+    leaves the previous file whole. Nothing is returned and no process
+    waits for the others.
     Catalog: save.once_per_machine, save.array_example.
     """
     from ..state import PartialState
 
+    if safe_serialization and isinstance(obj, OrderedDict):
+        obj = clean_state_dict_for_safetensors(obj)
     state = PartialState()
     if state.is_local_main_process if save_on_each_node else state.is_main_process:
         write_object(obj, f, safe_serialization=safe_serialization)
