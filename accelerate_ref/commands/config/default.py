@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import os
+from pathlib import Path
 
 import torch
 
+from ...utils.imports import (
+    is_hpu_available,
+    is_mlu_available,
+    is_musa_available,
+    is_neuron_available,
+    is_npu_available,
+    is_sdaa_available,
+    is_xpu_available,
+)
 from .config_args import ClusterConfig, current_default_config_file, default_json_config_file
 from .config_utils import SubcommandHelpFormatter
 
@@ -15,33 +24,61 @@ PRECISIONS = ("no", "fp16", "bf16", "fp8")
 description = "Create a default config file for Accelerate with only a few flags set."
 
 
-def write_basic_config(mixed_precision="no", save_location: str = default_json_config_file):
-    """Write a one-machine config for the accelerators found here (all CUDA devices, else the CPU).
+#: The accelerators ``write_basic_config`` looks for, in HF 1.15's order: (torch module, availability, distributed type).
+_ACCELERATORS = (
+    ("mlu", is_mlu_available, "MULTI_MLU"),
+    ("sdaa", is_sdaa_available, "MULTI_SDAA"),
+    ("musa", is_musa_available, "MULTI_MUSA"),
+    ("hpu", is_hpu_available, "MULTI_HPU"),
+    ("cuda", lambda: torch.cuda.is_available(), "MULTI_GPU"),
+    ("xpu", is_xpu_available, "MULTI_XPU"),
+    ("npu", is_npu_available, "MULTI_NPU"),
+    ("neuron", is_neuron_available, "MULTI_NEURON"),
+)
 
-    Refuses to overwrite: when ``save_location`` exists it says so and returns False. Otherwise it
-    creates the folder and returns the path written. ``mixed_precision`` must be one of ``no``,
-    ``fp16``, ``bf16``, ``fp8``. The default ``save_location`` is fixed when the module is imported,
-    as in 🤗 Accelerate (``config default`` applies the location rule when it runs).
+
+def _devices() -> dict:
+    """``num_processes``, ``use_cpu`` and ``distributed_type`` for every device of the first accelerator found, else the CPU."""
+    for module, available, multi in _ACCELERATORS:
+        if available():
+            count = getattr(torch, module).device_count()
+            return {"num_processes": count, "use_cpu": False, "distributed_type": multi if count > 1 else "NO"}
+    return {"use_cpu": True, "num_processes": 1, "distributed_type": "NO"}
+
+
+def write_basic_config(mixed_precision="no", save_location: str = default_json_config_file):
+    """Write a one-machine config for the accelerators found here (every device of the first kind found, else the CPU).
+
+    Rules (HF 1.15's): refuses to overwrite: when ``save_location`` exists it prints
+    ``Configuration already exists at <save_location>, will not override. ...`` and returns False
+    (its folder is created first, either way). ``mixed_precision`` (any case) must be one of ``no``,
+    ``fp16``, ``bf16``, ``fp8``, else a ValueError. The config is written as JSON whatever the file's
+    suffix (JSON is YAML too, so the launcher reads it back either way) and the `pathlib.Path`
+    written is returned. The default ``save_location`` is fixed when the module is imported, as in
+    🤗 Accelerate (``config default`` applies the location rule when it runs).
+    Catalog: config.write_basic_config.
     """
-    path = os.fspath(save_location)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    if os.path.exists(path):
-        print(f"Configuration already exists at {path}, will not override. Pass a different `save_location`.")
+    path = Path(save_location)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        print(
+            f"Configuration already exists at {save_location}, will not override. Run `accelerate config` manually "
+            "or pass a different `save_location`."
+        )
         return False
-    mixed_precision = str(mixed_precision).lower()
+    mixed_precision = mixed_precision.lower()
     if mixed_precision not in PRECISIONS:
-        raise ValueError(f"`mixed_precision` should be one of {', '.join(PRECISIONS)}; received {mixed_precision!r}")
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        raise ValueError(
+            f"`mixed_precision` should be one of 'no', 'fp16', 'bf16', or 'fp8'. Received {mixed_precision}"
+        )
     config = ClusterConfig(
         compute_environment="LOCAL_MACHINE",
-        distributed_type="MULTI_GPU" if gpus > 1 else "NO",
         mixed_precision=mixed_precision,
-        use_cpu=gpus == 0,
+        **_devices(),
         debug=False,
-        num_processes=max(gpus, 1),
         enable_cpu_affinity=False,
     )
-    config.to_yaml_file(path)
+    config.to_json_file(path)
     return path
 
 
