@@ -43,6 +43,10 @@ def patch_optimizer_step(accelerated_optimizer: Any, method: Callable[..., Any])
     return patched_step
 
 
+#: What the fp16 step keeps on the wrapper for itself, left out of its pickled state.
+_STEP_BOOKKEEPING = ("_accelerate_step_called", "_unscaled_step")
+
+
 class AcceleratedOptimizer(torch.optim.Optimizer):
     """Wraps the user's optimizer; `Accelerator.prepare` returns it in its place.
 
@@ -75,6 +79,10 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.accelerator_state = AcceleratorState()
         self.gradient_state = GradientState()
         self._is_overflow = False
+        if scaler is not None:
+            # The step the scaler calls, fixed here as HF 1.15 fixes it: an optimizer without one is refused
+            # now, and a step assigned to the optimizer later gives way to this one after each scaled step.
+            self._unscaled_step = optimizer.step
         if device_placement:
             placed = move_to_device(self.optimizer.state_dict(), self.accelerator_state.device)
             self.optimizer.load_state_dict(placed)
@@ -174,16 +182,12 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             self.optimizer.step(closure)
             return
         self._accelerate_step_called = False
-        own_step = self.optimizer.__dict__.get("step")
-        self.optimizer.step = patch_optimizer_step(self, self.optimizer.step)
+        self.optimizer.step = patch_optimizer_step(self, self._unscaled_step)
         try:
             self.scaler.step(self.optimizer, closure)  # positional: GradScaler refuses closure=...
             self.scaler.update()
         finally:
-            if own_step is None:
-                del self.optimizer.step
-            else:
-                self.optimizer.step = own_step
+            self.optimizer.step = self._unscaled_step
         self._is_overflow = not self._accelerate_step_called
         self._accelerate_step_called = False
 
@@ -199,13 +203,14 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     # optimizer's: pickle the wrapper's own attributes instead (the wrapped optimizer among them).
     def __getstate__(self) -> dict[str, Any]:
         """The wrapper's attributes but the step-tracking flag, so a prepared optimizer pickles (as HF's does)."""
-        return {key: value for key, value in self.__dict__.items() if key != "_accelerate_step_called"}
+        return {key: value for key, value in self.__dict__.items() if key not in _STEP_BOOKKEEPING}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        """Restore `__getstate__`'s attributes; with a scaler, the step-tracking flag starts False again.
+        """Restore `__getstate__`'s attributes; with a scaler, the step it calls is the restored optimizer's.
 
         Rule (HF 1.15): a state without ``scaler`` is refused (AttributeError).
         """
         self.__dict__.update(state)
         if self.scaler is not None:
             self._accelerate_step_called = False
+            self._unscaled_step = self.optimizer.step

@@ -128,6 +128,8 @@ def construct(api: Api) -> None:
     api.observe("not an optimizer", cls, "text")
     api.observe("an optimizer without state_dict, no device placement",
                 lambda: _summary(cls(SimpleNamespace(step=lambda: None), device_placement=False)))
+    api.observe("a scaler and an optimizer without step, no device placement",
+                lambda: _summary(cls(SimpleNamespace(), device_placement=False, scaler=torch.amp.GradScaler("cpu"))))
     moved = _model().to(accelerator.device)
     prepared = api.observe("prepare", accelerator.prepare, torch.optim.SGD(moved.parameters(), lr=0.1))
     if prepared is not None:
@@ -378,3 +380,15 @@ def fp16_skipped_step(api: Api) -> None:
     api.observe("step with a closure", optimizer.step, closure)
     api.record("after a closure step", {"skipped": optimizer.step_was_skipped, "weights": _weights(model)})
     api.observe("__getstate__ keys", lambda: sorted(optimizer.__getstate__()))
+    calls = []
+    original = optimizer.optimizer.step
+
+    def assigned_step(*args, **kwargs):
+        calls.append("assigned")
+        return original(*args, **kwargs)
+
+    optimizer.optimizer.step = assigned_step
+    optimizer.zero_grad()
+    accelerator.backward(_loss(model))
+    api.observe("step after assigning the wrapped optimizer's step", optimizer.step)
+    api.record("the assigned step's calls, and whether it is kept", [calls, optimizer.optimizer.step is assigned_step])
