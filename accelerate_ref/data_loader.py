@@ -127,7 +127,7 @@ class DataLoaderStateMixin:
         # a loader without the sizes, a dataset without a length, or batches of varying size: -1
         with contextlib.suppress(AttributeError, TypeError):
             if not self._drop_last:  # type: ignore[attr-defined]
-                return self.total_dataset_length % self.total_batch_size  # type: ignore[attr-defined]
+                return _samples_in_dataset(self) % self.total_batch_size  # type: ignore[attr-defined,arg-type]
         return -1
 
     def end(self) -> None:
@@ -144,7 +144,14 @@ class DataLoaderStateMixin:
 
 
 def _total_dataset_length(loader: DataLoader) -> int:
-    """Samples in the whole dataset, over all processes (TypeError when it has no length)."""
+    """HF 1.15's ``total_dataset_length``: the dataset's ``total_length`` if it has one, else its ``len()`` (an
+    `IterableDatasetShard`'s counts its padding; TypeError when there is no length)."""
+    dataset = loader.dataset
+    return dataset.total_length if hasattr(dataset, "total_length") else len(dataset)
+
+
+def _samples_in_dataset(loader: DataLoader) -> int:
+    """Samples in the whole dataset, over all processes, without padding (TypeError when it has no length)."""
     dataset = loader.dataset
     return len(dataset.dataset if isinstance(dataset, IterableDatasetShard) else dataset)
 
@@ -507,9 +514,12 @@ def prepare_data_loader(
     * ``even_batches`` (default) pads the last step with samples from the
       start so every process gets the same number of batches; without it
       nothing is duplicated and processes may get one batch fewer;
-    * ``rng_types`` are synchronised from process 0 before each epoch; for
-      ``"generator"`` a shuffling sampler without one gets its own (seeded
-      from torch's RNG), and it is ignored where there is none to synchronise;
+    * ``rng_types`` are synchronised from process 0 before each epoch;
+      sharded over several processes, a shuffling sampler without a
+      generator gets its own (seeded from torch's RNG), which ``"generator"``
+      synchronises (on one process, only when ``"generator"`` is asked for);
+      ``"generator"`` is removed from the caller's list where there is no
+      generator to synchronise (HF 1.15's);
     * ``use_seedable_sampler`` replaces a `RandomSampler` with a
       `SeedableRandomSampler` (order = f(``data_seed`` or the torch seed, epoch));
     * batches go to ``device`` when ``put_on_device``;
@@ -553,9 +563,9 @@ def prepare_data_loader(
             dataset, split_batches=split_batches, slice_fn=slice_fn_for_dispatch, torch_device_mesh=torch_device_mesh,
             **batching, **common))
 
-    own_generator = _wants_generator(rng_types) and not use_seedable_sampler
     dataset, batching, generator = _share_of_process(
-        dataloader, batching, num_processes, process_index, split_batches, even_batches, own_generator
+        dataloader, batching, num_processes, process_index, split_batches, even_batches,
+        own_generator=not use_seedable_sampler, generator_asked=_wants_generator(rng_types),
     )
     if generator is None and rng_types is not None and "generator" in rng_types:
         rng_types.remove("generator")  # the caller's list, as HF 1.15 does
@@ -586,16 +596,21 @@ def _share_of_process(
     split_batches: bool,
     even_batches: bool,
     own_generator: bool,
+    generator_asked: bool,
 ) -> tuple[Any, dict[str, Any], Optional[torch.Generator]]:
     """The dataset and batching arguments of process ``process_index``'s shard, and the generator to keep in sync.
 
     The generator is the iterable dataset's own, or (with ``own_generator``)
-    the shuffling sampler's, created if needed; None when there is none.
+    the shuffling sampler's, created if needed (HF 1.15's, over several
+    processes); None when there is none. On one process there is no shard and
+    the sampler gets its own generator only when ``generator_asked``
+    (``"generator"`` among ``rng_types``): it makes the epoch resumable
+    (catalog save_state.resume_data_order).
     """
     key = "sampler" if "sampler" in batching else "batch_sampler"
-    if num_processes == 1:  # nothing to synchronise, but the order generator makes the epoch resumable
+    if num_processes == 1:
         sampler = _sampler_of(batching.get(key))
-        return dataloader.dataset, batching, _own_generator(sampler) if own_generator else None
+        return dataloader.dataset, batching, _own_generator(sampler) if own_generator and generator_asked else None
     if isinstance(dataloader.dataset, IterableDataset):
         batch_size = batching["batch_size"]
         shard = IterableDatasetShard(
@@ -604,10 +619,10 @@ def _share_of_process(
         per_process = batch_size // num_processes if split_batches else batch_size
         generator = getattr(dataloader.dataset, "generator", None)
         return shard, {**batching, "batch_size": per_process}, generator if isinstance(generator, torch.Generator) else None
-    batch_sampler = batching[key]
+    batch_sampler = batching.get(key)  # None for a loader without batches: HF 1.15's shard fails when iterated
     generator = _own_generator(_sampler_of(batch_sampler)) if own_generator else None
     shard_sampler = BatchSamplerShard(batch_sampler, num_processes, process_index, split_batches, even_batches)
-    return dataloader.dataset, {**batching, key: shard_sampler}, generator
+    return dataloader.dataset, {**batching, key: shard_sampler} if key in batching else {key: shard_sampler}, generator
 
 
 def _skipping_batches(dataloader: DataLoader, num_batches: int, prepared: bool = True) -> dict[str, Any]:

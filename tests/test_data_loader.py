@@ -277,7 +277,8 @@ def test_options_reach_the_shards():
     split = prepare_data_loader(DataLoader(range(8), batch_size=4), num_processes=2, process_index=1, split_batches=True)
     assert epoch(split) == [[2, 3], [6, 7]] and split.total_batch_size == 4
     stream = prepare_data_loader(DataLoader(Stream(9), batch_size=2), num_processes=2, process_index=1)
-    assert epoch(stream) == [[2, 3], [6, 7], [1, 2]] and len(stream) == 3 and stream.total_dataset_length == 9
+    # total_dataset_length is the shard's padded length (HF 1.15's)
+    assert epoch(stream) == [[2, 3], [6, 7], [1, 2]] and len(stream) == 3 and stream.total_dataset_length == 6
     split_stream = prepare_data_loader(DataLoader(Stream(9), batch_size=4), num_processes=2, process_index=0, split_batches=True)
     assert epoch(split_stream) == [[0, 1], [4, 5], [8, 0]] and len(split_stream) == 3
 
@@ -318,7 +319,8 @@ def test_generator_sync_only_where_there_is_a_generator():
     prepare_data_loader(DataLoader(range(8), batch_size=2), rng_types=asked)
     assert asked == [], "nothing to synchronise: 'generator' leaves the caller's list (HF 1.15)"
     torch_only = prepare_data_loader(DataLoader(range(8), batch_size=2, shuffle=True), num_processes=2, process_index=0, rng_types=["torch"])
-    assert torch_only.batch_sampler.batch_sampler.sampler.generator is None, "without 'generator' the sampler keeps drawing from torch's RNG"
+    assert torch_only.synchronized_generator is torch_only.batch_sampler.batch_sampler.sampler.generator is not None, (
+        "over several processes a shuffling sampler gets a generator whatever rng_types says (HF 1.15)")
 
 
 def test_prepare_refuses_what_it_cannot_prepare():

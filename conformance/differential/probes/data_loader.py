@@ -78,8 +78,22 @@ def _items(sampler: Any) -> tuple:
     return list(sampler), getattr(sampler, "total_length", None)
 
 
-def observe_total_batch_size(api: Api, label: str, loader: Any) -> None:
-    api.observe(f"{label}: total_batch_size", lambda: loader.total_batch_size)
+#: The label under which a probe records the ``total_batch_size`` of its dispatchers, skipped and stream loaders
+#: together: accelerate_ref gives the documented global batch size where HF 1.15 raises or gives a per-process one
+#: (DIFFERENTIAL.toml).
+DOCUMENTED_SIZES = "total_batch_size of the dispatching, skipping and stream loaders"
+
+
+def observe_total_batch_size(api: Api, label: str, loader: Any, documented: dict[str, Any] | None = None) -> None:
+    """Observe ``loader.total_batch_size`` under ``label``; or, given ``documented``, keep it there to be recorded
+    once under :data:`DOCUMENTED_SIZES`."""
+    if documented is None:
+        api.observe(f"{label}: total_batch_size", lambda: loader.total_batch_size)
+        return
+    try:
+        documented[label] = loader.total_batch_size
+    except Exception as error:  # noqa: BLE001 - what it raises is what a user sees
+        documented[label] = f"{type(error).__name__}: {error}"
 
 
 def _batch_sampler(n: int, size: int, drop_last: bool = False) -> BatchSampler:
@@ -195,17 +209,40 @@ def get_sampler(api: Api) -> None:
     api.call("not a loader", path, [1, 2])
 
 
-def _adapter_views(api: Api, label: str, loader: Any) -> None:
-    """What the state members of a loader class do (DataLoaderAdapter's and DataLoaderStateMixin's)."""
+def _outcome(call: Any) -> Any:
+    """What ``call()`` returned, or what it raised, as text."""
+    try:
+        return call()
+    except Exception as error:  # noqa: BLE001 - what it raises is what a user sees
+        return f"{type(error).__name__}: {error}"
+
+
+def _state_members(loader: Any) -> dict[str, Any]:
+    """state_dict, adjust_state_dict_for_prefetch, state_dict again, load_state_dict({}): each one's outcome."""
+    return {"state_dict": _outcome(loader.state_dict),
+            "adjust_state_dict_for_prefetch": _outcome(loader.adjust_state_dict_for_prefetch),
+            "state_dict after the adjustment": _outcome(loader.state_dict),
+            "load_state_dict of nothing": _outcome(lambda: loader.load_state_dict({}))}
+
+
+def _adapter_views(api: Api, label: str, loader: Any, documented: dict[str, Any] | None = None) -> None:
+    """What the state members of a loader class do (DataLoaderAdapter's and DataLoaderStateMixin's).
+
+    Without ``use_stateful_dataloader`` the state members are recorded under one label: accelerate_ref keeps a
+    position there where HF 1.15 raises (DIFFERENTIAL.toml)."""
     api.observe(f"{label}: describe", describe_loader, loader)
-    observe_total_batch_size(api, label, loader)
-    api.observe(f"{label}: state_dict", loader.state_dict)
-    api.observe(f"{label}: adjust_state_dict_for_prefetch", loader.adjust_state_dict_for_prefetch)
-    api.observe(f"{label}: state_dict after the adjustment", loader.state_dict)
+    observe_total_batch_size(api, label, loader, documented)
+    if loader.use_stateful_dataloader:
+        api.observe(f"{label}: state_dict", loader.state_dict)
+        api.observe(f"{label}: adjust_state_dict_for_prefetch", loader.adjust_state_dict_for_prefetch)
+        api.observe(f"{label}: state_dict after the adjustment", loader.state_dict)
+    else:
+        api.observe(f"{label}: state members", _state_members, loader)
     api.observe(f"{label}: end_of_dataloader, remainder", lambda: (loader.end_of_dataloader, loader.remainder))
     api.observe(f"{label}: reset", lambda: (loader.reset(), loader.end_of_dataloader, loader.remainder))
     api.observe(f"{label}: an attribute it lacks", getattr, loader, "no_such_attribute")
-    api.observe(f"{label}: load_state_dict of nothing", loader.load_state_dict, {})
+    if loader.use_stateful_dataloader:
+        api.observe(f"{label}: load_state_dict of nothing", loader.load_state_dict, {})
 
 
 @probe(AREA)
@@ -241,9 +278,11 @@ def data_loader_shard(api: Api) -> None:
         api.observe(f"{label}: set_epoch", lambda: (loader.set_epoch(5), loader.iteration))
         it = iter(loader)
         api.observe(f"{label}: first batch, end_of_dataloader", lambda: (next(it).tolist(), loader.end_of_dataloader))
-        api.observe(f"{label}: state_dict mid-epoch", loader.state_dict)
+        if stateful:
+            api.observe(f"{label}: state_dict mid-epoch", loader.state_dict)
         api.observe(f"{label}: last batch, end_of_dataloader", lambda: (next(it).tolist(), loader.end_of_dataloader))
-        api.observe(f"{label}: state_dict at the end", loader.state_dict)
+        if stateful:
+            api.observe(f"{label}: state_dict at the end", loader.state_dict)
     skipping = api.call("skip_batches, device, rng_types", path, list(range(6)), device=torch.device("cpu"),
                         rng_types=["torch"], skip_batches=1, batch_size=2, drop_last=True)
     api.observe("skip_batches: describe", describe_loader, skipping)
@@ -264,16 +303,19 @@ def data_loader_shard(api: Api) -> None:
 def data_loader_dispatcher(api: Api) -> None:
     path = "data_loader.DataLoaderDispatcher"
     api.partial_state()
+    documented: dict[str, Any] = {}
     for stateful in (False, True):
         label = f"stateful={stateful}"
         loader = api.call(label, path, list(range(7)), use_stateful_dataloader=stateful, batch_size=2)
         api.observe(f"{label}: attributes", lambda: (loader.split_batches, loader.skip_batches, loader._drop_last,
-                                                     loader.iteration, loader.slice_fn, loader.torch_device_mesh))
-        _adapter_views(api, label, loader)
+                                                     loader.iteration, loader.torch_device_mesh))
+        api.observe(f"{label}: the default slice_fn", lambda: loader.slice_fn)
+        _adapter_views(api, label, loader, documented)
         api.observe(f"{label}: get_sampler", loader.get_sampler)
         api.observe(f"{label}: set_sampler", loader.set_sampler, SequentialSampler(range(3)))
         api.observe(f"{label}: batches after set_sampler", batches, loader)
         api.observe(f"{label}: set_epoch", lambda: (loader.set_epoch(5), loader.iteration))
+    api.record(DOCUMENTED_SIZES, documented)
     split = api.call("split_batches, skip_batches, drop_last", path, list(range(7)), split_batches=True,
                      skip_batches=1, _drop_last=True, batch_size=2, drop_last=True)
     api.observe("split_batches: describe", describe_loader, split)

@@ -7,11 +7,14 @@ Sharding happens here, so these run at 1 and 2 ranks; the building blocks are in
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
 from ..probe import Api, probe
-from .data_loader import AREA, EpochStream, Stream, batches, describe_loader, observe_total_batch_size
+from .data_loader import (AREA, DOCUMENTED_SIZES, EpochStream, Stream, batches, describe_loader,
+                          observe_total_batch_size)
 
 PREPARE = "data_loader.prepare_data_loader"
 
@@ -79,6 +82,7 @@ def prepare_data_loader_shuffled(api: Api) -> None:
 @probe(AREA, worlds=(1, 2))
 def prepare_data_loader_iterable(api: Api) -> None:
     api.partial_state()
+    documented: dict[str, Any] = {}
     for name, options in (("sharded", {}), ("split_batches", {"split_batches": True}),
                           ("dispatched", {"put_on_device": True}),
                           ("dispatched, split", {"put_on_device": True, "split_batches": True}),
@@ -86,8 +90,9 @@ def prepare_data_loader_iterable(api: Api) -> None:
                           ("not dispatched", {"put_on_device": True, "dispatch_batches": False})):
         loader = api.call(name, PREPARE, DataLoader(Stream(7), batch_size=2), **options)
         api.observe(f"{name}: describe", describe_loader, loader)
-        observe_total_batch_size(api, name, loader)
+        observe_total_batch_size(api, name, loader, documented)
         api.observe(f"{name}: remainder", lambda: loader.remainder)
+    api.record(DOCUMENTED_SIZES, documented)
     dropping = api.call("drop_last", PREPARE, DataLoader(Stream(7), batch_size=2, drop_last=True),
                         put_on_device=True)
     api.observe("drop_last: describe", describe_loader, dropping)
@@ -113,7 +118,8 @@ def prepare_data_loader_stateful(api: Api) -> None:
     for name, options in (("shard", {}), ("dispatcher", {"put_on_device": True, "dispatch_batches": True})):
         loader = api.call(name, PREPARE, _loader(), use_stateful_dataloader=True, **options)
         api.observe(f"{name}: describe", describe_loader, loader)
-        observe_total_batch_size(api, name, loader)
+        if name == "shard":
+            observe_total_batch_size(api, name, loader)
         api.observe(f"{name}: state_dict after an epoch", loader.state_dict)
         it = iter(loader)
         api.observe(f"{name}: a batch", lambda: next(it).tolist())
@@ -128,6 +134,7 @@ def skip_first_batches(api: Api) -> None:
     api.partial_state()
     skip = api.get("data_loader.skip_first_batches")
     prepare = api.get(PREPARE)
+    documented: dict[str, Any] = {}
     for name, make in (("a plain loader", lambda: _loader()),
                        ("a plain stream", lambda: DataLoader(Stream(7), batch_size=2)),
                        ("a BatchSampler as sampler", lambda: DataLoader(
@@ -141,18 +148,20 @@ def skip_first_batches(api: Api) -> None:
         for count in (0, 1, 9):
             skipped = api.observe(f"{name}, skip {count}", lambda: skip(make(), count))
             api.observe(f"{name}, skip {count}: describe", describe_loader, skipped)
-            observe_total_batch_size(api, f"{name}, skip {count}", skipped)
+            observe_total_batch_size(api, f"{name}, skip {count}", skipped, documented)
     if api.world_size > 1:  # HF 1.15 refuses to prepare it at one process (see prepare_data_loader_shards)
         prepared = prepare(DataLoader(torch.arange(6), sampler=BatchSampler(SequentialSampler(range(6)), 2, False),
                                       batch_size=None))
         api.observe("a prepared BatchSampler as sampler, skip 1", lambda: describe_loader(skip(prepared, 1)))
     api.observe("the default count", lambda: describe_loader(skip(_loader())))
+    api.record(DOCUMENTED_SIZES, documented)
     api.observe("not a loader", skip, [1, 2], 1)
 
 
 @probe(AREA, worlds=(1, 2))
 def accelerator_prepare(api: Api) -> None:
     config = api.get("utils.dataclasses.DataLoaderConfiguration")
+    documented: dict[str, Any] = {}
     for name, options in (("defaults", {}), ("split_batches", {"split_batches": True}),
                           ("dispatch_batches", {"dispatch_batches": True}),
                           ("even_batches False", {"even_batches": False}),
@@ -162,12 +171,13 @@ def accelerator_prepare(api: Api) -> None:
         accelerator = api.accelerator(dataloader_config=config(**options))
         loader = api.observe(name, accelerator.prepare, _loader(shuffle=name == "use_seedable_sampler"))
         api.observe(f"{name}: describe", describe_loader, loader)
-        observe_total_batch_size(api, name, loader)
+        observe_total_batch_size(api, name, loader, documented if name == "dispatch_batches" else None)
         api.observe(f"{name}: end_of_dataloader per batch", lambda: [
             (accelerator.gradient_state.end_of_dataloader, accelerator.gradient_state.remainder) for _ in loader])
         skipped = accelerator.skip_first_batches(loader, 1)
         api.observe(f"{name}: skip_first_batches", describe_loader, skipped)
-        observe_total_batch_size(api, f"{name}: skip_first_batches", skipped)
+        observe_total_batch_size(api, f"{name}: skip_first_batches", skipped, documented)
         stream = api.observe(f"{name}: a stream", accelerator.prepare, DataLoader(Stream(5), batch_size=2))
         api.observe(f"{name}: a stream: describe", describe_loader, stream)
-        observe_total_batch_size(api, f"{name}: a stream", stream)
+        observe_total_batch_size(api, f"{name}: a stream", stream, documented)
+    api.record(DOCUMENTED_SIZES, documented)
