@@ -20,8 +20,10 @@ file                           content                                       wri
 
 With ``save_on_each_node`` "main process" reads "local main process of
 each machine". Everything is read back with safetensors or
-``torch.load(weights_only=True)``: a checkpoint cannot run code when it is
-loaded.
+``torch.load(weights_only=True)`` (unless ``load_kwargs`` say otherwise),
+except the registered objects' ``custom_checkpoint_<i>.pkl``, which HF 1.15
+reads with ``weights_only=False`` (their states may hold any object): load
+only checkpoints you trust.
 
 Checkpoints cross implementations: the names, keys and value types are HF
 1.15's, so HF resumes from a folder written here and this module resumes
@@ -44,17 +46,18 @@ register_for_checkpointing.
 from __future__ import annotations
 
 import os
-import pickle
 import random
 import re
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
+from safetensors.torch import load_model
 
 from .checkpoint_store import CheckpointError
+from .logging import get_logger
 from .utils.constants import (
     MODEL_NAME,  # noqa: F401  (HF's checkpointing module exposes it)
     OPTIMIZER_NAME,
@@ -66,7 +69,6 @@ from .utils.constants import (
     SCHEDULER_NAME,
     WEIGHTS_NAME,
 )
-from .utils.modeling import load_checkpoint_in_model
 from .utils.serialization import load, save, write_object
 
 #: Accelerator device types whose RNG states are saved when present (as ``torch_<type>_manual_seed``).
@@ -74,6 +76,7 @@ _DEVICE_RNGS = ("cuda", "xpu", "npu", "mlu", "musa", "hpu")
 _CUSTOM_FILE = re.compile(r"custom_checkpoint_(\d+)\.pkl")
 #: HF 1.15's file for the state of a loader backed by torchdata's StatefulDataLoader (`data_loader_adapter`).
 STATEFUL_LOADER_NAME = "dl_state_dict.bin"
+logger = get_logger(__name__)
 
 
 def indexed_name(name: str, index: int) -> str:
@@ -198,21 +201,6 @@ def save_accelerator_state(
     return directory
 
 
-def _read(path: Path, reader: Callable[[Path], Any]) -> Any:
-    """``reader(path)``, with any failure turned into a CheckpointError that names the file."""
-    if not path.is_file():
-        raise CheckpointError(f"{path} is missing from the checkpoint {path.parent}")
-    try:
-        return reader(path)
-    except pickle.UnpicklingError as error:
-        raise CheckpointError(
-            f"{path} holds objects that loading without running code (weights_only=True) refuses: {error}. "
-            "If you trust this checkpoint, pass load_kwargs={'weights_only': False}"
-        ) from error
-    except (OSError, RuntimeError, EOFError) as error:
-        raise CheckpointError(f"{path} cannot be read (damaged or truncated?): {error}") from error
-
-
 def load_accelerator_state(
     input_dir: str | os.PathLike,
     models: list[torch.nn.Module],
@@ -227,55 +215,60 @@ def load_accelerator_state(
 ) -> dict[str, Any]:
     """Read back what `save_accelerator_state` wrote; return the Accelerator attributes to restore (``step``).
 
-    Rules: ``models`` are the unwrapped models (their state dicts carry no
-    wrapper prefixes), loaded from ``model.safetensors`` or else
-    ``pytorch_model.bin`` (``load_model_func_kwargs``, e.g. ``strict``, go
-    to `load_checkpoint_in_model`); optimizer states go to the CPU
-    (``map_location=None`` or ``"cpu"``) or this process's device
-    (``"on_device"``), anything else is a TypeError; ``load_kwargs`` go to
-    ``torch.load`` (``weights_only=True`` unless they say otherwise). Every
-    model, optimizer and scheduler given must find its file, and this
-    process its ``random_states_<process_index>.pkl``: a missing or
-    unreadable file is a CheckpointError naming it. A data loader's
+    Rules (HF 1.15's): ``models`` are the unwrapped models (their state
+    dicts carry no wrapper prefixes), loaded from ``model.safetensors``
+    with safetensors' ``load_model`` or else from ``pytorch_model.bin``
+    with ``load_state_dict`` (``load_model_func_kwargs``, e.g. ``strict``,
+    go to either); optimizer states go to the CPU (``map_location=None`` or
+    ``"cpu"``) or this process's device (``"on_device"``), anything else
+    is HF's TypeError; ``load_kwargs`` go to ``torch.load`` for the
+    optimizer, scheduler and data loader states (``weights_only=True``
+    unless they say otherwise). A missing model, optimizer, scheduler or
+    scaler file is torch's FileNotFoundError naming it. A data loader's
     ``sampler.bin`` or ``dl_state_dict.bin`` is loaded where it is there
     (HF writes ``sampler.bin`` for no map-style loader); without it the
-    loader stays unpositioned, as under HF. The random states may be HF's
-    or this module's (`restore_rng_states`).
+    loader stays unpositioned, as under HF. This process's random states
+    (HF's or this module's, `restore_rng_states`) are restored when its
+    ``random_states_<process_index>.pkl`` can be read, else that is logged
+    at INFO and skipped (as is ``step`` then).
     Catalog: save_state.roundtrip, save_state.resume_data_order.
     """
-    if map_location not in (None, "cpu", "on_device"):
-        raise TypeError(f"map_location must be None, 'cpu' or 'on_device', got {map_location!r}")
-    if map_location == "on_device":
-        from .state import PartialState
+    from .state import PartialState
 
-        location: Any = PartialState().device
-    else:
-        location = "cpu"
+    if map_location not in (None, "cpu", "on_device"):
+        raise TypeError(
+            "Unsupported optimizer map location passed, please choose one of `None`, `'cpu'`, or `'on_device'`"
+        )
+    location: Any = PartialState().device if map_location == "on_device" else "cpu"
     directory = Path(input_dir)
     options = dict(load_kwargs or {})
-
-    def read(name: str, **extra: Any) -> Any:
-        return _read(directory / name, lambda path: load(path, **{**options, **extra}))
-
-    options_of_model = {"strict": True, **load_model_func_kwargs}
     for i, model in enumerate(models):
         safe_name, pickle_name = _model_file_names(i)
-        weights = directory / (safe_name if (directory / safe_name).is_file() else pickle_name)
-        _read(weights, lambda path: load_checkpoint_in_model(model, os.fspath(path), **options_of_model))
+        if (directory / safe_name).exists():
+            load_model(model, directory / safe_name, device=str(location), **load_model_func_kwargs)
+        else:
+            model.load_state_dict(load(directory / pickle_name, map_location=location), **load_model_func_kwargs)
     for i, optimizer in enumerate(optimizers):
-        optimizer.load_state_dict(read(indexed_name(f"{OPTIMIZER_NAME}.bin", i), map_location=location))
+        optimizer.load_state_dict(load(directory / indexed_name(f"{OPTIMIZER_NAME}.bin", i), map_location=location,
+                                       **options))
     for i, scheduler in enumerate(schedulers):
-        scheduler.load_state_dict(read(indexed_name(f"{SCHEDULER_NAME}.bin", i)))
+        scheduler.load_state_dict(load(directory / indexed_name(f"{SCHEDULER_NAME}.bin", i), **options))
     for i, dataloader in enumerate(dataloaders):
         stateful = getattr(dataloader, "use_stateful_dataloader", False)
-        name = indexed_name(STATEFUL_LOADER_NAME if stateful else f"{SAMPLER_NAME}.bin", i)
-        if hasattr(dataloader, "load_state_dict") and (directory / name).is_file():
-            dataloader.load_state_dict(read(name))
+        position = directory / indexed_name(STATEFUL_LOADER_NAME if stateful else f"{SAMPLER_NAME}.bin", i)
+        if hasattr(dataloader, "load_state_dict") and position.is_file():
+            dataloader.load_state_dict(load(position, **options))
     if scaler is not None:
-        scaler.load_state_dict(read(SCALER_NAME))
-    states = read(rng_file_name(process_index))
-    restore_rng_states(states)
-    return {"step": states["step"]}
+        scaler.load_state_dict(load(directory / SCALER_NAME))
+    restored: dict[str, Any] = {}
+    try:
+        states = load(directory / rng_file_name(process_index))
+        if "step" in states:
+            restored["step"] = states["step"]
+        restore_rng_states(states)
+    except Exception:  # noqa: BLE001 - HF 1.15 resumes without the random states it cannot read
+        logger.info("Could not load random states")
+    return restored
 
 
 def save_custom_state(obj: Any, path: str | os.PathLike, index: int = 0, save_on_each_node: bool = False) -> None:
@@ -283,13 +276,14 @@ def save_custom_state(obj: Any, path: str | os.PathLike, index: int = 0, save_on
     save(obj.state_dict(), Path(path) / custom_file_name(index), save_on_each_node=save_on_each_node)
 
 
-def load_custom_state(obj: Any, path: str | os.PathLike, index: int = 0, load_kwargs: Optional[dict[str, Any]] = None) -> None:
-    """``obj.load_state_dict`` of ``<path>/custom_checkpoint_<index>.pkl``, read without running code.
+def load_custom_state(obj: Any, path: str | os.PathLike, index: int = 0) -> None:
+    """``obj.load_state_dict`` of ``<path>/custom_checkpoint_<index>.pkl`` (a missing file is torch's FileNotFoundError).
 
+    Rule: read with ``weights_only=False``, as HF 1.15 reads it: the state
+    of a registered object may hold any picklable object.
     Catalog: register_for_checkpointing.
     """
-    state = _read(Path(path) / custom_file_name(index), lambda file: load(file, map_location="cpu", **(load_kwargs or {})))
-    obj.load_state_dict(state)
+    obj.load_state_dict(load(f"{path}/{custom_file_name(index)}", map_location="cpu", weights_only=False))
 
 
 def check_custom_files(input_dir: str | os.PathLike, registered: int) -> None:

@@ -423,9 +423,10 @@ class CheckpointingMixin:
         this world size, hold every file intact and one
         ``custom_checkpoint_<i>.pkl`` per registered object: otherwise
         an error names the directory or file. Load hooks run first
-        (`register_load_state_pre_hook`). Nothing runs code from the files
-        (``load_kwargs={"weights_only": False}`` opts out, for trusted
-        files); ``map_location`` ("cpu" or "on_device") and the model
+        (`register_load_state_pre_hook`). The optimizer, scheduler and
+        loader states are read with ``weights_only=True`` unless
+        ``load_kwargs`` say otherwise; registered objects' states with
+        ``weights_only=False``, as HF 1.15 reads them; ``map_location`` ("cpu" or "on_device") and the model
         loading options (``strict``) come in ``load_model_func_kwargs``,
         which go to DeepSpeed's ``load_checkpoint`` where engines train (a
         DeepSpeed engine loads its model, optimizer and scheduler itself).
@@ -478,8 +479,9 @@ class CheckpointingMixin:
             **({} if engines else options),
         )
         for index, obj in enumerate(self._custom_objects):
-            load_custom_state(obj, directory, index, load_kwargs)
-        self.step = restored["step"]
+            load_custom_state(obj, directory, index)
+        if "step" in restored:
+            self.step = restored["step"]
 
 
 def _remove_stale_weights(directory: str, weights_name: str, index_name: str, keep: set[str]) -> None:

@@ -458,10 +458,9 @@ def test_bad_checkpoints_are_named(tmp_path):
     (folder / "custom_checkpoint_1.pkl").unlink()
     acc.load_state(folder)
 
-    (folder / MANIFEST_NAME).unlink()  # a directory not written by save_state: its files tell what is wrong
-    with open(folder / "optimizer.bin", "r+b") as stream:
-        stream.truncate(10)
-    with pytest.raises(CheckpointError, match=r"optimizer\.bin cannot be read"):
+    (folder / MANIFEST_NAME).unlink()  # a directory not written by save_state: torch's errors, as under HF 1.15
+    (folder / "optimizer.bin").unlink()
+    with pytest.raises(FileNotFoundError, match=r"optimizer\.bin"):
         acc.load_state(folder)
 
 
@@ -482,9 +481,7 @@ def test_registered_objects_and_code_in_files(tmp_path):
     acc.register_for_checkpointing(holder)
     acc.save_state(tmp_path)
     holder.value = 0
-    with pytest.raises(CheckpointError, match=r"custom_checkpoint_0\.pkl.*weights_only"):
-        acc.load_state(tmp_path)
-    acc.load_state(tmp_path, load_kwargs={"weights_only": False})
+    acc.load_state(tmp_path)  # registered objects' states load with weights_only=False, as in HF 1.15
     assert holder.value == 4
 
 
@@ -521,7 +518,7 @@ def test_unexpected_keyword_arguments(tmp_path):
         fresh().save_state(tmp_path, zero_stage=3)
     acc = fresh()
     acc.save_state(tmp_path)
-    with pytest.raises(TypeError, match="map_location"):
+    with pytest.raises(TypeError, match="Unsupported optimizer map location passed"):
         acc.load_state(tmp_path, map_location="gpu")
 
 
