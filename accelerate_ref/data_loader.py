@@ -223,6 +223,11 @@ class DataLoaderShard(DataLoaderPositionMixin, DataLoaderStateMixin, DataLoaderA
         self._leave_epoch()
         self.end()
 
+    def __len__(self) -> int:
+        """Batches this loader yields: its base loader's less the skipped ones (catalog data.len_after_prepare; HF
+        1.15 leaves the skipped ones in)."""
+        return max(len(self.base_dataloader) - self.skip_batches, 0)
+
     def adjust_state_dict_for_prefetch(self) -> None:
         """No correction: the state is taken before the batch drawn ahead (HF's rule for this loader)."""
 
@@ -514,12 +519,10 @@ def prepare_data_loader(
     * ``even_batches`` (default) pads the last step with samples from the
       start so every process gets the same number of batches; without it
       nothing is duplicated and processes may get one batch fewer;
-    * ``rng_types`` are synchronised from process 0 before each epoch;
-      sharded over several processes, a shuffling sampler without a
-      generator gets its own (seeded from torch's RNG), which ``"generator"``
-      synchronises (on one process, only when ``"generator"`` is asked for);
-      ``"generator"`` is removed from the caller's list where there is no
-      generator to synchronise (HF 1.15's);
+    * ``rng_types`` are synchronised from process 0 before each epoch; for
+      ``"generator"`` a shuffling sampler without one gets its own (seeded
+      from torch's RNG); ``"generator"`` is removed from the caller's list
+      where there is no generator to synchronise (HF 1.15's);
     * ``use_seedable_sampler`` replaces a `RandomSampler` with a
       `SeedableRandomSampler` (order = f(``data_seed`` or the torch seed, epoch));
     * batches go to ``device`` when ``put_on_device``;
@@ -565,7 +568,7 @@ def prepare_data_loader(
 
     dataset, batching, generator = _share_of_process(
         dataloader, batching, num_processes, process_index, split_batches, even_batches,
-        own_generator=not use_seedable_sampler, generator_asked=_wants_generator(rng_types),
+        own_generator=_wants_generator(rng_types) and not use_seedable_sampler,
     )
     if generator is None and rng_types is not None and "generator" in rng_types:
         rng_types.remove("generator")  # the caller's list, as HF 1.15 does
@@ -596,21 +599,21 @@ def _share_of_process(
     split_batches: bool,
     even_batches: bool,
     own_generator: bool,
-    generator_asked: bool,
 ) -> tuple[Any, dict[str, Any], Optional[torch.Generator]]:
     """The dataset and batching arguments of process ``process_index``'s shard, and the generator to keep in sync.
 
-    The generator is the iterable dataset's own, or (with ``own_generator``)
-    the shuffling sampler's, created if needed (HF 1.15's, over several
-    processes); None when there is none. On one process there is no shard and
-    the sampler gets its own generator only when ``generator_asked``
-    (``"generator"`` among ``rng_types``): it makes the epoch resumable
-    (catalog save_state.resume_data_order).
+    The generator is the iterable dataset's own, or (with ``own_generator``:
+    ``"generator"`` among ``rng_types``) the shuffling sampler's, created if
+    needed; None when there is none. Without ``"generator"`` a sampler keeps
+    drawing from torch's RNG, which ``"torch"`` synchronises (catalog
+    data.shuffle_sync; HF 1.15 gives it a generator seeded from each rank's
+    own RNG when sharding, so ranks shuffle differently). On one process it
+    makes the epoch resumable (catalog save_state.resume_data_order).
     """
     key = "sampler" if "sampler" in batching else "batch_sampler"
     if num_processes == 1:
         sampler = _sampler_of(batching.get(key))
-        return dataloader.dataset, batching, _own_generator(sampler) if own_generator and generator_asked else None
+        return dataloader.dataset, batching, _own_generator(sampler) if own_generator else None
     if isinstance(dataloader.dataset, IterableDataset):
         batch_size = batching["batch_size"]
         shard = IterableDatasetShard(

@@ -319,8 +319,8 @@ def test_generator_sync_only_where_there_is_a_generator():
     prepare_data_loader(DataLoader(range(8), batch_size=2), rng_types=asked)
     assert asked == [], "nothing to synchronise: 'generator' leaves the caller's list (HF 1.15)"
     torch_only = prepare_data_loader(DataLoader(range(8), batch_size=2, shuffle=True), num_processes=2, process_index=0, rng_types=["torch"])
-    assert torch_only.synchronized_generator is torch_only.batch_sampler.batch_sampler.sampler.generator is not None, (
-        "over several processes a shuffling sampler gets a generator whatever rng_types says (HF 1.15)")
+    assert torch_only.batch_sampler.batch_sampler.sampler.generator is None, (
+        "without 'generator' the sampler keeps drawing from torch's RNG (catalog data.shuffle_sync)")
 
 
 def test_prepare_refuses_what_it_cannot_prepare():
@@ -434,7 +434,7 @@ def test_skip_first_batches_of_every_kind_of_loader():
     assert isinstance(skipped, DataLoaderShard) and epoch(skipped) == epoch(shard)[1:] and len(skipped) == 2
     stream_shard = prepare_data_loader(DataLoader(Stream(10), batch_size=2), num_processes=2, process_index=0)
     skipped = skip_first_batches(stream_shard, num_batches=2)
-    assert epoch(skipped) == epoch(stream_shard)[2:] and len(skipped) == 3, "HF 1.15: len leaves skipped_batches in"
+    assert epoch(skipped) == epoch(stream_shard)[2:] and len(skipped) == 1
     dispatcher = prepare_data_loader(DataLoader(range(10), batch_size=2), device=torch.device("cpu"), put_on_device=True, dispatch_batches=True)
     skipped = skip_first_batches(dispatcher, num_batches=4)
     assert epoch(skipped) == [[8, 9]] and len(skipped) == 1

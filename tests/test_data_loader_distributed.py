@@ -53,10 +53,11 @@ def _flat(batches) -> list[int]:
 
 
 def rank_report() -> dict:
-    from accelerate_ref import GradientState, PartialState
+    from accelerate_ref import Accelerator, GradientState, PartialState
     from accelerate_ref.data_loader import prepare_data_loader, skip_first_batches
     from accelerate_ref.utils import gather, set_seed, synchronize_rng_states
 
+    Accelerator(cpu=True)  # the RNG synchronisation reads its state (HF 1.15 raises ValueError without one)
     state = PartialState()
     rank = state.process_index
     placed = {"device": state.device, "put_on_device": True}
