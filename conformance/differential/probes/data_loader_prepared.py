@@ -181,3 +181,18 @@ def accelerator_prepare(api: Api) -> None:
         api.observe(f"{name}: a stream: describe", describe_loader, stream)
         observe_total_batch_size(api, f"{name}: a stream", stream, documented)
     api.record(DOCUMENTED_SIZES, documented)
+
+
+@probe(AREA, families=("cpu", "cuda"))
+def device_placement(api: Api) -> None:
+    """Where batches land: the accelerator's device (a mock GPU on the cuda family), or where they were."""
+    config = api.get("utils.dataclasses.DataLoaderConfiguration")
+    for name, options, placement in (("placed", {}, True), ("not placed", {}, False),
+                                     ("dispatched", {"dispatch_batches": True}, True),
+                                     ("non_blocking", {"non_blocking": True}, True)):
+        api.get("state.AcceleratorState")._reset_state(True)
+        accelerator = api.accelerator(dataloader_config=config(**options), device_placement=placement)
+        loader = accelerator.prepare(DataLoader([{"x": torch.tensor([i]), "n": i} for i in range(4)], batch_size=2))
+        api.observe(f"{name}: batches", lambda: [(batch["x"].device, batch["x"].tolist(), batch["n"].device)
+                                                for batch in loader])
+        api.observe(f"{name}: the loader's device", lambda: getattr(loader, "device", "none"))
