@@ -1,7 +1,9 @@
 """Data loaders prepared for distributed training.
 
 `prepare_data_loader` turns a user's `torch.utils.data.DataLoader` into one
-of two loaders, both real `DataLoader` subclasses:
+of two loaders, each a `DataLoaderAdapter` that wraps a `DataLoader` over
+the same dataset (its ``base_dataloader``) and reports that one's class, so
+``isinstance(loader, DataLoader)`` holds as with HF 1.15's:
 
 * `DataLoaderShard` (the default): every process iterates its own shard,
   chosen by `samplers.BatchSamplerShard` (map-style datasets) or
@@ -13,9 +15,8 @@ of two loaders, both real `DataLoader` subclasses:
   iterates the user's loader; it broadcasts each global batch and every
   process keeps its slice.
 
-With ``use_stateful_dataloader`` both draw their batches through torchdata's
-`StatefulDataLoader` and keep its state (`DataLoaderAdapter`, their base,
-which also makes them what HF's are to ``isinstance`` and attribute access).
+With ``use_stateful_dataloader`` their base loader is torchdata's
+`StatefulDataLoader`, whose state they keep (`data_loader_adapter`).
 Where they are in an epoch, for a resumed run, is `DataLoaderPositionMixin`'s
 (`data_loader_position`).
 

@@ -115,7 +115,9 @@ def prepare_data_loader_iterable(api: Api) -> None:
 @probe(AREA, worlds=(1, 2))
 def prepare_data_loader_stateful(api: Api) -> None:
     api.partial_state()
-    for name, options in (("shard", {}), ("dispatcher", {"put_on_device": True, "dispatch_batches": True})):
+    for name, options in (("shard", {}), ("dispatcher", {"put_on_device": True, "dispatch_batches": True}),
+                          ("dispatcher, split", {"put_on_device": True, "dispatch_batches": True,
+                                                 "split_batches": True})):
         loader = api.call(name, PREPARE, _loader(), use_stateful_dataloader=True, **options)
         api.observe(f"{name}: describe", describe_loader, loader)
         if name == "shard":
