@@ -424,8 +424,8 @@ class SkipDataLoader(DataLoaderStateMixin, DataLoaderAdapter):
         self.end()
 
     def __len__(self) -> int:
-        """The base loader's batches less the skipped ones (a ValueError from ``len()`` when negative, as HF's)."""
-        return len(self.base_dataloader) - self.skip_batches
+        """The base loader's batches less the skipped ones, at least 0 (catalog data.len_after_prepare)."""
+        return max(len(self.base_dataloader) - self.skip_batches, 0)
 
     def adjust_state_dict_for_prefetch(self) -> None:
         """No correction: nothing is drawn ahead (HF 1.15 uncounts ``num_processes - 1``, resuming early)."""

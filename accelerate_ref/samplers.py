@@ -292,8 +292,9 @@ class SkipBatchSampler(BatchSampler):
         return itertools.islice(iter(self.batch_sampler), self.skip_batches, None)
 
     def __len__(self) -> int:
-        """Batches left (a ValueError from ``len()`` when more are skipped than there are, as HF 1.15's)."""
-        return len(self.batch_sampler) - self.skip_batches  # type: ignore[arg-type]
+        """Batches left: 0 when more are skipped than there are (catalog data.len_after_prepare; HF 1.15's len()
+        raises ValueError there)."""
+        return max(len(self.batch_sampler) - self.skip_batches, 0)  # type: ignore[arg-type]
 
 
 def batch_source(dataloader: Any) -> Any:

@@ -252,8 +252,7 @@ def test_seedable_sampler_order_is_a_function_of_seed_and_epoch():
 def test_skip_batch_sampler():
     skipping = SkipBatchSampler(batches(10, 2), 3)
     assert list(skipping) == [[6, 7], [8, 9]] and len(skipping) == 2
-    with pytest.raises(ValueError, match=">= 0"):  # HF 1.15's: more skipped than there are
-        len(SkipBatchSampler(batches(10, 2), 9))
+    assert len(SkipBatchSampler(batches(10, 2), 9)) == 0  # catalog data.len_after_prepare (HF 1.15 raises)
 
 
 # -- prepare_data_loader --------------------------------------------------------------
@@ -439,9 +438,7 @@ def test_skip_first_batches_of_every_kind_of_loader():
     skipped = skip_first_batches(dispatcher, num_batches=4)
     assert epoch(skipped) == [[8, 9]] and len(skipped) == 1
     too_many = skip_first_batches(DataLoader(range(10), batch_size=2), num_batches=9)
-    assert epoch(too_many) == []
-    with pytest.raises(ValueError, match=">= 0"):  # HF 1.15's len() of more skipped batches than there are
-        len(too_many)
+    assert epoch(too_many) == [] and len(too_many) == 0  # catalog data.len_after_prepare (HF 1.15 raises)
     with pytest.raises(AttributeError, match="'range' object has no attribute 'dataset'"):  # HF 1.15's
         skip_first_batches(range(3), 1)
 

@@ -47,7 +47,7 @@ def batches(loader: Any) -> list:
     return [batch.tolist() if isinstance(batch, torch.Tensor) else batch for batch in loader]
 
 
-def describe_loader(loader: Any) -> dict[str, Any]:
+def describe_loader(loader: Any, with_len: bool = True) -> dict[str, Any]:
     """What a user sees of a (prepared) loader: its class as reported, isinstance, length, batches, dataset length.
 
     ``total_batch_size`` is observed apart (:func:`observe_total_batch_size`): accelerate_ref gives the documented
@@ -57,7 +57,8 @@ def describe_loader(loader: Any) -> dict[str, Any]:
     seen: dict[str, Any] = {"type": type(loader).__name__, "__class__": loader.__class__.__name__,
                             "isinstance DataLoader": isinstance(loader, DataLoader),
                             "isinstance StatefulDataLoader": isinstance(loader, StatefulDataLoader)}
-    for name, read in (("len", len), ("total_dataset_length", lambda x: x.total_dataset_length), ("batches", batches)):
+    reads = (("len", len),) if with_len else ()
+    for name, read in reads + (("total_dataset_length", lambda x: x.total_dataset_length), ("batches", batches)):
         try:
             seen[name] = read(loader)
         except Exception as error:  # noqa: BLE001 - what it raises is what a user sees
@@ -75,7 +76,7 @@ def _length(sized: Any) -> Any:
 
 def _items(sampler: Any) -> tuple:
     """The items of a sampler or dataset shard and its ``total_length`` if any."""
-    return list(sampler), getattr(sampler, "total_length", None)
+    return list(iter(sampler)), getattr(sampler, "total_length", None)  # iter: list() would ask len() first
 
 
 #: The label under which a probe records the ``total_batch_size`` of its dispatchers, skipped and stream loaders
@@ -189,8 +190,10 @@ def iterable_dataset_shard(api: Api) -> None:
 def skip_batch_sampler(api: Api) -> None:
     path = "data_loader.SkipBatchSampler"
     for skip in (0, 2, 9):
-        api.observe(f"skip {skip}", lambda: (_items(api.get(path)(_batch_sampler(7, 2), skip)),
-                                             _length(api.get(path)(_batch_sampler(7, 2), skip))))
+        api.observe(f"skip {skip}", lambda: _items(api.get(path)(_batch_sampler(7, 2), skip)))
+        if skip < 9:
+            api.observe(f"skip {skip}: len", len, api.get(path)(_batch_sampler(7, 2), skip))
+    api.observe("len after skipping more batches than there are", len, api.get(path)(_batch_sampler(7, 2), 9))
     sampler = api.call("defaults", path, [[0], [1, 2]])
     api.observe("defaults: a list of batches", lambda: (len(sampler), list(sampler), sampler.total_length))
     api.observe("its sampler", getattr, sampler, "sampler")
@@ -209,7 +212,7 @@ def get_sampler(api: Api) -> None:
     api.call("not a loader", path, [1, 2])
 
 
-def _outcome(call: Any) -> Any:
+def outcome(call: Any) -> Any:
     """What ``call()`` returned, or what it raised, as text."""
     try:
         return call()
@@ -219,10 +222,10 @@ def _outcome(call: Any) -> Any:
 
 def _state_members(loader: Any) -> dict[str, Any]:
     """state_dict, adjust_state_dict_for_prefetch, state_dict again, load_state_dict({}): each one's outcome."""
-    return {"state_dict": _outcome(loader.state_dict),
-            "adjust_state_dict_for_prefetch": _outcome(loader.adjust_state_dict_for_prefetch),
-            "state_dict after the adjustment": _outcome(loader.state_dict),
-            "load_state_dict of nothing": _outcome(lambda: loader.load_state_dict({}))}
+    return {"state_dict": outcome(loader.state_dict),
+            "adjust_state_dict_for_prefetch": outcome(loader.adjust_state_dict_for_prefetch),
+            "state_dict after the adjustment": outcome(loader.state_dict),
+            "load_state_dict of nothing": outcome(lambda: loader.load_state_dict({}))}
 
 
 def _adapter_views(api: Api, label: str, loader: Any, documented: dict[str, Any] | None = None) -> None:

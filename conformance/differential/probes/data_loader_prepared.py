@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
 from ..probe import Api, probe
-from .data_loader import (AREA, DOCUMENTED_SIZES, EpochStream, Stream, batches, describe_loader,
+from .data_loader import (AREA, DOCUMENTED_SIZES, EpochStream, Stream, outcome, batches, describe_loader,
                           observe_total_batch_size)
 
 PREPARE = "data_loader.prepare_data_loader"
@@ -137,6 +137,8 @@ def skip_first_batches(api: Api) -> None:
     skip = api.get("data_loader.skip_first_batches")
     prepare = api.get(PREPARE)
     documented: dict[str, Any] = {}
+    #: len() after skipping more batches than there are: 0 in accelerate_ref (catalog data.len_after_prepare)
+    too_many: dict[str, Any] = {}
     for name, make in (("a plain loader", lambda: _loader()),
                        ("a plain stream", lambda: DataLoader(Stream(7), batch_size=2)),
                        ("a BatchSampler as sampler", lambda: DataLoader(
@@ -149,7 +151,9 @@ def skip_first_batches(api: Api) -> None:
                        ("a stateful shard", lambda: prepare(_loader(), use_stateful_dataloader=True))):
         for count in (0, 1, 9):
             skipped = api.observe(f"{name}, skip {count}", lambda: skip(make(), count))
-            api.observe(f"{name}, skip {count}: describe", describe_loader, skipped)
+            api.observe(f"{name}, skip {count}: describe", describe_loader, skipped, count < 9)
+            if count == 9:
+                too_many[name] = outcome(lambda: len(skipped))
             observe_total_batch_size(api, f"{name}, skip {count}", skipped, documented)
     if api.world_size > 1:  # HF 1.15 refuses to prepare it at one process (see prepare_data_loader_shards)
         prepared = prepare(DataLoader(torch.arange(6), sampler=BatchSampler(SequentialSampler(range(6)), 2, False),
@@ -157,6 +161,7 @@ def skip_first_batches(api: Api) -> None:
         api.observe("a prepared BatchSampler as sampler, skip 1", lambda: describe_loader(skip(prepared, 1)))
     api.observe("the default count", lambda: describe_loader(skip(_loader())))
     api.record(DOCUMENTED_SIZES, documented)
+    api.record("len after skipping more batches than there are", too_many)
     api.observe("not a loader", skip, [1, 2], 1)
 
 
