@@ -53,11 +53,8 @@ def test_gather_single_process(single_process):
     assert result["b"].second.shape == (1,)
 
 
-def test_gather_rejects_non_tensor_leaves(single_process):
-    with pytest.raises(TypeError) as error:
-        gather({"a": "text"})
-    assert "Unsupported types (<class 'str'>)" in str(error.value)  # HF's words, then where
-    assert "input['a']" in str(error.value) and "`gather`" in str(error.value)
+def test_non_tensor_leaves_on_one_process(single_process):
+    assert gather({"a": "text", "b": torch.tensor(2)})["a"] == "text"  # HF 1.15: one process returns it as it is
     with pytest.raises(TypeError, match=r"<class 'int'>\) passed to `_reduce_across_processes`\. Only"):
         reduce([torch.ones(1), [3]], "sum")  # HF 1.15's words, naming its inner function
     assert broadcast([None]) == [None]  # one process: HF returns any input as it is
@@ -79,17 +76,17 @@ def test_reduce_single_process(single_process):
     summed = reduce(tensor, "sum")
     assert summed.tolist() == [1.0, 2.0] and summed is not tensor
     assert reduce(tensor).tolist() == [1.0, 2.0]
-    assert reduce(tensor, "sum", scale=3.0).tolist() == [3.0, 6.0]
+    assert reduce(tensor, "sum", scale=3.0).tolist() == [1.0, 2.0]  # scale: "only valid on XLA" (the documents)
     assert reduce(tensor, "none") is tensor
     assert reduce({"a": [tensor]}, "mean")["a"][0].tolist() == [1.0, 2.0]
 
 
 @pytest.mark.parametrize("reduction", ["min", "SUM", "avg", None])  # "max" is valid (A v1.x)
-def test_reduce_rejects_unknown_reductions(single_process, reduction):
-    with pytest.raises(ValueError) as error:
-        reduce(torch.ones(1), reduction)
-    assert repr(reduction) in str(error.value)
-    assert all(valid in str(error.value) for valid in ("'sum'", "'mean'", "'none'"))
+def test_reduce_takes_any_name_on_one_process(single_process, reduction):
+    """HF 1.15 checks no reduction name: on one process the input comes back as a copy."""
+    tensor = torch.ones(1)
+    reduced = reduce(tensor, reduction)
+    assert reduced.tolist() == [1.0] and reduced is not tensor
 
 
 def test_broadcast_single_process(single_process):
@@ -128,10 +125,13 @@ def _check_gather(r, n):
     assert nested["b"][0].tolist() == [[i, i] for i in range(n)] and isinstance(nested["b"][1], tuple)
     assert nested["b"][1][0].tolist() == list(range(n))
     assert isinstance(nested["c"], Pair) and nested["c"].second.tolist() == [-i for i in range(n)]
+    if n == 1:
+        assert gather({"a": torch.ones(1), "b": "text"})["b"] == "text"  # one process: as it is (HF 1.15)
+        return
     try:
         gather({"a": torch.ones(1), "b": "text"})
-    except TypeError as error:
-        assert "<class 'str'>" in str(error) and "input['b']" in str(error)
+    except TypeError as error:  # HF 1.15's words, naming its inner function
+        assert "Unsupported types (<class 'str'>) passed to `_gpu_gather_one`" in str(error)
     else:
         raise AssertionError("gather of a str leaf did not raise TypeError")
 
@@ -167,18 +167,13 @@ def _check_reduce(r, n):
     if n > 1:  # an integer mean cannot be stored in place (HF 1.15: torch's RuntimeError)
         with pytest.raises(RuntimeError, match="can't be cast"):
             reduce(torch.tensor([r, 1]), "mean")
-    assert reduce(values, "sum", scale=0.5).tolist() == pytest.approx([t * 0.5 for t in total])
+    assert reduce(values, "sum", scale=0.5).tolist() == pytest.approx(total)  # scale: "only valid on XLA"
     assert reduce(values, "none") is values  # reduce.none
     assert values.tolist() == [float(r), 2.0 * r + 1]
     nested = reduce({"x": [torch.tensor([r])], "y": (torch.tensor(1.0),)}, "sum")  # reduce.nested
     assert nested["x"][0].tolist() == [sum(range(n))] and nested["y"][0].item() == float(n)
     assert reduce(values, "max").tolist() == [float(n - 1), 2.0 * (n - 1) + 1]  # "max": listed by A v1.x
-    try:
-        reduce(values, "min")
-    except ValueError as error:
-        assert "'min'" in str(error) and "'max'" in str(error)
-    else:
-        raise AssertionError("reduce(..., 'min') did not raise ValueError")
+    assert reduce(values, "min").tolist() == pytest.approx(total)  # HF 1.15: a name it does not know sums
 
 
 def _check_broadcast(r, n):

@@ -51,8 +51,6 @@ from .structures import (  # noqa: F401  (HF's utils.operations offers them all)
     slice_tensors,
 )
 
-REDUCTIONS = ("sum", "mean", "max", "none")
-
 
 class DistributedOperationException(Exception):
     """A collective was called with inputs that cannot work together across processes.
@@ -156,19 +154,20 @@ def gather(tensor: Any) -> Any:
     Rule: each tensor becomes the concatenation along dim 0 of every rank's
     tensor, in rank order (first dim = num_processes x the input's); a 0-d
     tensor becomes a 1-d tensor of length num_processes (also with one
-    process); lists/tuples/dicts are gathered leaf by leaf, structure kept;
-    a non-tensor leaf is a TypeError naming it and its path. On one process
-    the input comes back as it is (0-d tensors as length-1).
+    process); lists/tuples/dicts are gathered leaf by leaf, structure kept.
+    On one process everything else comes back as it is; on several, a
+    non-tensor leaf is a TypeError naming `_gpu_gather_one` (HF 1.15's words).
     Catalog: gather.doc_example, gather.first_dim, gather.nested,
     gather.scalar, debug.shape_mismatch.
     """
-    apply_to_leaves(_describe_leaf, tensor, reject_others_in="gather")  # before any rank communicates
     collectives = _collectives()
+    if collectives.num_processes == 1:
+        return recursively_apply(lambda leaf: leaf.reshape(1) if leaf.ndim == 0 else leaf, tensor)
 
-    def gather_one(leaf: torch.Tensor) -> torch.Tensor:
+    def _gpu_gather_one(leaf: torch.Tensor) -> torch.Tensor:  # HF's name: its refusal names it
         return collectives.all_gather((leaf.reshape(1) if leaf.ndim == 0 else leaf).contiguous())
 
-    return apply_to_leaves(gather_one, tensor)
+    return recursively_apply(_gpu_gather_one, tensor, error_on_other_type=True)
 
 
 def gather_object(object: Any) -> list[Any]:
@@ -195,32 +194,38 @@ def gather_object(object: Any) -> list[Any]:
 def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
     """Reduce every tensor of a nested structure across all processes.
 
-    Rule: `reduction` is "sum" (element-wise sum over ranks), "mean" (the sum
-    divided in place by num_processes, so an integer tensor on several
-    processes is torch's RuntimeError, as in HF 1.15), "max"
-    (element-wise maximum over ranks, listed by A v1.x) or "none" (the input returned unchanged, no communication; HF 1.15 sums
-    instead); anything else is a ValueError naming it and the valid ones.
-    `scale` multiplies the reduced value (on every backend). The utility
-    defaults to "mean"; `Accelerator.reduce` to "sum". Leaves are reduced
-    one by one into new tensors, structure kept; a non-tensor leaf is a
-    TypeError naming `_reduce_across_processes` (HF 1.15's words).
+    Rule: "none" returns the input unchanged, with no communication
+    (catalog reduce.none; HF 1.15 sums instead). Otherwise, on one process
+    each tensor comes back as a copy, whatever the reduction; on several,
+    "max" is the element-wise maximum over ranks (listed by A v1.x), any other
+    name the element-wise sum, divided in place by num_processes for "mean"
+    (so an integer mean is torch's RuntimeError, as in HF 1.15). `scale`
+    multiplies the reduced value on XLA only, as the documents say ("only
+    valid on XLA"), at every world. The utility defaults to "mean";
+    `Accelerator.reduce` to "sum". Leaves are reduced one by one into new
+    tensors, structure kept; a non-tensor leaf is a TypeError naming
+    `_reduce_across_processes` (HF 1.15's words).
     Catalog: reduce.doc_example, reduce.mean, reduce.none, reduce.nested,
     xla.reduce_scale, debug.shape_mismatch.
     """
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"Unknown reduction {reduction!r}; valid reductions are {', '.join(map(repr, REDUCTIONS))}")
+    from ..state import PartialState
+
+    state = PartialState()
     if reduction == "none":
         return tensor
-    collectives = _collectives()
+    collectives = collectives_for(state)
+    scaled = scale != 1.0 and state.device.type == "xla"  # XLA at world 1 too, where the type is NO
 
     def _reduce_across_processes(leaf: torch.Tensor) -> torch.Tensor:  # HF's name: its refusal names it
-        if reduction == "max":
+        if collectives.num_processes == 1:
+            result = leaf.clone()
+        elif reduction == "max":
             result = collectives.all_reduce_max(leaf.contiguous())
         else:
             result = collectives.all_reduce_sum(leaf.contiguous())
-        if reduction == "mean" and collectives.num_processes > 1:
-            result /= collectives.num_processes
-        return result * scale if scale != 1.0 else result
+            if reduction == "mean":
+                result /= collectives.num_processes
+        return result * scale if scaled else result
 
     return recursively_apply(_reduce_across_processes, tensor, error_on_other_type=True)
 
