@@ -181,10 +181,17 @@ class DataLoaderShard(DataLoaderPositionMixin, DataLoaderStateMixin, DataLoaderA
     ``set_epoch(iteration)`` reaches every sampler and dataset that takes an
     epoch; batches are moved to ``device`` (when not None), the first
     ``skip_batches`` left out; a completed epoch advances ``iteration``.
-    ``len()`` is the number of batches this process yields.
+    ``len()`` is the number of batches this process yields. At one process,
+    a shuffling sampler that `prepare_data_loader` gave a generator seeds it
+    from torch's RNG as each epoch begins, where HF 1.15's RandomSampler
+    (left without one) draws its own seed: the same seed, the same order.
     Catalog: data.shard_disjoint, data.shuffle_sync, data.device_placement,
-    data.len_after_prepare, data.skip_first_batches, data.seedable_sampler.
+    data.len_after_prepare, data.skip_first_batches, data.seedable_sampler,
+    save_state.resume_data_order.
     """
+
+    #: Whether each new epoch seeds the order generator from torch's RNG (see the class rules).
+    _seeds_each_epoch: bool = False
 
     def __init__(
         self,
@@ -216,7 +223,10 @@ class DataLoaderShard(DataLoaderPositionMixin, DataLoaderStateMixin, DataLoaderA
         self.begin()
         self._enter_epoch()
         self.set_epoch(self.iteration)
-        batches = itertools.islice(self._epoch_iterator(continuing), self.skip_batches, None)
+        epoch = self._epoch_iterator(continuing)
+        if self._seeds_each_epoch and not continuing:
+            self._draw_epoch_seed()
+        batches = itertools.islice(epoch, self.skip_batches, None)
         for batch in self._flag_last(batches):
             self._count_batch()
             yield batch if self.device is None else send_to_device(batch, self.device, non_blocking=self._non_blocking)
@@ -475,14 +485,22 @@ def _seedable(batch_sampler: Any, data_seed: Optional[int]) -> Any:
     return seedable_copy
 
 
-def _own_generator(sampler: Any) -> Optional[torch.Generator]:
-    """The generator ``sampler`` shuffles with, given one (seeded from torch's RNG) if it had none."""
+def _own_generator(sampler: Any, seed_now: bool = True) -> Optional[torch.Generator]:
+    """The generator ``sampler`` shuffles with, given one if it had none: seeded from torch's RNG now, or (not
+    ``seed_now``) left for each epoch to seed (`DataLoaderShard`'s one-process rule)."""
     if not hasattr(sampler, "generator"):
         return None
     if sampler.generator is None:
         sampler.generator = torch.Generator()
-        sampler.generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+        if seed_now:
+            sampler.generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
     return sampler.generator
+
+
+def _seeds_each_epoch(sampler: Any, dataloader: DataLoader) -> bool:
+    """Whether a one-process loader's shuffling stands in for the seed HF's RandomSampler (given no generator)
+    draws from torch's RNG each epoch; with workers, the first indices are drawn before an epoch could seed it."""
+    return isinstance(sampler, RandomSampler) and sampler.generator is None and not dataloader.num_workers
 
 
 def _wants_generator(rng_types: Optional[list[Union[str, RNGType]]]) -> bool:
@@ -567,20 +585,24 @@ def prepare_data_loader(
             dataset, split_batches=split_batches, slice_fn=slice_fn_for_dispatch, torch_device_mesh=torch_device_mesh,
             **batching, **common))
 
+    seeds_each_epoch = num_processes == 1 and _seeds_each_epoch(
+        _sampler_of(batching.get("sampler", batching.get("batch_sampler"))), dataloader)
     dataset, batching, generator = _share_of_process(
         dataloader, batching, num_processes, process_index, split_batches, even_batches,
         own_generator=_wants_generator(rng_types) and not use_seedable_sampler,
     )
     if generator is None and rng_types is not None and "generator" in rng_types:
         rng_types.remove("generator")  # the caller's list, as HF 1.15 does
-    return _with_seedable_sampler(DataLoaderShard(
+    loader = DataLoaderShard(
         dataset,
         device=device if put_on_device else None,
         rng_types=rng_types,
         synchronized_generator=generator,
         **batching,
         **common,
-    ))
+    )
+    loader._seeds_each_epoch = seeds_each_epoch and generator is not None
+    return _with_seedable_sampler(loader)
 
 
 def _with_seedable_sampler(loader: Any) -> Any:
@@ -614,7 +636,8 @@ def _share_of_process(
     key = "sampler" if "sampler" in batching else "batch_sampler"
     if num_processes == 1:
         sampler = _sampler_of(batching.get(key))
-        return dataloader.dataset, batching, _own_generator(sampler) if own_generator else None
+        seed_now = not _seeds_each_epoch(sampler, dataloader)
+        return dataloader.dataset, batching, _own_generator(sampler, seed_now) if own_generator else None
     if isinstance(dataloader.dataset, IterableDataset):
         batch_size = batching["batch_size"]
         shard = IterableDatasetShard(
@@ -651,6 +674,12 @@ def _continuing(dataloader: DataLoaderPositionMixin, num_batches: int, copy: Dat
     return copy
 
 
+def _seeding_as(dataloader: DataLoaderShard, copy: DataLoaderShard) -> DataLoaderShard:
+    """``copy``, drawing each epoch's seed from torch's RNG where ``dataloader`` does."""
+    copy._seeds_each_epoch = dataloader._seeds_each_epoch
+    return copy
+
+
 def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
     """A loader that yields what ``dataloader`` yields, from batch ``num_batches`` on.
 
@@ -683,7 +712,7 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
             **carried,
         ))
     if isinstance(dataloader, DataLoaderShard):
-        return _continuing(dataloader, num_batches, DataLoaderShard(
+        return _continuing(dataloader, num_batches, _seeding_as(dataloader, DataLoaderShard(
             dataset,
             device=dataloader.device,
             rng_types=dataloader.rng_types,
@@ -694,7 +723,7 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
             iteration=dataloader.iteration,
             **_skipping_batches(dataloader, num_batches - by_loading),
             **carried,
-        ))
+        )))
     if isinstance(dataset, IterableDataset):
         return SkipDataLoader(dataset, skip_batches=by_loading, **_skipping_batches(dataloader, 0), **carried)
     return DataLoader(dataset, **_skipping_batches(dataloader, num_batches, prepared=False), **carried)

@@ -102,6 +102,13 @@ class DataLoaderPositionMixin(_SamplerAccessMixin):
             keeper._epoch_start_rng = generator.get_state() if generator is not None else None
         keeper._batches_in_epoch = self._skipped
 
+    def _draw_epoch_seed(self) -> None:
+        """Seed the order generator from torch's RNG, as HF's RandomSampler without a generator does when an
+        epoch's first index is drawn (after the iterator's base seed); the epoch's recorded start follows."""
+        generator = self._order_generator()
+        generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+        self._keeper._epoch_start_rng = generator.get_state()
+
     def _count_batch(self) -> None:
         self._keeper._batches_in_epoch += 1
 

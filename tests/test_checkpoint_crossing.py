@@ -23,13 +23,11 @@ resumed run is its losses and final parameters, compared with
   conformance/manifests/accelerate.toml), so the dropout masks differ.
 
 Worlds 2 (one simulator launch for every variant) and 1 (here). At world 1
-the default shuffled loader does not cross yet: accelerate_ref's prepared
-loader shuffles with a generator that ``prepare`` seeds from torch's RNG,
-where HF's RandomSampler (which has no generator at one process) draws its
-seed from torch's RNG when each epoch starts, so the same seed gives other
-batches before any checkpoint is involved (`data_loader`). With the
-seedable sampler the order is a function of seed and epoch in both, and
-world 1 crosses.
+HF's RandomSampler (given no generator) draws its seed from torch's RNG as
+each epoch begins; accelerate_ref's prepared loader seeds its sampler's
+generator with the same draw at the same moment, so the same seed gives the
+same batches. With the seedable sampler the order is a function of seed and
+epoch in both.
 
 Catalog: save_state.roundtrip, save_state.file_names, save_state.auto_naming,
 save_state.total_limit, save_state.resume_data_order.
@@ -185,12 +183,6 @@ def test_world_1_resumes_across_libraries_with_the_seedable_sampler(tmp_path: Pa
     _check(crossing(str(tmp_path), SEEDABLE), SEEDABLE, "world 1")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="at one process accelerate_ref's prepared loader shuffles with a generator prepare seeds; "
-    "HF's sampler seeds itself from torch's RNG each epoch, so the batches differ before any checkpoint "
-    "(data_loader, issue 20)",
-)
 def test_world_1_resumes_across_libraries(tmp_path: Path):
     _check(crossing(str(tmp_path), DEFAULT), DEFAULT, "world 1")
 
