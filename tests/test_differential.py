@@ -163,3 +163,20 @@ def test_a_probe_past_its_timeout_ends_with_its_stack() -> None:
     subject = Subject(REFERENCE, REFERENCE, ClassIndex.of_public_api())
     seen = _within(0.5, run_probe, Probe("meta.sleeps", "meta", _sleeps), subject)
     assert seen[0][0] == "probe" and "past 0.5 s" in seen[0][1]["timeout"] and "_sleeps" in seen[0][1]["timeout"]
+
+
+def _misspelt(api: Api) -> None:
+    api.accelerator()
+    undefined_model()  # noqa: F821 - the probe's own bug
+
+
+def _implementation_refuses(api: Api) -> None:
+    api.get("Accelerator")(gradient_accumulation_steps=0)  # raised inside the implementation: an observation
+
+
+def test_a_probe_whose_own_code_raises_is_reported_even_when_both_sides_agree() -> None:
+    probes = [Probe("meta.misspelt", "meta", _misspelt), Probe("meta.refused", "meta", _implementation_refuses)]
+    report = run(REFERENCE, REFERENCE, probes, [], settings=("cpu/1",))
+    assert [(f.probe, f.label, f.deviation) for f in report.findings] == [
+        ("meta.misspelt", "the probe itself, under the reference", None)], report.text()
+    assert "NameError: name 'undefined_model' is not defined (test_differential.py:" in report.findings[0].reference

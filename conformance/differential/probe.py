@@ -18,6 +18,10 @@ Rules:
   raised, so one probe can try a valid call and every refusal in turn;
 * what the probe returns or raises is recorded too (label ``probe``), and so
   are the files it left in ``api.tmp``, its working directory (label ``files``);
+  an exception raised by the probe's own code (a line of its module, not of
+  the implementation: a misspelt name, say) is also recorded as
+  ``probe code raised``, which the runner reports when it happens under the
+  reference, so that a probe cannot agree with itself by failing twice;
 * each run starts from fresh implementation state (the ``_reset_state``
   hooks), seeds 0 for ``random``, numpy and torch, and the probe's ``env``;
   the environment, working directory and state are restored after it;
@@ -34,6 +38,7 @@ import pkgutil
 import random
 import shutil
 import tempfile
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -200,11 +205,33 @@ def seed_everything(seed: int = 0) -> None:
     torch.manual_seed(seed)
 
 
+#: The label of an exception raised by a probe's own code (see the module rules).
+PROBE_CODE_RAISED = "probe code raised"
+
+
+def _failing_in_own_code(found: Probe, failures: list[str]) -> Callable[[Api], Any]:
+    """``found``'s function, noting in ``failures`` an exception whose innermost frame is in the probes' folder."""
+    folder = Path(found.function.__code__.co_filename).resolve().parent
+
+    def body(api: Api) -> Any:
+        try:
+            return found.function(api)
+        except Exception as error:
+            where = traceback.extract_tb(error.__traceback__)[-1]
+            if Path(where.filename).resolve().parent == folder:
+                failures.append(f"{type(error).__name__}: {error} ({Path(where.filename).name}:{where.lineno})")
+            raise
+
+    return body
+
+
 def run_probe(found: Probe, subject: Subject, *, tmp: Path | None = None, rank: int = 0, world_size: int = 1,
-              family: str = "cpu") -> Observations:
+              family: str = "cpu", settle: Callable[[], None] = lambda: None) -> Observations:
     """Run ``found`` once under ``subject`` and return what it saw; see the module docstring for the rules.
 
     ``tmp``: the folder the ranks of a world share (created and removed by the caller); a fresh one by default.
+    ``settle``: called on every rank once the probe returned, before rank 0 reads the files (a barrier, so
+    that it reads every rank's).
     """
     own_tmp = tmp is None
     folder = Path(tempfile.mkdtemp(prefix="differential-")) if own_tmp else tmp
@@ -215,10 +242,14 @@ def run_probe(found: Probe, subject: Subject, *, tmp: Path | None = None, rank: 
     seed_everything()
     os.environ.update(found.env)
     os.chdir(folder)
+    own_failures: list[str] = []
     try:
-        top, _ = observe(normaliser, subject.loggers, found.function, api)
+        top, _ = observe(normaliser, subject.loggers, _failing_in_own_code(found, own_failures), api)
         if top != {"value": None}:
             api.observations.append(("probe", top))
+        if own_failures:
+            api.observations.append((PROBE_CODE_RAISED, {"value": own_failures[0]}))
+        settle()
         if rank == 0:
             files = describe_files(folder, normaliser)
             if files:

@@ -49,7 +49,8 @@ def run_one(name: str, family: str, shared_dir: str, record_calls: bool) -> dict
         folder.mkdir(parents=True, exist_ok=True)
         recorder = Recorder(subject.impl.module if role == "reference" and record_calls else None)
         with recorder:
-            reply[role] = run_probe(found, subject, tmp=folder, rank=rank, world_size=size, family=family)
+            reply[role] = run_probe(found, subject, tmp=folder, rank=rank, world_size=size, family=family,
+                                    settle=_barrier)
         if recorder.active:
             reply["calls"] = recorder.calls
         _barrier()  # the candidate's collectives never meet the reference's of a slower rank

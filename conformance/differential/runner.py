@@ -36,7 +36,7 @@ from . import rank
 from .coverage import CodeKey, Coverage, Recorder, report
 from .deviations import Deviation
 from .observe import ClassIndex, ProbeTimeout
-from .probe import Observations, Probe, Subject, run_probe
+from .probe import PROBE_CODE_RAISED, Observations, Probe, Subject, run_probe
 
 IN_PROCESS = "cpu/1"
 SETTINGS = ("cpu/1", "cpu/2", "cuda/1", "cuda/2")
@@ -152,8 +152,14 @@ def _match(deviations: list[Deviation], probe: str, label: str, setting: str) ->
 
 
 def _findings(name: str, setting: str, per_rank: dict[int, dict[str, Any]], deviations: list[Deviation]) -> list[Finding]:
+    """The differences of each rank's replies, and (never explained) a probe that fails under the reference itself:
+    its own code raised, or it ran past its timeout."""
     findings = []
     for rank_index, reply in sorted(per_rank.items()):
+        reference = dict(reply["reference"])
+        failed = (reference.get(PROBE_CODE_RAISED) or {}).get("value") or (reference.get("probe") or {}).get("timeout")
+        if failed:
+            findings.append(Finding(name, setting, rank_index, "the probe itself, under the reference", failed, None))
         for label, theirs, ours in compare(reply["reference"], reply["candidate"]):
             entry = _match(deviations, name, label, setting)
             findings.append(Finding(name, setting, rank_index, label, theirs, ours, entry))

@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from ..probe import Api, probe
-from ._models import Net, PreTrainedModel, Tied, placement, quiet
+from ._models import Block, Net, PreTrainedModel, Tied, placement, quiet
 
 M = "utils.modeling."
 #: Two mock GPUs of 4 MB each on every rank of the CUDA family.
