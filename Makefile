@@ -19,7 +19,7 @@ JOBS       ?= 2
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: conformance conformance-hf test extended bench clean faults scale shipped bytecode
+.PHONY: conformance conformance-hf test extended bench clean faults scale shipped bytecode lint
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -55,8 +55,12 @@ conformance: $(STAMP) bytecode
 conformance-hf:
 	$(MAKE) conformance IMPL=accelerate
 
-test: $(STAMP) bytecode
+test: $(STAMP) bytecode lint
 	$(PY) -m pytest -n $(JOBS) $(PYTEST_ARGS)
+
+# The linter's rules are in pyproject.toml ([tool.ruff]).
+lint: $(STAMP)
+	$(PY) -m ruff check accelerate_ref simulators conformance tests benchmarks
 
 # The expensive variants kept out of `make test` (marker `extended`).
 extended: $(STAMP) bytecode

@@ -56,7 +56,8 @@ def test_missing_script_and_module(capsys, hf_home, tmp_path):
 
 @pytest.mark.parametrize(
     "content, words",
-    [("num_processes: [unclosed\n", "not valid YAML"), ("- a\n- b\n", "mapping"), ("distributed_type: NO\nmixed_precision: bf16\nfancy_key: 1\n", "fancy_key"), ("mixed_precision: bf16\n", "distributed_type")],
+    [("num_processes: [unclosed\n", "not valid YAML"), ("- a\n- b\n", "mapping"),
+     ("distributed_type: NO\nmixed_precision: bf16\nfancy_key: 1\n", "fancy_key"), ("mixed_precision: bf16\n", "distributed_type")],
 )
 def test_bad_config_file(capsys, hf_home, script, tmp_path, content, words):
     config = tmp_path / "bad.yaml"

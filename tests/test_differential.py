@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,8 @@ from conformance.differential.runner import _within, compare, run
 
 TESTS_DIR = Path(__file__).resolve().parent
 REFERENCE = "accelerate_ref"
+#: The first line of a finding in the command's report: probe, setting, rank and label.
+FINDING_HEADER = re.compile(r"^\S+ \[(cpu|cuda)/\d+ rank \d+\] ")
 
 
 def _cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -34,7 +37,9 @@ def _cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
 @pytest.mark.timeout(900)
 def test_accelerate_ref_behaves_as_hf_accelerate_on_every_probe() -> None:
     finished = _cli("--impl", REFERENCE, "--against", "accelerate")
-    assert finished.returncode == 0, f"differences found:\n{finished.stdout[-20000:]}\n{finished.stderr[-3000:]}"
+    headers = [line for line in finished.stdout.splitlines() if FINDING_HEADER.match(line)]
+    assert finished.returncode == 0, (
+        "differences found:\n" + "\n".join(headers) + f"\n\nin full:\n{finished.stdout[-20000:]}\n{finished.stderr[-3000:]}")
     assert "0 unexplained difference(s)" in finished.stdout
 
 

@@ -285,4 +285,4 @@ __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
 # Eager, as in 🤗 Accelerate: the function `tqdm` and the submodule `tqdm` share a name, and the
 # package attribute must stay the function even after `import accelerate_ref.utils.tqdm`.
-from .tqdm import tqdm  # noqa: E402
+from .tqdm import tqdm  # noqa: E402, F401

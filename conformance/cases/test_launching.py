@@ -19,7 +19,6 @@ import logging
 import os
 import subprocess
 import sys
-import textwrap
 import time
 import types
 from contextlib import contextmanager
@@ -390,9 +389,9 @@ def logging_get_logger(impl, world):
 def _logging_get_logger_check(values, world):
     lines = values[0]
     text = " | ".join(lines)
-    expect_equal(sorted(l for l in lines if l.startswith("main-only")), ["main-only 0"], f"default (main process only) log lines in {text!r}")
-    expect_equal(sorted(l for l in lines if l.startswith("every")), ["every 0", "every 1"], "main_process_only=False log lines")
-    expect_equal([l for l in lines if l.startswith("ordered")], ["ordered 0", "ordered 1"], "in_order=True log lines, in file order")
+    expect_equal(sorted(line for line in lines if line.startswith("main-only")), ["main-only 0"], f"default (main process only) log lines in {text!r}")
+    expect_equal(sorted(line for line in lines if line.startswith("every")), ["every 0", "every 1"], "main_process_only=False log lines")
+    expect_equal([line for line in lines if line.startswith("ordered")], ["ordered 0", "ordered 1"], "in_order=True log lines, in file order")
 
 
 @contextmanager

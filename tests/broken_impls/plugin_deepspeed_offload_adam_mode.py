@@ -7,8 +7,6 @@ CPU version with the same update: AdamW's decoupled weight decay
 the deepspeed package is installed): the weights drift from AdamW's.
 """
 
-import torch
-
 from broken_impls._wrap import BrokenCopy
 
 ref = BrokenCopy(__name__)

@@ -136,7 +136,7 @@ def megatron_model_config_parsers(api: Api) -> None:
         api.call(f"{name} directly", f"utils.dataclasses.{name}", plugin, BertForMaskedLM(model_type,
                                                                                           **CONFIGS[model_type]), None)
         _args(api, f"{name} directly", plugin)
-    api.call(f"parse_gpt2_config of a bert", "utils.dataclasses.parse_gpt2_config", api.get(PLUGIN)(),
+    api.call("parse_gpt2_config of a bert", "utils.dataclasses.parse_gpt2_config", api.get(PLUGIN)(),
              BertForMaskedLM("megatron-bert", **CONFIGS["megatron-bert"]), None)
 
 
