@@ -93,6 +93,17 @@ class RankProcess:
         return self.log_file.stat().st_size if self.log_file is not None else 0
 
 
+def _exit_handle(pid: int) -> int:
+    """A pidfd of ``pid``; for a rank already gone (one the fork server forked and reaped at once, a setup that
+    exits at start), a descriptor that is readable already, as the pidfd of an exited process is."""
+    try:
+        return os.pidfd_open(pid)
+    except ProcessLookupError:
+        read, write = os.pipe()
+        os.close(write)
+        return read
+
+
 def returned_path(workdir: Path, rank: int) -> Path:
     """The file rank ``rank`` creates when its script or function has returned (see `RETURNED_FILE_ENV`)."""
     return workdir / f"rank{rank}.returned"
@@ -200,7 +211,7 @@ def _spawn_rank(
             raise ValueError("a rank forked from a zygote runs `python -m MODULE` with logs=True")
         log_file.write_bytes(b"")
         proc = zygote.fork(argv[2], full_env, log_file, os.fspath(cwd) if cwd else None, timeout=30.0)
-        return RankProcess(rank, proc, stack_file, log_file, os.pidfd_open(proc.pid), fr_file)
+        return RankProcess(rank, proc, stack_file, log_file, _exit_handle(proc.pid), fr_file)
     common = dict(
         env=full_env,
         cwd=cwd,

@@ -74,6 +74,10 @@ _LAUNCH_SCRIPT = textwrap.dedent('''
     from pathlib import Path
 
     def record(folder, tag, value):
+        import torch.distributed as dist
+
+        if dist.is_initialized():  # debug_launcher's ranks (HF's and ours): one that returned at once could
+            dist.barrier()         # close its gloo pair while the other still connects ("Connection closed by peer")
         Path(folder, f"{os.getpid()}.txt").write_text(f"{tag} {value}")
 
     root, port = sys.argv[1:3]
