@@ -1,9 +1,11 @@
-"""``accelerate-ref launch --simulate cpu|cuda|xla|npu``: a dry run of a user's unmodified script on simulated ranks.
+"""What a dry run needs of the simulator: the environment of a device family, and the run summary.
 
-The script runs on the simulator's ranks (``simulators.launcher.launch``: N
-ranks as M machines, gloo on loopback) with 🤗 Accelerate's launch
-environment and, for ``cuda`` / ``xla`` / ``npu``, that family's mock device first on
-every rank's import path. Afterwards a run summary lists, per rank, its exit
+The dry run itself is a command's (``accelerate-ref launch --simulate
+cpu|cuda|xla|npu``, :mod:`accelerate_ref.commands.dry_run`): it runs a user's
+unmodified script on the simulator's ranks (``simulators.launcher.launch``: N
+ranks as M machines, gloo on loopback) with its launch environment plus
+:func:`family_env` (for ``cuda`` / ``xla`` / ``npu``, that family's mock device
+first on every rank's import path). Afterwards :func:`summary` lists, per rank, its exit
 status; every device-mixing error with the file and line of the user's code
 that caused it; every XLA step recompilation with the shapes that changed;
 and, for a run stopped at ``--timeout``, the Python stack of every rank
@@ -14,12 +16,11 @@ for what the mock takes over from a CPU-only torch).
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import sys
 
-from simulators.launcher import LaunchResult, launch
+from simulators.launcher import LaunchResult
 from simulators.topology import World
 
 #: Seconds a dry run may take when ``--timeout`` is not given.
@@ -29,16 +30,14 @@ RECOMPILATION = re.compile(r"XLA recompilation at step[^\n]*")
 FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
 
-def _env(args: argparse.Namespace) -> dict[str, str]:
-    from accelerate_ref.utils.launch import launch_env
-
-    env = {key: value for key, value in launch_env(args, base={}).items()}
-    env["ACCELERATE_USE_CPU"] = str(args.simulate == "cpu" or bool(args.cpu))
-    env["OMP_NUM_THREADS"] = "1"
+def family_env(family: str) -> dict[str, str]:
+    """The environment every rank of a dry run on ``family`` gets from the simulator: one thread, and for a
+    mock device family its settings with its sites first on the import path."""
     from simulators.devices import KINDS, world_settings
 
-    if args.simulate in KINDS:
-        settings = world_settings(args.simulate)
+    env = {"OMP_NUM_THREADS": "1"}
+    if family in KINDS:
+        settings = world_settings(family)
         env.update(settings.env)
         env["PYTHONPATH"] = os.pathsep.join([*settings.pythonpath, *filter(None, sys.path)])
     return env
@@ -74,18 +73,3 @@ def summary(result: LaunchResult, world: World, script: str) -> str:
     for rank, stack in sorted(result.stacks.items()):
         lines.append(f"--- rank {rank} stack ---\n{stack.rstrip()}")
     return "\n".join(lines)
-
-
-def dry_run(args: argparse.Namespace) -> int:
-    """Run ``args.training_script`` on the simulator and print the summary; return the launcher's exit status."""
-    if args.module or args.no_python:
-        raise ValueError("--simulate runs a script file; -m and --no_python are not supported with it")
-    world = World.of(args.num_processes, machines=args.num_machines)
-    result = launch(
-        [args.training_script, *args.training_script_args],
-        world,
-        timeout=args.timeout or DEFAULT_TIMEOUT,
-        env=_env(args),
-    )
-    print(summary(result, world, args.training_script), flush=True)
-    return result.exit_code

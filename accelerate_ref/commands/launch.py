@@ -570,7 +570,7 @@ def launch_command(args: argparse.Namespace) -> int:
     """Validate, then run the launch; return the exit status (errors raise LaunchError / RankFailure)."""
     validate(args)
     if args.simulate:
-        from simulators.dryrun import dry_run
+        from .dry_run import dry_run
 
         return dry_run(args)
     if args.num_processes == 1 and args.num_machines == 1:
