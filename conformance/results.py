@@ -72,7 +72,7 @@ class CaseResult:
     #: Stacks of ranks still running at a HANG, by rank.
     stacks: dict[int, str] = field(default_factory=dict)
     #: At a HANG or CRASH: the collective each rank was in and who never joined
-    #: (``simulators.collectives.Diagnosis.to_json``), from torch's Flight Recorder.
+    #: (``simulators.flight_recorder.Diagnosis.to_json``), from torch's Flight Recorder.
     collectives: dict[str, Any] = field(default_factory=dict)
     #: Manifest reason when the status is XFAIL, or when a listed deviation passed.
     manifest_reason: str = ""

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from typing import IO, Any, Sequence
 
 from simulators.capacity import check_world
-from simulators.collectives import DEBUG_ENV
+from simulators.flight_recorder import DEBUG_ENV
 from simulators.topology import World
 
 from . import catalog

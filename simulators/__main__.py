@@ -15,7 +15,7 @@ import sys
 
 from simulators.capacity import check_world
 from simulators.cli import OneLineParser
-from simulators.collectives import DEBUG_ENV
+from simulators.flight_recorder import DEBUG_ENV
 from simulators.devices import KINDS, world_settings
 from simulators.devices.machine import machine_env
 from simulators.launcher import launch

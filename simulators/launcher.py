@@ -31,7 +31,7 @@ from simulators.spawn import (
     TAIL_LINES, RankProcess, describe_exit, kill_all, returned_path, shell_status, spawn_world,
 )
 from simulators.topology import World
-from simulators.collectives import Diagnosis, diagnose
+from simulators.flight_recorder import Diagnosis, diagnose
 from simulators.watchdog import dump_flight_records, dump_stacks
 
 TIMEOUT_STATUS = 124

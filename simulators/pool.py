@@ -16,7 +16,7 @@ Rules:
   that failed, and their stacks say so sooner. At a hang or crash the
   pool also reads every live rank's torch Flight Recorder and keeps which
   collective each rank was in and which ranks never joined it
-  (:mod:`simulators.collectives`). After a crash or a hang
+  (:mod:`simulators.flight_recorder`). After a crash or a hang
   the pool is torn down and the next ``run()`` starts it again;
 - between targets the workers live on, and so does any process group a
   target created (the pool never touches torch.distributed);
@@ -51,7 +51,7 @@ from multiprocessing.connection import Connection, answer_challenge, deliver_cha
 from pathlib import Path
 from typing import Literal
 
-from simulators.collectives import Diagnosis, diagnose
+from simulators.flight_recorder import Diagnosis, diagnose
 from simulators.forking import Zygote, ZygoteError
 from simulators.outcome import RankOutcome
 from simulators.ports import free_port

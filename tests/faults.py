@@ -28,7 +28,7 @@ import psutil
 
 from conformance.backends import SimBackend
 from simulators import pool
-from simulators.collectives import DEBUG_ENV
+from simulators.flight_recorder import DEBUG_ENV
 from simulators.topology import LOOPBACK, World
 from tests.fixture_cases import faults as cases
 

@@ -5,7 +5,7 @@ from conformance.__main__ import main as conformance_main
 from simulators import RankPool, World
 from simulators.__main__ import main as simulators_main
 from simulators.capacity import CapacityError, check_world
-from simulators.collectives import diagnose
+from simulators.flight_recorder import diagnose
 from tests import test_simulators_rank_functions as ranks
 
 
