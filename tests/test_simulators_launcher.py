@@ -10,7 +10,7 @@ import pytest
 
 import simulators
 from simulators import RankFailure, RankTimeout, World, launch
-from tests import test_simulators_rank_functions as ranks
+from tests import simulators_rank_functions as ranks
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from simulators import PoolStartError, RankPool, World
-from tests import test_simulators_rank_functions as ranks
+from tests import simulators_rank_functions as ranks
 
 pytestmark = pytest.mark.slow
 

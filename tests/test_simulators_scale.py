@@ -6,7 +6,7 @@ from simulators import RankPool, World
 from simulators.__main__ import main as simulators_main
 from simulators.capacity import CapacityError, check_world
 from simulators.flight_recorder import diagnose
-from tests import test_simulators_rank_functions as ranks
+from tests import simulators_rank_functions as ranks
 
 
 def target(name):
