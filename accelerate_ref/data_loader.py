@@ -589,7 +589,7 @@ def prepare_data_loader(
         _sampler_of(batching.get("sampler", batching.get("batch_sampler"))), dataloader)
     dataset, batching, generator = _share_of_process(
         dataloader, batching, num_processes, process_index, split_batches, even_batches,
-        own_generator=_wants_generator(rng_types) and not use_seedable_sampler,
+        own_generator=_wants_generator(rng_types) and not use_seedable_sampler, seeds_each_epoch=seeds_each_epoch,
     )
     if generator is None and rng_types is not None and "generator" in rng_types:
         rng_types.remove("generator")  # the caller's list, as HF 1.15 does
@@ -622,6 +622,7 @@ def _share_of_process(
     split_batches: bool,
     even_batches: bool,
     own_generator: bool,
+    seeds_each_epoch: bool,
 ) -> tuple[Any, dict[str, Any], Optional[torch.Generator]]:
     """The dataset and batching arguments of process ``process_index``'s shard, and the generator to keep in sync.
 
@@ -631,13 +632,13 @@ def _share_of_process(
     drawing from torch's RNG, which ``"torch"`` synchronises (catalog
     data.shuffle_sync; HF 1.15 gives it a generator seeded from each rank's
     own RNG when sharding, so ranks shuffle differently). On one process it
-    makes the epoch resumable (catalog save_state.resume_data_order).
+    makes the epoch resumable (catalog save_state.resume_data_order); with
+    ``seeds_each_epoch`` it is left unseeded, for each epoch to seed.
     """
     key = "sampler" if "sampler" in batching else "batch_sampler"
     if num_processes == 1:
         sampler = _sampler_of(batching.get(key))
-        seed_now = not _seeds_each_epoch(sampler, dataloader)
-        return dataloader.dataset, batching, _own_generator(sampler, seed_now) if own_generator else None
+        return dataloader.dataset, batching, _own_generator(sampler, not seeds_each_epoch) if own_generator else None
     if isinstance(dataloader.dataset, IterableDataset):
         batch_size = batching["batch_size"]
         shard = IterableDatasetShard(

@@ -147,6 +147,11 @@ def chained_operation(function: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def _at_least_1d(leaf: torch.Tensor) -> torch.Tensor:
+    """A 0-d tensor as a 1-d tensor of one element (catalog gather.scalar); others as they are."""
+    return leaf.reshape(1) if leaf.ndim == 0 else leaf
+
+
 @verify_operation
 def gather(tensor: Any) -> Any:
     """Gather every tensor of a nested structure from all processes.
@@ -162,10 +167,10 @@ def gather(tensor: Any) -> Any:
     """
     collectives = _collectives()
     if collectives.num_processes == 1:
-        return recursively_apply(lambda leaf: leaf.reshape(1) if leaf.ndim == 0 else leaf, tensor)
+        return recursively_apply(_at_least_1d, tensor)
 
     def _gpu_gather_one(leaf: torch.Tensor) -> torch.Tensor:  # HF's name: its refusal names it
-        return collectives.all_gather((leaf.reshape(1) if leaf.ndim == 0 else leaf).contiguous())
+        return collectives.all_gather(_at_least_1d(leaf).contiguous())
 
     return recursively_apply(_gpu_gather_one, tensor, error_on_other_type=True)
 
