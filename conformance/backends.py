@@ -176,7 +176,7 @@ class SimNpuBackend(SimBackend):
 
 def _rank_failed(outcome: RankOutcome) -> bool:
     """Whether a rank's reply fails the case (the others then get the pool's grace, not the case's timeout)."""
-    return not outcome.ok or outcome.value.get("status") in (Status.FAIL.value, Status.ERROR.value)
+    return not outcome.ok or Status(outcome.value["status"]).is_problem
 
 
 def _replies(outcome: PoolResult) -> dict[int, dict[str, Any]]:
