@@ -61,6 +61,7 @@ test: $(STAMP) bytecode lint
 # The linter's rules are in pyproject.toml ([tool.ruff]).
 lint: $(STAMP)
 	$(PY) -m ruff check accelerate_ref simulators conformance tests benchmarks
+	$(VENV)/bin/lint-imports --no-cache
 
 # The expensive variants kept out of `make test` (marker `extended`).
 extended: $(STAMP) bytecode

@@ -4,7 +4,7 @@ This module holds the constructor, the topology attributes, process control,
 the collective methods and the training path (prepare, backward,
 accumulation, clipping, mixed precision). Each method states the documented
 rule it implements and the catalog ID that checks it; the mechanics live in
-`precision` (autocast, scaler), `gradient_sync` (DDP synchronisation, uneven
+`_accelerator.precision` (autocast, scaler), `_accelerator.gradient_sync` (DDP synchronisation, uneven
 inputs), `optimizer`, `scheduler` and `utils.other` / `utils.memory`.
 """
 
@@ -18,13 +18,13 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from . import gradient_sync, lomo
+from ._accelerator import gradient_sync, lomo
 from .data_loader import prepare_data_loader, skip_first_batches
 from .optimizer import AcceleratedOptimizer
-from .parallelism import ParallelismMixin
-from .precision import MixedPrecision
-from .process_control import ProcessControlMixin
-from .saving import CheckpointingMixin
+from ._accelerator.parallelism import ParallelismMixin
+from ._accelerator.precision import MixedPrecision
+from ._accelerator.process_control import ProcessControlMixin
+from ._accelerator.checkpointing import CheckpointingMixin
 from .scheduler import AcceleratedScheduler
 from .parallelism_config import ParallelismConfig
 from .state import AcceleratorState, GradientState
@@ -54,8 +54,8 @@ from .utils.dataclasses import (
     ProfileKwargs,
     ProjectConfiguration,
 )
-from .utils.low_precision import FP8_RECIPE_CLASSES, AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
-from .engines import EnginesMixin, compile_model, prepare_with_engines, resolve_engines
+from .utils._dataclasses.low_precision import FP8_RECIPE_CLASSES, AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
+from ._accelerator.engines import EnginesMixin, compile_model, prepare_with_engines, resolve_engines
 from .logging import get_logger
 from .utils.memory import release_memory
 from .utils.other import extract_model_from_parallel, has_device_map

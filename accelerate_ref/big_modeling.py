@@ -47,7 +47,7 @@ from .utils.modeling import (
     load_checkpoint_in_model,
     retie_parameters,
 )
-from .utils.module_sizes import MaxMemory
+from .utils._modeling.sizes import MaxMemory
 from .utils.offload import INDEX_NAME, OffloadedWeightsLoader, extract_submodules_state_dict, offload_state_dict
 from .utils.other import recursive_getattr
 

@@ -29,14 +29,14 @@ Checkpoints cross implementations: the names, keys and value types are HF
 1.15's, so HF resumes from a folder written here and this module resumes
 from one HF wrote. The random states are HF's layout exactly, numpy's key
 array an ndarray (accelerate_ref stored it as an int64 tensor before; such
-files still load): `utils.serialization.load`, as HF's ``load``, lets
+files still load): `utils._other.serialization.load`, as HF's ``load``, lets
 weights_only loading rebuild numpy arrays, so the tensor bought no safety,
 and a file in HF's layout reads the same to both libraries and their tools.
 What HF does not write is optional on reading: HF writes ``sampler.bin``
 only for an iterable dataset shard with a seedable sampler (in practice
 never), so a loader without one is left where ``prepare`` put it, as HF
 leaves it (`skip_first_batches` then skips into the epoch that begins).
-The manifest (`checkpoint_store`) is accelerate_ref's alone; HF ignores it
+The manifest (`_checkpointing.store`) is accelerate_ref's alone; HF ignores it
 and a folder without one is not checked against it.
 
 Catalog: save_state.roundtrip, save_state.file_names, save_state.resume_data_order,
@@ -56,7 +56,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_model
 
-from .checkpoint_store import CheckpointError
+from ._checkpointing.store import CheckpointError
 from .logging import get_logger
 from .utils.constants import (
     MODEL_NAME,  # noqa: F401  (HF's checkpointing module exposes it)
@@ -69,12 +69,12 @@ from .utils.constants import (
     SCHEDULER_NAME,
     WEIGHTS_NAME,
 )
-from .utils.serialization import load, save, write_object
+from .utils._other.serialization import load, save, write_object
 
 #: Accelerator device types whose RNG states are saved when present (as ``torch_<type>_manual_seed``).
 _DEVICE_RNGS = ("cuda", "xpu", "npu", "mlu", "musa", "hpu")
 _CUSTOM_FILE = re.compile(r"custom_checkpoint_(\d+)\.pkl")
-#: HF 1.15's file for the state of a loader backed by torchdata's StatefulDataLoader (`data_loader_adapter`).
+#: HF 1.15's file for the state of a loader backed by torchdata's StatefulDataLoader (`_data_loader.adapter`).
 STATEFUL_LOADER_NAME = "dl_state_dict.bin"
 logger = get_logger(__name__)
 
@@ -111,7 +111,7 @@ def rng_states(step: int) -> dict[str, Any]:
     Rule: the keys and values are HF's (``numpy_random_seed`` is
     ``np.random.get_state()`` itself, its key array a uint32 ndarray), so
     that either library resumes from the other's file. It still loads
-    without running code: `utils.serialization.load` (as HF's ``load``)
+    without running code: `utils._other.serialization.load` (as HF's ``load``)
     lets ``torch.load(weights_only=True)`` rebuild numpy arrays and nothing
     else beyond tensors. Catalog: save_state.roundtrip.
     """

@@ -6,8 +6,8 @@ the same dataset (its ``base_dataloader``) and reports that one's class, so
 ``isinstance(loader, DataLoader)`` holds as with HF 1.15's:
 
 * `DataLoaderShard` (the default): every process iterates its own shard,
-  chosen by `samplers.BatchSamplerShard` (map-style datasets) or
-  `samplers.IterableDatasetShard` (iterable ones). Before each epoch the
+  chosen by `_data_loader.samplers.BatchSamplerShard` (map-style datasets) or
+  `_data_loader.samplers.IterableDatasetShard` (iterable ones). Before each epoch the
   random generators named in ``rng_types`` are synchronised from process 0,
   so shuffles agree and shards stay disjoint.
 * `DataLoaderDispatcher` (``dispatch_batches=True``, the default for an
@@ -16,9 +16,9 @@ the same dataset (its ``base_dataloader``) and reports that one's class, so
   process keeps its slice.
 
 With ``use_stateful_dataloader`` their base loader is torchdata's
-`StatefulDataLoader`, whose state they keep (`data_loader_adapter`).
+`StatefulDataLoader`, whose state they keep (`_data_loader.adapter`).
 Where they are in an epoch, for a resumed run, is `DataLoaderPositionMixin`'s
-(`data_loader_position`).
+(`_data_loader.position`).
 
 While a prepared loader is iterated it is registered in `GradientState`,
 with ``end_of_dataloader`` (True on its last batch) and ``remainder`` (the
@@ -40,9 +40,9 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Union
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
-from .data_loader_adapter import DataLoaderAdapter, carried_arguments, uncount_prefetched
-from .data_loader_position import DataLoaderPositionMixin
-from .samplers import (
+from ._data_loader.adapter import DataLoaderAdapter, carried_arguments, uncount_prefetched
+from ._data_loader.position import DataLoaderPositionMixin
+from ._data_loader.samplers import (
     BatchSamplerShard,
     IterableDatasetShard,
     SeedableRandomSampler,
@@ -52,7 +52,7 @@ from .samplers import (
     uneven_split,
     get_sampler,
 )
-from .parallelism import data_parallel_share
+from ._accelerator.parallelism import data_parallel_share
 from .state import GradientState, PartialState
 from .utils.dataclasses import DistributedType, RNGType
 from .utils.operations import (
@@ -64,7 +64,7 @@ from .utils.operations import (
     send_to_device,
 )
 from .utils.random import synchronize_rng_states
-from .utils.samples import concatenate_samples, count_samples, slice_samples
+from .utils._operations.samples import concatenate_samples, count_samples, slice_samples
 
 def _total_batch_size(dataloader: DataLoader) -> Optional[int]:
     """Samples per step over all processes: a shard's global batch size, else the loader's batch size."""
@@ -264,7 +264,7 @@ class DataLoaderDispatcher(DataLoaderPositionMixin, DataLoaderStateMixin, DataLo
     from the start of the first step until it splits evenly; the batch's
     layout (with its non-tensor leaves), then its tensors, are broadcast from
     process 0, and process ``i`` keeps the ``i``-th of ``num_processes`` equal
-    slices (``slice_fn``, default `utils.samples.slice_samples`: tensors and
+    slices (``slice_fn``, default `utils._operations.samples.slice_samples`: tensors and
     lists of plain samples such as strings, which collate into lists, are
     sliced alike; HF 1.15 raises a TypeError for them). Batches land on the process's device. The
     other processes never iterate the underlying loader. The first
@@ -546,7 +546,7 @@ def prepare_data_loader(
       `SeedableRandomSampler` (order = f(``data_seed`` or the torch seed, epoch));
     * batches go to ``device`` when ``put_on_device``;
     * ``use_stateful_dataloader``: torchdata's `StatefulDataLoader` underneath (ImportError without it);
-    * with ``torch_device_mesh``, shares are the mesh's data-parallel ones (`parallelism.data_parallel_share`);
+    * with ``torch_device_mesh``, shares are the mesh's data-parallel ones (`_accelerator.parallelism.data_parallel_share`);
     * a map-style loader without batches (``batch_size=None`` and no batch
       sampler) is a ValueError; anything without a ``dataset`` an AttributeError (HF's).
 

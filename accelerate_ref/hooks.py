@@ -19,9 +19,9 @@ from torch import nn
 
 from .utils.imports import is_mlu_available, is_musa_available, is_npu_available
 from .utils.memory import clear_device_cache
-from .utils.module_sizes import get_non_persistent_buffers, named_module_tensors, set_module_tensor_to_device
+from .utils._modeling.sizes import get_non_persistent_buffers, named_module_tensors, set_module_tensor_to_device
 from .utils.offload import PrefixedDataset
-from .utils.structures import find_device, send_to_device
+from .utils._operations.structures import find_device, send_to_device
 
 Device = Union[int, str, torch.device]
 #: Methods `dispatch_model` puts on a model's instance; removing its hook takes them away too.

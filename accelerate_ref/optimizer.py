@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from .state import AcceleratorState, GradientState
-from .utils.structures import honor_type
+from .utils._operations.structures import honor_type
 
 
 def move_to_device(state: Any, device: Any) -> Any:

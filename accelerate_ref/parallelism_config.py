@@ -11,7 +11,7 @@ ranks), with the joint dimensions ``dp`` (dp_replicate x dp_shard),
 loss is averaged over) flattened from it. Ranks that differ only in the
 non-data-parallel dimensions (tp, cp, sp) see the same batches.
 
-`Accelerator(parallelism_config=...)` uses it through `accelerate_ref.parallelism`.
+`Accelerator(parallelism_config=...)` uses it through `accelerate_ref._accelerator.parallelism`.
 Mirrors HF 1.15's ``accelerate.parallelism_config``; no catalog ID covers it yet.
 """
 

@@ -12,7 +12,7 @@ refusals, warnings and DEBUG log lines): `TensorBoardTracker`
 (``"tensorboard"``, when tensorboard or tensorboardX is installed),
 `MLflowTracker` (``"mlflow"``, the ``mlflow`` or ``mlflow-skinny``
 package) and `WandBTracker` (``"wandb"``), whose packages are in the
-``trackers`` extra; and, from `tracking_more` (extra ``trackers-more``),
+``trackers`` extra; and, from `_tracking.trackers` (extra ``trackers-more``),
 `CometMLTracker`, `AimTracker`, `ClearMLTracker`, `DVCLiveTracker`,
 `SwanLabTracker`, `TrackioTracker`. A tracker is created without its
 package; starting it imports the package (a ModuleNotFoundError where it is
@@ -33,8 +33,8 @@ from typing import Any, Optional, Union
 
 import yaml
 
-from .tracking_base import GeneralTracker, debug_started, installed_trackers, logger, on_main_process
-from .tracking_more import (
+from ._tracking.base import GeneralTracker, debug_started, installed_trackers, logger, on_main_process
+from ._tracking.trackers import (
     AimTracker,
     ClearMLTracker,
     CometMLTracker,
@@ -45,7 +45,7 @@ from .tracking_more import (
 from .utils.dataclasses import LoggerType
 from .utils.environment import str_to_bool
 from .utils.operations import listify
-from .utils.serialization import write_atomically
+from .utils._other.serialization import write_atomically
 
 
 def _plain(value: Any) -> Any:

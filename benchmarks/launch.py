@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 
-from accelerate_ref.utils.ports import get_free_port as free_port
+from accelerate_ref.utils._other.ports import get_free_port as free_port
 
 
 def commands(script: str) -> dict[str, list[str]]:

@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
 from accelerate_ref import Accelerator, AcceleratorState, DataLoaderConfiguration, GradientState, ProjectConfiguration
-from accelerate_ref.checkpoint_store import MANIFEST_NAME, CheckpointError
+from accelerate_ref._checkpointing.store import MANIFEST_NAME, CheckpointError
 from accelerate_ref.utils import (
     checkpoint_files,
     convert_file_size_to_int,

@@ -24,7 +24,7 @@ from accelerate_ref import (
     GradientState,
     ProjectConfiguration,
 )
-from accelerate_ref.checkpoint_store import CheckpointError
+from accelerate_ref._checkpointing.store import CheckpointError
 from accelerate_ref.utils import set_seed
 
 

@@ -25,7 +25,7 @@ from accelerate_ref.data_loader import (
     SkipDataLoader,
     prepare_data_loader,
 )
-from accelerate_ref.samplers import BatchSamplerShard, IterableDatasetShard, SeedableRandomSampler, SkipBatchSampler
+from accelerate_ref._data_loader.samplers import BatchSamplerShard, IterableDatasetShard, SeedableRandomSampler, SkipBatchSampler
 from accelerate_ref.utils import RNGType, set_seed, synchronize_rng_state, synchronize_rng_states
 
 

@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 
 from accelerate_ref.utils import MegatronLMPlugin
-from accelerate_ref.utils.megatron_plugin import ENV_DEFAULTS
+from accelerate_ref.utils._dataclasses.megatron import ENV_DEFAULTS
 
 hf_utils = pytest.importorskip("accelerate.utils")
 

@@ -304,7 +304,7 @@ def _lomo_steps(impl, lomo_class: type, backward) -> torch.Tensor:
 
 
 def test_lomo_backward_updates_as_hf(fresh_states, lomo_class: type) -> None:
-    from accelerate_ref.lomo import lomo_backward
+    from accelerate_ref._accelerator.lomo import lomo_backward
 
     hf = _lomo_steps(accelerate, lomo_class, lambda acc, loss, lr: acc.lomo_backward(loss, lr))
     ref = _lomo_steps(accelerate_ref, lomo_class, lambda acc, loss, lr: lomo_backward(acc._optimizers, loss, lr))
@@ -313,7 +313,7 @@ def test_lomo_backward_updates_as_hf(fresh_states, lomo_class: type) -> None:
 
 
 def test_lomo_backward_refusals_match_hf(fresh_states) -> None:
-    from accelerate_ref.lomo import lomo_backward
+    from accelerate_ref._accelerator.lomo import lomo_backward
 
     model = torch.nn.Linear(2, 1)
     loss = model(torch.randn(3, 2)).sum()

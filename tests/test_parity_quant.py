@@ -38,7 +38,7 @@ import accelerate_ref.utils as ref_utils  # noqa: E402
 from accelerate_ref.utils import ao as ref_ao  # noqa: E402
 from accelerate_ref.utils import dataclasses as ref_dataclasses  # noqa: E402
 from accelerate_ref.utils import imports as ref_imports  # noqa: E402
-from accelerate_ref.utils import low_precision  # noqa: E402
+from accelerate_ref.utils._dataclasses import low_precision  # noqa: E402
 
 HAS_BNB = importlib.util.find_spec("bitsandbytes") is not None
 HAS_TORCHAO = importlib.util.find_spec("torchao") is not None

@@ -7,7 +7,7 @@ yields once that state is loaded (then its next epoch). Worlds 1 (in this
 process) and 2 (one simulator launch running both implementations). The
 one intended difference: a dispatcher with ``split_batches`` over several
 processes, where HF uncounts one batch too many and replays a step
-(accelerate_ref.data_loader_adapter's rules).
+(accelerate_ref._data_loader.adapter's rules).
 
 Without torchdata (`pip install --no-deps torchdata`) only the refusal is tested.
 """
@@ -226,7 +226,7 @@ def test_without_torchdata_it_is_hfs_import_error(monkeypatch, fresh_states):
     """``use_stateful_dataloader=True`` without torchdata: ImportError naming it, in HF's words; nothing else changes."""
     import accelerate.data_loader as hf_data_loader
 
-    from accelerate_ref import data_loader_adapter
+    from accelerate_ref._data_loader import adapter as data_loader_adapter
     from accelerate_ref.data_loader import SkipDataLoader, prepare_data_loader
 
     monkeypatch.setattr(data_loader_adapter, "is_torchdata_stateful_dataloader_available", lambda: False)

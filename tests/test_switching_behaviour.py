@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 import simulators
 from accelerate_ref.utils import is_torchdata_stateful_dataloader_available
-from accelerate_ref.utils.ports import get_free_port
+from accelerate_ref.utils._other.ports import get_free_port
 
 IMPLS = ("accelerate", "accelerate_ref")
 RANK_ENV = {"OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1"}

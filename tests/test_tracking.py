@@ -13,7 +13,8 @@ import torch
 
 import simulators
 from accelerate_ref import Accelerator, AcceleratorState, GradientState, ProjectConfiguration
-from accelerate_ref import tracking, tracking_base
+from accelerate_ref import tracking
+from accelerate_ref._tracking import base as tracking_base
 from accelerate_ref.tracking import GeneralTracker, JSONLinesTracker, filter_trackers, get_available_trackers
 from accelerate_ref.utils import LoggerType, imports, is_mlflow_available, is_tensorboard_available, is_wandb_available
 
@@ -132,7 +133,7 @@ def test_a_tracker_whose_package_is_missing_is_dropped(monkeypatch, caplog):
         assert fresh(log_with="wandb").log_with == []
 
 
-#: The trackers of accelerate_ref.tracking_more, by name, with the availability check of their package.
+#: The trackers of accelerate_ref._tracking.trackers, by name, with the availability check of their package.
 MORE_TRACKERS = {
     "comet_ml": ("CometMLTracker", "is_comet_ml_available", "comet_ml"),
     "aim": ("AimTracker", "is_aim_available", "aim"),

@@ -21,7 +21,7 @@ class XlaFamily(DeviceFamily):
     * topology comes from ``torch_xla.runtime`` (``world_size``,
       ``global_ordinal``, ``local_ordinal``);
     * ``wait_for_everyone`` is ``xm.rendezvous`` (catalog ``sync.wait_for_everyone``);
-    * collectives go through ``xm`` (`accelerate_ref.utils.collectives.XlaCollectives`);
+    * collectives go through ``xm`` (`accelerate_ref.utils._operations.collectives.XlaCollectives`);
     * the torch.distributed group that DDP trains with is torch-xla's ``xla``
       backend, joined through ``init_method="xla://"``;
     * moving a module to XLA makes new tensors, so ``Module.to`` would replace

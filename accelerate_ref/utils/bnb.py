@@ -21,7 +21,7 @@ from typing import Any, Optional, Union
 import torch
 from torch import nn
 
-from .engine_plugins import BnbQuantizationConfig
+from ._dataclasses.bnb import BnbQuantizationConfig
 from .imports import is_4bit_bnb_available, is_8bit_bnb_available
 
 logger = logging.getLogger(__name__)

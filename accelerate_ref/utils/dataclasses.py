@@ -10,7 +10,6 @@ only `ProfileKwargs.build` imports torch, when called.
 
 from __future__ import annotations
 
-import copy
 import enum
 import os
 import warnings
@@ -32,7 +31,8 @@ from .constants import (  # noqa: F401  (HF's utils.dataclasses exposes the FSDP
     FSDP_SHARDING_STRATEGY,
 )
 from .._lazy import lazy_exports
-from .environment import clear_environment, parse_flag_from_env, str_to_bool
+from ._dataclasses.base import KwargsHandler, check
+from .environment import parse_flag_from_env, str_to_bool
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import torch
@@ -223,34 +223,6 @@ class TensorInformation:
 # --------------------------------------------------------------------------
 # Kwargs handlers
 # --------------------------------------------------------------------------
-def _check(condition: bool, message: str) -> None:
-    if not condition:
-        raise ValueError(message)
-
-
-class KwargsHandler:
-    """Mixin for dataclasses whose non-default fields become keyword arguments.
-
-    Catalog: kwargs.ddp, kwargs.init_process_group.
-    """
-
-    def to_dict(self) -> dict[str, Any]:
-        """A deep copy of every field."""
-        return copy.deepcopy(self.__dict__)
-
-    def to_kwargs(self) -> dict[str, Any]:
-        """The fields whose value differs from the class default.
-
-        Rule: the defaults are those of an instance built with an empty
-        environment, so defaults read from environment variables do not hide
-        a value the user set explicitly.
-        Catalog: kwargs.ddp, kwargs.init_process_group.
-        """
-        with clear_environment():
-            defaults = type(self)().to_dict()
-        return {key: value for key, value in self.to_dict().items() if defaults[key] != value}
-
-
 @dataclass
 class AutocastKwargs(KwargsHandler):
     """Arguments for `torch.autocast` (`enabled`, `cache_enabled`).
@@ -394,7 +366,7 @@ class ProfileKwargs(KwargsHandler):
         if self.activities is not None:
             available = _profiler_activities()
             for name in self.activities:
-                _check(name in available, f"Invalid profiler activity: {name}. Must be one of {list(available)}.")
+                check(name in available, f"Invalid profiler activity: {name}. Must be one of {list(available)}.")
             activities = [available[name] for name in self.activities]
         schedule = None if self.schedule_option is None else torch.profiler.schedule(**self.schedule_option)
         return torch.profiler.profile(
@@ -624,24 +596,19 @@ class TorchContextParallelConfig:
         if self.cp_comm_strategy not in ("allgather", "alltoall"):
             raise ValueError(f"Invalid cp_comm_strategy: {self.cp_comm_strategy}. Must be one of 'allgather' or 'alltoall'.")
 
-# Engine plugins live in their own module, which imports this one; HF users import them from here,
-# so they load on first use (PEP 562): importing either module first works.
-_ENGINE_PLUGINS = (
-    "BnbQuantizationConfig",
-    "DeepSpeedPlugin",
-    "DeepSpeedSequenceParallelConfig",
-    "FullyShardedDataParallelPlugin",
-    "get_module_class_from_name",
-)
-# Low-precision types and FP8 recipes, likewise in their own module.
-_LOW_PRECISION = ("AORecipeKwargs", "CustomDtype", "FP8BackendType", "FP8RecipeKwargs", "MSAMPRecipeKwargs", "TERecipeKwargs")
-# Megatron-LM's plugin and model-config parsers, likewise.
-_MEGATRON = ("MegatronLMPlugin", "MODEL_CONFIGS_TO_MEGATRON_PARSERS", "add_model_config_to_megatron_parser",
-             "parse_bert_config", "parse_glm4_moe_config", "parse_gpt2_config", "parse_llama_config", "parse_t5_config")
+# The engine plugins, low-precision types and FP8 recipes, and Megatron-LM's plugin and model-config
+# parsers live in `_dataclasses`, whose modules need nothing from this one; HF users import them from
+# here, so they load on first use (PEP 562).
+_PIECES = {
+    ".bnb": ("BnbQuantizationConfig",),
+    ".deepspeed": ("DeepSpeedPlugin", "DeepSpeedSequenceParallelConfig"),
+    ".fsdp": ("FullyShardedDataParallelPlugin", "get_module_class_from_name"),
+    ".low_precision": ("AORecipeKwargs", "CustomDtype", "FP8BackendType", "FP8RecipeKwargs", "MSAMPRecipeKwargs",
+                       "TERecipeKwargs"),
+    ".megatron": ("MegatronLMPlugin", "MODEL_CONFIGS_TO_MEGATRON_PARSERS", "add_model_config_to_megatron_parser",
+                  "parse_bert_config", "parse_glm4_moe_config", "parse_gpt2_config", "parse_llama_config",
+                  "parse_t5_config"),
+}
 __getattr__, __dir__ = lazy_exports(
-    __name__,
-    globals(),
-    {name: (".engine_plugins", name) for name in _ENGINE_PLUGINS}
-    | {name: (".low_precision", name) for name in _LOW_PRECISION}
-    | {name: (".megatron_plugin", name) for name in _MEGATRON},
+    __name__, globals(), {name: (f"._dataclasses{module}", name) for module, names in _PIECES.items() for name in names}
 )

@@ -59,7 +59,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ..checkpoint_store import CheckpointError
+from .._checkpointing.store import CheckpointError
 from ..optimizer import AcceleratedOptimizer
 from ..scheduler import AcceleratedScheduler
 from .constants import MODEL_NAME

@@ -33,9 +33,9 @@ from typing import Any, Callable, Iterable, Optional, Union
 import torch
 
 from .constants import FSDP_MODEL_NAME, OPTIMIZER_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_NAME
-from .fsdp_plugin import FullyShardedDataParallelPlugin, transformer_classes
+from ._dataclasses.fsdp import FullyShardedDataParallelPlugin, transformer_classes
 from .modeling import is_peft_model
-from .module_sizes import get_non_persistent_buffers
+from ._modeling.sizes import get_non_persistent_buffers
 from .other import get_module_children_bottom_up, is_compiled_module
 
 

@@ -16,7 +16,7 @@ import warnings
 
 from .constants import DEEPSPEED_MULTINODE_LAUNCHERS  # noqa: F401  (HF's utils.launch exposes it)
 from .dataclasses import DistributedType, DynamoBackend, PrecisionType
-from .ports import get_free_port, is_port_in_use  # noqa: F401
+from ._other.ports import get_free_port, is_port_in_use  # noqa: F401
 from .versions import compare_versions
 
 LOOPBACK = "127.0.0.1"

@@ -22,7 +22,6 @@ import contextlib
 import gc
 import json
 import os
-import re
 import shutil
 import tempfile
 from typing import TYPE_CHECKING, Any, ContextManager, Iterator, Optional, Union
@@ -30,7 +29,7 @@ from typing import TYPE_CHECKING, Any, ContextManager, Iterator, Optional, Union
 import torch
 
 from .constants import SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
-from .device_map import (
+from ._modeling.device_map import (
     check_device_map,
     check_tied_parameters_on_same_device,
     clean_device_map,
@@ -40,7 +39,9 @@ from .device_map import (
     infer_auto_device_map,
     warn_if_untied,
 )
-from .module_sizes import (
+from ._modeling.units import convert_file_size_to_int, dtype_byte_size
+from ._modeling.sizes import (
+    check_device_same,
     calculate_maximum_sizes,
     check_tied_parameters_in_config,
     compute_module_sizes,
@@ -57,21 +58,24 @@ from .module_sizes import (
     retie_parameters,
     set_module_tensor_to_device,
 )
-from .low_precision import CustomDtype
+from ._dataclasses.low_precision import CustomDtype  # noqa: F401  (HF 1.15 names it in utils.modeling)
 from .offload import load_offloaded_weight, offload_weight, save_offload_index
 
 if TYPE_CHECKING:
     from .dataclasses import AutocastKwargs, DistributedType
 
-__all__ = [  # the names of 🤗 Accelerate's utils.modeling that live in the sibling modules
+__all__ = [  # the names of 🤗 Accelerate's utils.modeling that live in `_modeling`
     "WEIGHTS_INDEX_NAME",
     "calculate_maximum_sizes",
     "check_device_map",
+    "check_device_same",
     "check_tied_parameters_in_config",
     "check_tied_parameters_on_same_device",
     "clean_device_map",
     "compute_module_sizes",
     "compute_module_total_buffer_size",
+    "convert_file_size_to_int",
+    "dtype_byte_size",
     "fallback_allocate",
     "find_tied_parameters",
     "get_balanced_memory",
@@ -88,62 +92,6 @@ __all__ = [  # the names of 🤗 Accelerate's utils.modeling that live in the si
 ]
 
 DeviceMap = dict[str, Union[int, str, torch.device]]
-
-#: The units `convert_file_size_to_int` reads, in the order it tries them: (suffix, bytes, a lower-case ``b`` means bits).
-_SIZE_UNITS = (("GIB", 2**30, False), ("MIB", 2**20, False), ("KIB", 2**10, False),
-               ("GB", 10**9, True), ("MB", 10**6, True), ("KB", 10**3, True))
-
-
-def convert_file_size_to_int(size: Union[int, str]) -> int:
-    """Bytes in ``size``: an int is returned as is; ``"5MB"`` is 5 * 10**6, ``"1GiB"`` 2**30.
-
-    Rules (HF 1.15's): units GiB/MiB/KiB (binary) and GB/MB/KB (decimal),
-    any case, after a number ``float`` reads (``"1e3MB"``, ``" 2MB"``); a
-    decimal unit ending in a lower-case ``b`` (``"5Mb"``) means bits, divided
-    by 8. A negative result, an unreadable number or another unit (``"5TB"``)
-    is a ValueError quoting ``size``; a value that is neither an int nor a
-    string fails as HF's does (``'float' object has no attribute 'upper'``).
-    Catalog: save_model.sharded, modeling.max_memory_strings.
-    """
-    message = f"`size` {size} is not in a valid format. Use an integer for bytes, or a string with an unit (like '5.0GB')."
-    value = -1
-    try:
-        if isinstance(size, int):
-            value = size
-        else:
-            unit = next((unit for unit in _SIZE_UNITS if size.upper().endswith(unit[0])), None)
-            if unit is not None:
-                suffix, factor, bits = unit
-                value = int(float(size[: -len(suffix)]) * factor)
-                value = value // 8 if bits and size.endswith("b") else value
-    except ValueError:
-        raise ValueError(message) from None
-    if value < 0:
-        raise ValueError(message)
-    return value
-
-
-#: Bytes per element of the element types torch lacks.
-_CUSTOM_DTYPE_BYTES = {CustomDtype.INT2: 1 / 4, CustomDtype.INT4: 1 / 2, CustomDtype.FP8: 1}
-_FLOAT8_NAMES = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
-
-
-def dtype_byte_size(dtype: Union[torch.dtype, CustomDtype]) -> Union[int, float]:
-    """Bytes one element of ``dtype`` takes: 1/8 for ``torch.bool``; for a `CustomDtype`
-    (how bitsandbytes sizes quantized weights) 1/4 for INT2, 1/2 for INT4, 1 for FP8; 1 for torch's float8
-    types; otherwise the trailing bit count of its name divided by 8 (HF's rule, so ``"float32"`` is 4 too), and
-    a name without one is a ValueError. Catalog: shard_checkpoint.doc_example, quantization.load_and_quantize."""
-    if dtype == torch.bool:
-        return 1 / 8
-    if isinstance(dtype, CustomDtype):
-        return _CUSTOM_DTYPE_BYTES[dtype]
-    if dtype in [getattr(torch, name) for name in _FLOAT8_NAMES if hasattr(torch, name)]:
-        return 1
-    bits = re.search(r"[^\d](\d+)$", str(dtype))
-    if bits is None:
-        raise ValueError(f"`dtype` is not a valid dtype: {dtype}.")
-    return int(bits.groups()[0]) // 8
-
 
 def _shard_name(weights_name: str, index: int, count: int) -> str:
     stem, extension = os.path.splitext(weights_name)
@@ -465,21 +413,6 @@ def _offload(model: torch.nn.Module, param: torch.Tensor, param_name: str, new_d
     ``new_dtype`` (default: the loaded dtype)."""
     set_module_tensor_to_device(model, param_name, "meta", dtype=param.dtype if new_dtype is None else new_dtype)
     offload_weight(param, param_name, folder, index=index)
-
-
-def check_device_same(first_device: torch.device, second_device: torch.device) -> bool:
-    """Whether two torch devices are the same device, an accelerator without an index meaning index 0.
-
-    Rule: different types differ; ``cuda`` equals ``cuda:0`` (any
-    non-CPU type); ``cpu`` equals ``cpu``. Catalog: modeling.tensor_to_device.
-    """
-    if first_device.type != second_device.type:
-        return False
-
-    def indexed(device: torch.device) -> torch.device:
-        return torch.device(device.type, 0) if device.type != "cpu" and device.index is None else device
-
-    return indexed(first_device) == indexed(second_device)
 
 
 def is_peft_model(model: torch.nn.Module) -> bool:

@@ -135,7 +135,7 @@ class OffloadedWeightsLoader(Mapping):
         if "safetensors_file" in info:
             from safetensors import safe_open
 
-            from .module_sizes import as_torch_device
+            from ._modeling.sizes import as_torch_device
 
             device = "cpu" if self.device is None else as_torch_device(self.device)
             with safe_open(info["safetensors_file"], framework="pt", device=str(device)) as handle:

@@ -25,9 +25,9 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .collectives import Collectives, collectives_for
+from ._operations.collectives import Collectives, collectives_for
 from .constants import TORCH_DISTRIBUTED_OPERATION_TYPES  # noqa: F401  (HF's utils.operations exposes it)
-from .structures import (  # noqa: F401  (HF's utils.operations offers them all)
+from ._operations.structures import (  # noqa: F401  (HF's utils.operations offers them all)
     ConvertOutputsToFp32,
     apply_to_leaves,
     concatenate,

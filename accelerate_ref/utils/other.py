@@ -23,8 +23,8 @@ import torch
 from .constants import FSDP_PYTORCH_VERSION  # noqa: F401  (HF's utils.other exposes it)
 
 # `save`, `load` and `clean_state_dict_for_safetensors` live in `serialization`; HF's path is here.
-from .serialization import TORCH_SAFE_GLOBALS, clean_state_dict_for_safetensors, load, save  # noqa: F401
-from .ports import get_free_port, is_port_in_use  # noqa: F401  (HF defines them here; kept light for the launcher)
+from ._other.serialization import TORCH_SAFE_GLOBALS, clean_state_dict_for_safetensors, load, save  # noqa: F401
+from ._other.ports import get_free_port, is_port_in_use  # noqa: F401  (HF defines them here; kept light for the launcher)
 from ..commands.config.default import write_basic_config  # noqa: F401  (HF's utils.other re-exports it)
 
 #: Attribute under which a mixed-precision forward wrapper keeps the forward it wraps.

@@ -52,9 +52,9 @@ from typing import Any, Iterator, Optional
 
 from torch.utils.data import DataLoader
 
-from .state import PartialState
-from .utils.dataclasses import DistributedType
-from .utils.imports import is_torchdata_stateful_dataloader_available
+from ..state import PartialState
+from ..utils.dataclasses import DistributedType
+from ..utils.imports import is_torchdata_stateful_dataloader_available
 
 #: HF 1.15's words when ``use_stateful_dataloader`` is asked for without torchdata.
 TORCHDATA_MISSING = "StatefulDataLoader is not available. Please install torchdata version 0.8.0 or higher to use it."

@@ -16,14 +16,14 @@ from typing import Any, Callable, Iterator, TypeVar
 
 import torch
 
-from .logging import get_logger
-from .state import PartialState
-from .utils import operations
-from .utils.structures import recursively_apply
+from ..logging import get_logger
+from ..state import PartialState
+from ..utils import operations
+from ..utils._operations.structures import recursively_apply
 
 F = TypeVar("F", bound=Callable[..., Any])
 #: HF 1.15 logs these methods' messages under its accelerator module's logger.
-logger = get_logger(f"{__package__}.accelerator")
+logger = get_logger("accelerate_ref.accelerator")
 
 
 class ProcessControlMixin:

@@ -1,6 +1,6 @@
 """Where a prepared loader is in its epoch (`DataLoaderPositionMixin`), and its ``get_sampler``/``set_sampler``.
 
-The base, with `data_loader_adapter.DataLoaderAdapter`, of `data_loader`'s
+The base, with `adapter.DataLoaderAdapter`, of `data_loader`'s
 `DataLoaderShard` and `DataLoaderDispatcher`: what a resumed run needs to
 yield what an uninterrupted one would. Catalog: save_state.resume_data_order.
 """

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 import torch.distributed as dist
 
-from .dataclasses import DistributedType
+from ..dataclasses import DistributedType
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from ..state import PartialState
+    from ...state import PartialState
 
 
 class Collectives:

@@ -23,10 +23,10 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from .logging import get_logger
-from .parallelism_config import ParallelismConfig
+from ..logging import get_logger
+from ..parallelism_config import ParallelismConfig
 
-logger = get_logger(f"{__package__}.accelerator")  # HF 1.15 logs these under its accelerator module
+logger = get_logger("accelerate_ref.accelerator")  # HF 1.15 logs these under its accelerator module
 
 
 class ParallelismMixin:

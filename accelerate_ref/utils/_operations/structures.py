@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
-from .dataclasses import TensorInformation
+from ..dataclasses import TensorInformation
 
 Path = tuple[Any, ...]
 
@@ -157,7 +157,7 @@ def send_to_device(
         try:
             return _move(tensor, device, non_blocking)
         except AssertionError:
-            from .imports import is_npu_available
+            from ..imports import is_npu_available
 
             if not (isinstance(device, int) and is_npu_available()):
                 raise

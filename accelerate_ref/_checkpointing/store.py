@@ -39,8 +39,8 @@ import shutil
 import zipfile
 from typing import Optional
 
-from .utils.constants import RNG_STATE_NAME
-from .utils.serialization import fsync_directory, write_atomically
+from ..utils.constants import RNG_STATE_NAME
+from ..utils._other.serialization import fsync_directory, write_atomically
 
 #: File in every published checkpoint listing the world size and each file's size.
 MANIFEST_NAME = "checkpoint.json"

@@ -17,7 +17,7 @@ from typing import Any, Iterator, Optional
 import torch
 from torch.distributed.algorithms.join import Join
 
-from .utils.dataclasses import DistributedDataParallelKwargs
+from ..utils.dataclasses import DistributedDataParallelKwargs
 
 
 def wrap_for_data_parallel(

@@ -24,8 +24,8 @@ import importlib
 import os
 from typing import Any, Optional, Union
 
-from .tracking_base import GeneralTracker, debug_started, logger, on_main_process
-from .utils.versions import compare_versions
+from .base import GeneralTracker, debug_started, logger, on_main_process
+from ..utils.versions import compare_versions
 
 
 def _drop_non_scalar(verb: str, key: str, value: Any, call: str) -> None:

@@ -33,9 +33,9 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Optional, get_args
 
-from .dataclasses import KwargsHandler, _check
-from .environment import parse_choice_from_env, parse_flag_from_env
-from .imports import is_msamp_available, is_torchao_available, is_transformer_engine_available
+from .base import KwargsHandler, check
+from ..environment import parse_choice_from_env, parse_flag_from_env
+from ..imports import is_msamp_available, is_torchao_available, is_transformer_engine_available
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchao.float8 import Float8LinearConfig
@@ -82,7 +82,7 @@ def _env_int(name: str, default: int) -> int:
 
 def _one_of(value: str, choices: Any, field_name: str, end: str = "") -> str:
     """``value`` when it is one of the ``Literal`` ``choices``, else HF's ValueError (``end``: its final stop, or none)."""
-    _check(value in get_args(choices), f"`{field_name}` must be one of {' or '.join(get_args(choices))}{end}")
+    check(value in get_args(choices), f"`{field_name}` must be one of {' or '.join(get_args(choices))}{end}")
     return value
 
 
@@ -194,7 +194,7 @@ class FP8RecipeKwargs(TERecipeKwargs, MSAMPRecipeKwargs):
         if self.backend is None:
             self.backend = os.environ.get(ENV_PREFIX + "BACKEND", "msamp" if is_msamp_available() else "te")
         self.backend = self.backend.upper()
-        _check(
+        check(
             self.backend in get_args(Backend),
             "`backend` must be 'MSAMP' or 'TE' (TransformerEngine) to use `FP8RecipeKwargs`.",
         )

@@ -3,7 +3,7 @@ built-in trackers' packages are installed.
 
 `accelerate_ref.tracking` (the trackers with their offline tests in the
 ``trackers`` extra, and the Accelerator's tracking methods) and
-`accelerate_ref.tracking_more` (the trackers of the ``trackers-more``
+`accelerate_ref._tracking.trackers` (the trackers of the ``trackers-more``
 extra) build on it; both are reached as ``accelerate_ref.tracking``.
 
 Catalog: tracking.init_log_end.
@@ -14,15 +14,15 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Optional, TypeVar
 
-from .logging import get_logger
-from .state import PartialState
-from .utils import imports
-from .utils.dataclasses import LoggerType
+from ..logging import get_logger
+from ..state import PartialState
+from ..utils import imports
+from ..utils.dataclasses import LoggerType
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: The logger of every tracker (``accelerate_ref.tracking``, as 🤗 Accelerate's trackers log under its tracking module).
-logger = get_logger(f"{__package__}.tracking")
+logger = get_logger("accelerate_ref.tracking")
 
 #: The availability check (``imports.is_<name>_available``) of each built-in tracker's package, in the order
 #: `get_available_trackers` lists them (🤗 Accelerate's).

@@ -28,7 +28,7 @@ import torch
 
 PathOrFile = Union[str, os.PathLike, IO[bytes]]
 #: HF 1.15 logs the removal of aliased tensors under its module accelerate.utils.other.
-_LOGGER_NAME = __name__.rpartition(".")[0] + ".other"
+_LOGGER_NAME = "accelerate_ref.utils.other"
 
 
 def fsync_directory(path: Union[str, os.PathLike]) -> None:
@@ -75,8 +75,8 @@ def clean_state_dict_for_safetensors(state_dict: dict[str, Any]) -> dict[str, An
     result is a new dict whose tensors are contiguous. Catalog:
     save_model.default.
     """
-    from ..logging import get_logger
-    from .module_sizes import id_tensor_storage
+    from ...logging import get_logger
+    from .._modeling.sizes import id_tensor_storage
 
     names_by_storage: dict[tuple[torch.device, int, int], list[str]] = collections.defaultdict(list)
     for name, tensor in state_dict.items():
@@ -142,7 +142,7 @@ def save(obj: Any, f: PathOrFile, save_on_each_node: bool = False, safe_serializ
     waits for the others.
     Catalog: save.once_per_machine, save.array_example.
     """
-    from ..state import PartialState
+    from ...state import PartialState
 
     if safe_serialization and isinstance(obj, OrderedDict):
         obj = clean_state_dict_for_safetensors(obj)

@@ -1,7 +1,6 @@
 """`FullyShardedDataParallelPlugin`: how `Accelerator.prepare` shards a model with torch's FSDP.
 
-Re-exported by `accelerate_ref.utils.engine_plugins` and `accelerate_ref.utils.dataclasses`
-(where HF keeps it). The fields, their defaults (``None``: read from the ``FSDP_*``
+Re-exported by `accelerate_ref.utils.dataclasses` (where HF keeps it). The fields, their defaults (``None``: read from the ``FSDP_*``
 environment variables `accelerate-ref launch` sets, else HF's default) and their
 normal forms are HF 1.15's: strategies, prefetch and state dict types become torch's
 enums, ``auto_wrap_policy`` torch's wrap policy function, ``cpu_offload`` torch's
@@ -23,12 +22,12 @@ from typing import Any, Callable, Iterable, Optional, Union
 
 import torch
 
-from .constants import FSDP2_PYTORCH_VERSION, FSDP_AUTO_WRAP_POLICY, FSDP_BACKWARD_PREFETCH, FSDP_SHARDING_STRATEGY
-from .environment import str_to_bool
-from .versions import is_torch_version
+from ..constants import FSDP2_PYTORCH_VERSION, FSDP_AUTO_WRAP_POLICY, FSDP_BACKWARD_PREFETCH, FSDP_SHARDING_STRATEGY
+from ..environment import str_to_bool
+from ..versions import is_torch_version
 
 #: HF logs the plugin's FSDP2 notes from ``accelerate.utils.dataclasses``, where it defines the plugin.
-logger = logging.getLogger(__name__.rpartition(".")[0] + ".dataclasses")
+logger = logging.getLogger("accelerate_ref.utils.dataclasses")
 
 #: ``mixed_precision`` names -> the dtype FSDP computes in (HF's table: fp8 runs FSDP in bf16).
 MIXED_PRECISION_DTYPES = {"fp8": torch.bfloat16, "fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}

@@ -26,8 +26,9 @@ from typing import Optional, Union
 import torch
 from torch import nn
 
-from .imports import is_mps_available
-from .module_sizes import (
+from ..imports import is_mps_available
+from .units import convert_file_size_to_int
+from .sizes import (
     MaxMemory,
     accelerator_backend,
     check_tied_parameters_in_config,
@@ -408,7 +409,6 @@ def fallback_allocate(
     top-level entry is popped from ``modules`` itself, as HF does); nothing
     found: ``(None, None, modules)``. Catalog: modeling.device_map.
     """
-    from .modeling import convert_file_size_to_int
 
     try:
         limit = convert_file_size_to_int(size_limit)

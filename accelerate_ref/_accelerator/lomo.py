@@ -15,7 +15,7 @@ from typing import Any, Iterable
 
 import torch
 
-from .utils.imports import is_lomo_available
+from ..utils.imports import is_lomo_available
 
 
 def _lomo_classes() -> tuple[type, ...]:

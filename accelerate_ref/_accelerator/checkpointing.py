@@ -5,7 +5,7 @@
 ``scaler`` and its lists of prepared objects (``_models``, ``_optimizers``,
 ``_schedulers``, ``_dataloaders``). What goes into a checkpoint is in
 `checkpointing`, how a checkpoint directory appears only when complete in
-`checkpoint_store`, model files and shards in `utils.modeling`.
+`_checkpointing.store`, model files and shards in `utils.modeling`.
 
 `save_state` and `load_state` are collective: every process calls them.
 Each runs in phases; after each phase the processes exchange whether they
@@ -32,15 +32,15 @@ from typing import Any, Callable, Optional, Union
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from . import checkpoint_store as store
-from .checkpointing import (
+from .._checkpointing import store as store
+from ..checkpointing import (
     check_custom_files,
     load_accelerator_state,
     load_custom_state,
     save_accelerator_state,
     save_custom_state,
 )
-from .utils.fsdp_utils import (
+from ..utils.fsdp_utils import (
     is_fsdp_model,
     load_fsdp_model,
     load_fsdp_optimizer,
@@ -48,23 +48,23 @@ from .utils.fsdp_utils import (
     save_fsdp_model,
     save_fsdp_optimizer,
 )
-from .utils.deepspeed import (
+from ..utils.deepspeed import (
     DeepSpeedOptimizerWrapper,
     DeepSpeedSchedulerWrapper,
     is_deepspeed_engine,
     load_engine_checkpoint,
     save_engine_checkpoint,
 )
-from .utils.constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
-from .logging import get_logger
-from .utils.modeling import get_state_dict_offloaded_model, has_offloaded_params, shard_checkpoint
-from .utils.operations import broadcast_object_list, gather_object
-from .utils.other import get_pretty_name
-from .utils.serialization import clean_state_dict_for_safetensors, save, write_atomically
+from ..utils.constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
+from ..logging import get_logger
+from ..utils.modeling import get_state_dict_offloaded_model, has_offloaded_params, shard_checkpoint
+from ..utils.operations import broadcast_object_list, gather_object
+from ..utils.other import get_pretty_name
+from ..utils._other.serialization import clean_state_dict_for_safetensors, save, write_atomically
 
 PathLike = Union[str, os.PathLike]
 #: These methods are HF's `Accelerator`'s: they log under its module, accelerate.accelerator.
-_LOGGER_NAME = __name__.rpartition(".")[0] + ".accelerator"
+_LOGGER_NAME = "accelerate_ref.accelerator"  # HF 1.15 logs these under its accelerator module
 
 
 class CheckpointingMixin:
@@ -100,7 +100,7 @@ class CheckpointingMixin:
     def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
         """Save ``obj`` to ``f`` once, in place of ``torch.save``; once per machine with ``save_on_each_node``.
 
-        Rule: see `utils.serialization.save`; ``save_on_each_node`` comes from
+        Rule: see `utils._other.serialization.save`; ``save_on_each_node`` comes from
         the `ProjectConfiguration`. ``save([0, 1, 2, 3], "array.pkl")``
         round-trips through ``torch.load``.
         Catalog: save.once_per_machine, save.array_example.
@@ -118,8 +118,8 @@ class CheckpointingMixin:
         a DeepSpeed engine its module's (ZeRO-3 partitions gathered).
         Catalog: get_state_dict.unwrap, save_model.default, plugin.fsdp, plugin.deepspeed_zero.
         """
-        from .utils.deepspeed import engine_state_dict, is_deepspeed_engine
-        from .utils.fsdp_utils import full_state_dict, is_fsdp_model
+        from ..utils.deepspeed import engine_state_dict, is_deepspeed_engine
+        from ..utils.fsdp_utils import full_state_dict, is_fsdp_model
 
         if unwrap and is_deepspeed_engine(model):
             return engine_state_dict(model)
@@ -417,7 +417,7 @@ class CheckpointingMixin:
         no ``input_dir`` from the newest complete checkpoint in
         ``project_dir/checkpoints`` (a checkpoint still being written, or
         left by a crash, is never taken; HF accelerate's count too, see
-        `checkpoint_store`); ``project_configuration.iteration`` then
+        `_checkpointing.store`); ``project_configuration.iteration`` then
         continues after it. A folder HF wrote loads as one written here.
         Before anything is loaded the checkpoint must have been saved at
         this world size, hold every file intact and one

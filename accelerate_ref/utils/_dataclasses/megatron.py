@@ -24,10 +24,10 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from .environment import str_to_bool
+from ..environment import str_to_bool
 
 #: HF logs the GLM4 MoE parser from ``accelerate.utils.dataclasses``, where it defines the parsers.
-logger = logging.getLogger(__name__.rpartition(".")[0] + ".dataclasses")
+logger = logging.getLogger("accelerate_ref.utils.dataclasses")
 
 
 def _flag(text: str) -> bool:

@@ -17,7 +17,8 @@ from typing import Iterator, Optional, Union
 import torch
 from torch import nn
 
-from .imports import (
+from .units import convert_file_size_to_int, dtype_byte_size
+from ..imports import (
     is_hpu_available,
     is_mlu_available,
     is_mps_available,
@@ -33,14 +34,8 @@ MaxMemory = dict[Union[int, str], Union[int, str]]
 #: The non-accelerator keys of a ``max_memory`` budget, in placement order.
 HOST_DEVICES = ("mps", "cpu", "disk")
 #: Logged under HF's module name (``accelerate.utils.modeling``), where these functions live in HF.
-logger = logging.getLogger(__name__.rpartition(".")[0] + ".modeling")
+logger = logging.getLogger("accelerate_ref.utils.modeling")
 _INTEGER_DTYPES = ("torch.uint", "torch.int", "torch.bool")
-
-
-def _byte_size(dtype: torch.dtype) -> float:
-    from .modeling import dtype_byte_size
-
-    return dtype_byte_size(dtype)
 
 
 def as_torch_device(device: Device) -> Union[str, torch.device]:
@@ -148,16 +143,16 @@ def compute_module_sizes(
     every prefix of its dotted name. Catalog: modeling.sizes.
     """
     dtype = _parse_dtype(dtype)
-    special = {name: _byte_size(_parse_dtype(value)) for name, value in (special_dtypes or {}).items()}
+    special = {name: dtype_byte_size(_parse_dtype(value)) for name, value in (special_dtypes or {}).items()}
     sizes: dict[str, int] = defaultdict(int)
     tensors = model.named_buffers(recurse=True) if buffers_only else named_module_tensors(model, recurse=True)
     for name, tensor in tensors:
         if name in special:
             size = tensor.numel() * special[name]
         elif dtype is None or _is_integer(tensor.dtype):
-            size = tensor.numel() * _byte_size(tensor.dtype)
+            size = tensor.numel() * dtype_byte_size(tensor.dtype)
         else:
-            size = tensor.numel() * min(_byte_size(dtype), _byte_size(tensor.dtype))
+            size = tensor.numel() * min(dtype_byte_size(dtype), dtype_byte_size(tensor.dtype))
         parts = name.split(".")
         for end in range(len(parts) + 1):
             sizes[".".join(parts[:end])] += size
@@ -226,7 +221,6 @@ def get_max_memory(max_memory: Optional[MaxMemory] = None) -> dict[Union[int, st
     """
     import psutil
 
-    from .modeling import convert_file_size_to_int
 
     name, backend = accelerator_backend()
     if max_memory is None:
@@ -410,8 +404,7 @@ def set_module_tensor_to_device(
     records new ones. The device cache is emptied after a move to an
     accelerator (``clear_cache``). Catalog: modeling.tensor_to_device.
     """
-    from .memory import clear_device_cache
-    from .modeling import check_device_same
+    from ..memory import clear_device_cache
 
     if "." in tensor_name:
         *path, tensor_name = tensor_name.split(".")
@@ -484,7 +477,7 @@ def _as_parameter(current: nn.Parameter, new_value: torch.Tensor, old_value: tor
     """``new_value`` as the parameter replacing ``current``: of its class (a bitsandbytes one quantizes it; an
     optimum-quanto or torchao tensor is moved as it is), with ``old_value``'s ``requires_grad`` and any
     ``_is_hf_initialized`` mark of ``current``; ``fp16_statistics`` become its ``SCB`` (8-bit serialization)."""
-    from .bnb import quantized_parameter_like
+    from ..bnb import quantized_parameter_like
 
     param_cls = type(current)
     is_hf_initialized = current.__dict__.pop("_is_hf_initialized", None)
@@ -506,3 +499,18 @@ def _as_parameter(current: nn.Parameter, new_value: torch.Tensor, old_value: tor
     if fp16_statistics is not None:
         parameter.SCB = fp16_statistics.to(device, non_blocking=non_blocking)
     return parameter
+
+
+def check_device_same(first_device: torch.device, second_device: torch.device) -> bool:
+    """Whether two torch devices are the same device, an accelerator without an index meaning index 0.
+
+    Rule: different types differ; ``cuda`` equals ``cuda:0`` (any
+    non-CPU type); ``cpu`` equals ``cpu``. Catalog: modeling.tensor_to_device.
+    """
+    if first_device.type != second_device.type:
+        return False
+
+    def indexed(device: torch.device) -> torch.device:
+        return torch.device(device.type, 0) if device.type != "cpu" and device.index is None else device
+
+    return indexed(first_device) == indexed(second_device)

@@ -1,15 +1,9 @@
-"""Engine plugins passed to the Accelerator: FSDP, DeepSpeed, bitsandbytes (FP8 recipes: `low_precision`).
+"""`BnbQuantizationConfig`: bitsandbytes quantization settings for `load_and_quantize_model`.
 
-DeepSpeed's dataclasses are defined in `deepspeed_plugin` and re-exported here.
+Re-exported by `accelerate_ref.utils.dataclasses` (where HF keeps it). It
+validates its fields at construction, naming the bad field, with HF 1.15's words.
 
-Re-exported by `accelerate_ref.utils.dataclasses` (where HF keeps them). Each
-class validates its fields at construction, naming the bad field; whether the
-engine is installed is checked by the Accelerator (`engines.refuse_missing`).
-Megatron-LM's plugin has its own module, `megatron_plugin`.
-
-Catalog: plugin.fsdp, plugin.fsdp_strategies, plugin.fsdp_state_dict,
-plugin.fsdp_wrap_policy, plugin.deepspeed_config, plugin.unavailable_engines,
-quantization.load_and_quantize.
+Catalog: quantization.load_and_quantize.
 """
 
 from __future__ import annotations
@@ -18,9 +12,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .dataclasses import _check
-from .deepspeed_plugin import DeepSpeedPlugin, DeepSpeedSequenceParallelConfig  # noqa: F401  (re-exported)
-from .fsdp_plugin import FullyShardedDataParallelPlugin, get_module_class_from_name  # noqa: F401  (their own module; HF's are here)
+from .base import check
 
 
 @dataclass
@@ -53,20 +45,20 @@ class BnbQuantizationConfig:
 
         from .low_precision import CustomDtype
 
-        _check(isinstance(self.load_in_8bit, bool), "load_in_8bit must be a boolean")
-        _check(isinstance(self.load_in_4bit, bool), "load_in_4bit must be a boolean")
-        _check(not (self.load_in_4bit and self.load_in_8bit), "load_in_4bit and load_in_8bit can't be both True")
-        _check(self.load_in_4bit or self.load_in_8bit, "load_in_4bit and load_in_8bit can't be both False")
-        _check(isinstance(self.llm_int8_threshold, (int, float)), "llm_int8_threshold must be a float or an int")
-        _check(isinstance(self.bnb_4bit_quant_type, str), "bnb_4bit_quant_type must be a string")
-        _check(self.bnb_4bit_quant_type in ("fp4", "nf4"),
+        check(isinstance(self.load_in_8bit, bool), "load_in_8bit must be a boolean")
+        check(isinstance(self.load_in_4bit, bool), "load_in_4bit must be a boolean")
+        check(not (self.load_in_4bit and self.load_in_8bit), "load_in_4bit and load_in_8bit can't be both True")
+        check(self.load_in_4bit or self.load_in_8bit, "load_in_4bit and load_in_8bit can't be both False")
+        check(isinstance(self.llm_int8_threshold, (int, float)), "llm_int8_threshold must be a float or an int")
+        check(isinstance(self.bnb_4bit_quant_type, str), "bnb_4bit_quant_type must be a string")
+        check(self.bnb_4bit_quant_type in ("fp4", "nf4"),
                f"bnb_4bit_quant_type must be in ['fp4','nf4'] but found {self.bnb_4bit_quant_type}")
-        _check(isinstance(self.bnb_4bit_use_double_quant, bool), "bnb_4bit_use_double_quant must be a boolean")
+        check(isinstance(self.bnb_4bit_use_double_quant, bool), "bnb_4bit_use_double_quant must be a boolean")
         if isinstance(self.bnb_4bit_compute_dtype, str):
             self.bnb_4bit_compute_dtype = _dtype_by_name(self.bnb_4bit_compute_dtype, "bnb_4bit_compute_dtype")
-        _check(isinstance(self.bnb_4bit_compute_dtype, torch.dtype), "bnb_4bit_compute_dtype must be a string or a torch.dtype")
-        _check(self.skip_modules is None or isinstance(self.skip_modules, list), "skip_modules must be a list of strings")
-        _check(self.keep_in_fp32_modules is None or isinstance(self.keep_in_fp32_modules, list),
+        check(isinstance(self.bnb_4bit_compute_dtype, torch.dtype), "bnb_4bit_compute_dtype must be a string or a torch.dtype")
+        check(self.skip_modules is None or isinstance(self.skip_modules, list), "skip_modules must be a list of strings")
+        check(self.keep_in_fp32_modules is None or isinstance(self.keep_in_fp32_modules, list),
                "keep_in_fp_32_modules must be a list of strings")
         self.target_dtype = CustomDtype.INT4 if self.load_in_4bit else torch.int8
         if self.load_in_4bit and self.llm_int8_threshold != 6.0:
@@ -75,7 +67,7 @@ class BnbQuantizationConfig:
             self.torch_dtype = _dtype_by_name(self.torch_dtype, "torch_dtype")
         if self.torch_dtype is None:
             self.torch_dtype = torch.float16 if self.load_in_8bit else self.bnb_4bit_compute_dtype
-        _check(isinstance(self.torch_dtype, torch.dtype), "torch_dtype must be a torch.dtype")
+        check(isinstance(self.torch_dtype, torch.dtype), "torch_dtype must be a torch.dtype")
 
 
 def _dtype_by_name(name: str, field_name: str) -> Any:
@@ -83,5 +75,5 @@ def _dtype_by_name(name: str, field_name: str) -> Any:
     import torch
 
     names = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-    _check(name in names, f"{field_name} must be in ['fp32','fp16','bf16'] but found {name}")
+    check(name in names, f"{field_name} must be in ['fp32','fp16','bf16'] but found {name}")
     return names[name]

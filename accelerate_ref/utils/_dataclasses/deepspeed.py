@@ -1,5 +1,5 @@
 """`DeepSpeedPlugin` and `DeepSpeedSequenceParallelConfig`: the DeepSpeed dataclasses HF keeps in
-``accelerate.utils.dataclasses`` (re-exported from there and from `engine_plugins`).
+``accelerate.utils.dataclasses`` (re-exported from there).
 
 Rules (HF accelerate 1.15's, field for field):
 
@@ -34,8 +34,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
-from .dataclasses import _check
-from .environment import str_to_bool
+from .base import check
+from ..environment import str_to_bool
 
 #: Plugin field -> the dotted key of the DeepSpeed config it sets (HF's mapping).
 DEEPSPEED_PLUGIN_KEYS = {
@@ -82,7 +82,7 @@ class DeepSpeedPlugin:
     msamp_opt_level: Optional[str] = None
 
     def __post_init__(self) -> None:
-        from .deepspeed import HfDeepSpeedConfig
+        from ..deepspeed import HfDeepSpeedConfig
 
         given = {name for name in DEEPSPEED_PLUGIN_KEYS if getattr(self, name) is not None}
         self._fill_from_environment()
@@ -106,7 +106,7 @@ class DeepSpeedPlugin:
         if self.enable_msamp and "msamp" not in self.deepspeed_config:
             if self.zero_stage == 3:
                 raise NotImplementedError("MS-AMP is not supported for ZeRO Stage 3. Please use ZeRO Stage 0, 1, or 2 instead.")
-            _check(self.msamp_opt_level in ("O1", "O2"), "Invalid optimization level for MS-AMP. Please use one of ['O1' or'O2'].")
+            check(self.msamp_opt_level in ("O1", "O2"), "Invalid optimization level for MS-AMP. Please use one of ['O1' or'O2'].")
             self.deepspeed_config["msamp"] = {"enabled": True, "opt_level": self.msamp_opt_level}
 
     def _fill_from_environment(self) -> None:
@@ -135,7 +135,7 @@ class DeepSpeedPlugin:
             self.hf_ds_config = config_class(self.hf_ds_config)
         config = self.hf_ds_config.config
         config.setdefault("gradient_accumulation_steps", 1)
-        _check("zero_optimization" in config, "Please specify the ZeRO optimization config in the DeepSpeed config.")
+        check("zero_optimization" in config, "Please specify the ZeRO optimization config in the DeepSpeed config.")
         self._deepspeed_config_checks()
         values = {key: getattr(self, name) for name, key in DEEPSPEED_PLUGIN_KEYS.items() if getattr(self, name) is not None}
         mismatches: list[str] = []
@@ -265,7 +265,7 @@ class DeepSpeedPlugin:
         an "auto" ``train_batch_size`` is left out. Needs transformers (ImportError
         naming it). Catalog: plugin.deepspeed_config.
         """
-        from .imports import is_transformers_available
+        from ..imports import is_transformers_available
 
         if not is_transformers_available():
             raise ImportError(
@@ -313,8 +313,8 @@ class DeepSpeedPlugin:
             self.transformer_moe_cls_names = os.environ.get("ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES")
         if self.transformer_moe_cls_names is None:
             return
-        from .engine_plugins import get_module_class_from_name
-        from .versions import compare_versions
+        from .fsdp import get_module_class_from_name
+        from ..versions import compare_versions
 
         if compare_versions("deepspeed", "<", "0.14.0"):  # not installed: importlib's PackageNotFoundError, as HF
             raise ImportError("DeepSpeed version must be >= 0.14.0 to use MOE support. Please update DeepSpeed.")
@@ -350,7 +350,7 @@ class DeepSpeedPlugin:
                 "A `DeepSpeedPlugin` object must be enabled manually by calling "
                 "`AcceleratorState().enable_deepspeed_plugin(plugin_key)`."
             )
-        from .imports import is_transformers_available
+        from ..imports import is_transformers_available
 
         if is_transformers_available():
             self.set_deepspeed_weakref()
@@ -373,7 +373,7 @@ def refuse_msamp(plugin: DeepSpeedPlugin) -> None:
     installed (ImportError naming it), or it is and accelerate_ref does not drive it. Catalog: plugin.unavailable_engines."""
     if not plugin.enable_msamp:
         return
-    from .imports import is_msamp_available
+    from ..imports import is_msamp_available
 
     if not is_msamp_available():
         raise ImportError("DeepSpeedPlugin(enable_msamp=True) needs the `msamp` package (MS-AMP, CUDA only), which is not installed")
@@ -407,7 +407,7 @@ class DeepSpeedSequenceParallelConfig:
             self.sp_seq_length_is_variable = os.environ.get("PARALLELISM_CONFIG_SP_SEQ_LENGTH_IS_VARIABLE", "true").lower() == "true"
         if not self.sp_seq_length_is_variable and self.sp_seq_length is None:
             length = os.environ.get("PARALLELISM_CONFIG_SP_SEQ_LENGTH")
-            _check(
+            check(
                 length is not None,
                 "when `sp_seq_length_is_variable` is `False` `sp_seq_length` must be provided either through the "
                 "constructor or the environment variable PARALLELISM_CONFIG_SP_SEQ_LENGTH",
@@ -418,11 +418,11 @@ class DeepSpeedSequenceParallelConfig:
         name = self.sp_attn_implementation
         if name is None:
             return
-        _check(
+        check(
             name not in SP_ATTN_UNSUPPORTED,
             f"Invalid sp_attn_implementation: {name}. 'eager' and 'flex_attention' are not supported with sequence parallelism.",
         )
-        _check(
+        check(
             name in SP_ATTN_IMPLEMENTATIONS or ("/" in name and "flash-attn" in name),
             f"Invalid sp_attn_implementation: {name}. Must be one of {list(SP_ATTN_IMPLEMENTATIONS)} or a hub-hosted "
             "flash attention kernel (e.g. 'kernels-community/flash-attn2').",

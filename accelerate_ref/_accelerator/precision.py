@@ -26,10 +26,10 @@ from typing import Any, ContextManager, Iterable, Optional
 
 import torch
 
-from .optimizer import AcceleratedOptimizer
-from .utils.dataclasses import AutocastKwargs, GradScalerKwargs
-from .utils.other import ORIGINAL_FORWARD
-from .utils.structures import convert_outputs_to_fp32
+from ..optimizer import AcceleratedOptimizer
+from ..utils.dataclasses import AutocastKwargs, GradScalerKwargs
+from ..utils.other import ORIGINAL_FORWARD
+from ..utils._operations.structures import convert_outputs_to_fp32
 
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 

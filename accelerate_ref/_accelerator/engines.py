@@ -22,9 +22,9 @@ from typing import Any, Optional
 
 import torch
 
-from .utils import imports
-from .utils.fsdp_plugin import MIXED_PRECISION_DTYPES
-from .utils.dataclasses import (
+from ..utils import imports
+from ..utils._dataclasses.fsdp import MIXED_PRECISION_DTYPES
+from ..utils.dataclasses import (
     DeepSpeedPlugin,
     DynamoBackend,
     FullyShardedDataParallelPlugin,
@@ -32,7 +32,7 @@ from .utils.dataclasses import (
     TorchDynamoPlugin,
     TorchTensorParallelPlugin,
 )
-from .utils.low_precision import FP8_BACKEND_PACKAGES, FP8_RECIPE_CLASSES, FP8BackendType, fp8_backend_of
+from ..utils._dataclasses.low_precision import FP8_BACKEND_PACKAGES, FP8_RECIPE_CLASSES, FP8BackendType, fp8_backend_of
 
 #: The Accelerator's keyword arguments naming an engine.
 ENGINE_ARGUMENTS = ("deepspeed_plugin", "deepspeed_plugins", "fsdp_plugin", "megatron_lm_plugin", "torch_tp_plugin",
@@ -148,7 +148,7 @@ def _deepspeed_plugins(given: dict[str, Any], mixed_precision: Optional[str]) ->
     (TypeError) and there is at least one; each takes the Accelerator's mixed
     precision (`DeepSpeedPlugin.set_mixed_precision`); the first is the active
     one until `AcceleratorState.select_deepspeed_plugin` picks another. A plugin
-    with ``enable_msamp`` is refused (`deepspeed_plugin.refuse_msamp`).
+    with ``enable_msamp`` is refused (`utils._dataclasses.deepspeed.refuse_msamp`).
     Catalog: plugin.deepspeed_config, plugin.unavailable_engines.
     """
     plugins = given.get("deepspeed_plugin", given.get("deepspeed_plugins"))
@@ -159,8 +159,8 @@ def _deepspeed_plugins(given: dict[str, Any], mixed_precision: Optional[str]) ->
             raise TypeError("deepspeed_plugins must map names to DeepSpeedPlugin objects (at least one)")
         for plugin in plugins.values():
             plugin._unselect()
-    from .state import requested_precision
-    from .utils.deepspeed_plugin import refuse_msamp
+    from ..state import requested_precision
+    from ..utils._dataclasses.deepspeed import refuse_msamp
 
     for plugin in plugins.values() if isinstance(plugins, dict) else [plugins]:
         refuse_msamp(plugin)
@@ -205,7 +205,7 @@ def prepare_with_engines(model: torch.nn.Module, engines: Engines, state: Any, d
     """
     if engines.fsdp_plugin is None or not distributed:
         return None
-    from .utils.fsdp_utils import shard_model
+    from ..utils.fsdp_utils import shard_model
 
     model, replaced = shard_model(model, engines.fsdp_plugin, state)
     engines.replaced_parameters.update(replaced)
@@ -226,7 +226,7 @@ def compile_model(model: torch.nn.Module, plugin: TorchDynamoPlugin) -> torch.nn
         return torch.compile(model, **plugin.to_kwargs())
     from torch.distributed.fsdp import FSDPModule
 
-    from .utils.other import compile_regions, compile_regions_fsdp2
+    from ..utils.other import compile_regions, compile_regions_fsdp2
 
     regional = compile_regions_fsdp2 if isinstance(model, FSDPModule) else compile_regions
     return regional(model, **plugin.to_kwargs())
@@ -252,13 +252,13 @@ class EnginesMixin:
     @property
     def fp8_backend(self) -> Any:
         """The FP8 backend (an `FP8BackendType`), by HF's rule: see `utils.low_precision.fp8_backend_of`."""
-        from .utils.low_precision import fp8_backend_of
+        from ..utils._dataclasses.low_precision import fp8_backend_of
 
         return fp8_backend_of(self.kwargs_handlers, self.deepspeed_plugin)
 
     def deepspeed_ulysses_dl_adapter(self, dl: Any, model: Any) -> Any:
         """``dl`` sharded along the sequence for DeepSpeed's Ulysses (`utils.deepspeed.deepspeed_ulysses_dl_adapter`)."""
-        from .utils.deepspeed import deepspeed_ulysses_dl_adapter
+        from ..utils.deepspeed import deepspeed_ulysses_dl_adapter
 
         return deepspeed_ulysses_dl_adapter(self, dl, model)
 

@@ -1,0 +1,1 @@
+"""Pieces of `accelerate_ref.checkpointing`: checkpoint directories that appear only when complete."""
