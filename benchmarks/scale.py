@@ -20,8 +20,8 @@ import time
 
 import psutil
 
-from conformance.backends import RENDEZVOUS_S_PER_RANK
-from conformance.case import find
+from conformance.engine.backends import RENDEZVOUS_S_PER_RANK
+from conformance.engine.case import find
 from simulators.pool import RankPool
 from simulators.topology import World
 
@@ -36,9 +36,9 @@ def _pss(pids: list[int]) -> int:
 def measure(method: str, size: int, impl: str) -> dict[str, float]:
     """Start a pool of ``size`` ranks with ``method``; its start time and PSS idle and after one case."""
     world = World.of(size)
-    pool = RankPool(world, setup="conformance.worker:setup", start_method=method, start_timeout=600.0,
+    pool = RankPool(world, setup="conformance.engine.worker:setup", start_method=method, start_timeout=600.0,
                     env={"ACCELERATE_USE_CPU": "1", "ACCELERATE_IMPL": impl},
-                    preload=["torch", "torch.distributed", "conformance.worker", impl], pythonpath=sys.path)
+                    preload=["torch", "torch.distributed", "conformance.engine.worker", impl], pythonpath=sys.path)
     shared = tempfile.mkdtemp(prefix="scale-")
     try:
         started = time.perf_counter()
@@ -47,7 +47,7 @@ def measure(method: str, size: int, impl: str) -> dict[str, float]:
         pids = [rank.pid for rank in pool._ranks] + ([pool._zygote._proc.pid] if pool._zygote else [])
         idle = _pss(pids)
         find(CASE)
-        result = pool.run("conformance.worker:run_case", (CASE, world.label, shared),
+        result = pool.run("conformance.engine.worker:run_case", (CASE, world.label, shared),
                           timeout=60.0 + RENDEZVOUS_S_PER_RANK * size)
         statuses = {outcome.value["status"] for outcome in result.outcomes.values() if outcome.ok}
         busy = _pss(pids) if result.status == "ok" else float("nan")

@@ -23,9 +23,9 @@ import tempfile
 import time
 
 import simulators
-from conformance import worker
-from conformance.backends import SimBackend
-from conformance.case import all_cases, select
+from conformance.engine import worker
+from conformance.engine.backends import SimBackend
+from conformance.engine.case import all_cases, select
 from simulators.topology import World
 
 

@@ -4,8 +4,8 @@
 * ``list``: one line per catalog ID with the cases that cover it, or ``UNCOVERED``.
 * ``report``: build the Markdown/HTML matrix from saved JSON runs.
 * ``parity``: every public name of HF accelerate's documented modules, checked in ``--impl``.
-* ``differential``: probes of public behaviour under ``--impl`` and ``--against``, compared (:mod:`conformance.differential`).
-* ``shipped``: HF's own self-test scripts from its wheel, on HF and switched to ``--impl`` (:mod:`conformance.shipped`).
+* ``differential``: probes of public behaviour under ``--impl`` and ``--against``, compared (:mod:`conformance.tools.differential`).
+* ``shipped``: HF's own self-test scripts from its wheel, on HF and switched to ``--impl`` (:mod:`conformance.tools.shipped`).
 """
 
 from __future__ import annotations
@@ -15,18 +15,19 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from . import catalog, report
+from . import catalog
+from .engine import report
 from simulators.devices.machine import machine_env
 
-from .backends import BACKENDS, mock_device
-from .case import all_cases
-from .impl import chosen
-from .manifest import Manifest
+from .engine.backends import BACKENDS, mock_device
+from .engine.case import all_cases
+from .engine.impl import chosen
+from .engine.manifest import Manifest
 from simulators.cli import OneLineParser
 
-from .differential import cli as differential_cli
-from .shipped import DEFAULT_SCRIPT_TIMEOUT
-from .runner import DEFAULT_CASE_TIMEOUT, DEFAULT_WORLDS, WORLD_PRESETS, RunOptions, execute, parse_worlds
+from .tools.differential import cli as differential_cli
+from .tools.shipped import DEFAULT_SCRIPT_TIMEOUT
+from .engine.runner import DEFAULT_CASE_TIMEOUT, DEFAULT_WORLDS, WORLD_PRESETS, RunOptions, execute, parse_worlds
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -167,7 +168,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_parity(args: argparse.Namespace) -> int:
     """Exit 0 with no unexplained gap and no stale exclusion, 1 otherwise, 2 on bad input."""
-    from . import parity
+    from .tools import parity
 
     impl = chosen(args.impl)
     try:
@@ -189,7 +190,7 @@ def cmd_parity(args: argparse.Namespace) -> int:
 
 
 def cmd_shipped(args: argparse.Namespace) -> int:
-    from . import shipped
+    from .tools import shipped
 
     return shipped.main(chosen(args.impl), args.patterns, args.script_timeout, args.logs, args.markdown)
 

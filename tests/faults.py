@@ -26,7 +26,7 @@ from unittest import mock
 
 import psutil
 
-from conformance.backends import SimBackend
+from conformance.engine.backends import SimBackend
 from simulators import pool
 from simulators.flight_recorder import DEBUG_ENV
 from simulators.topology import LOOPBACK, World
@@ -153,7 +153,7 @@ def run_fault(fault: Fault) -> Verdict:
 
 _DRIVER = textwrap.dedent("""
     import sys
-    from conformance.backends import SimBackend
+    from conformance.engine.backends import SimBackend
     from simulators.topology import World
     from tests.fixture_cases import faults
     backend = SimBackend("accelerate_ref", case_timeout=600.0)

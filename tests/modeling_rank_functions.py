@@ -14,7 +14,7 @@ def load_broadcast_from_rank0(path: str, partial_path: str) -> tuple[dict[str, l
     import torch.distributed as dist
 
     from accelerate_ref.utils.modeling import load_checkpoint_in_model
-    from conformance.cases.bigmodel_models import built
+    from conformance.support.models import built
 
     dist.init_process_group("gloo")
     try:

@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 
 from accelerate_ref import dispatch_model, init_empty_weights, load_checkpoint_and_dispatch
 from accelerate_ref.utils.modeling import get_max_memory, infer_auto_device_map, load_checkpoint_in_model
-from conformance.cases.bigmodel_models import Net, built
+from conformance.support.models import Net, built
 
 
 def _checkpoint(tmp_path, state=None):

@@ -15,9 +15,9 @@ import re
 
 import pytest
 
-from conformance.manifest import Manifest
-from conformance.results import Status
-from conformance.runner import DEFAULT_WORLDS, RunOptions, execute
+from conformance.engine.manifest import Manifest
+from conformance.engine.results import Status
+from conformance.engine.runner import DEFAULT_WORLDS, RunOptions, execute
 
 # The whole suite at five worlds outlasts the 300 s default per test (HF: about 370 s here).
 pytestmark = [pytest.mark.slow, pytest.mark.longest, pytest.mark.timeout(1500)]

@@ -11,11 +11,12 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from conformance import catalog, report
+from conformance import catalog
+from conformance.engine import report
 from conformance.__main__ import main
-from conformance.manifest import Manifest
-from conformance.results import CaseResult, RankReport, Status
-from conformance.runner import Run
+from conformance.engine.manifest import Manifest
+from conformance.engine.results import CaseResult, RankReport, Status
+from conformance.engine.runner import Run
 
 SHARED_CATALOG = Path(__file__).resolve().parents[1].parent / "shared" / "CATALOG.md"
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance.backends import SimBackend
-from conformance.results import Status
+from conformance.engine.backends import SimBackend
+from conformance.engine.results import Status
 from simulators.topology import World
 from tests.fixture_cases import incidents
 
@@ -88,7 +88,7 @@ def test_results_carry_what_the_reports_need(backend):
 
 
 def test_cases_registered_outside_the_suite_are_not_part_of_it():
-    from conformance.case import all_cases
+    from conformance.engine.case import all_cases
 
     ids = {c.id for c in all_cases()}
     assert "state.attributes" in ids
@@ -98,7 +98,7 @@ def test_cases_registered_outside_the_suite_are_not_part_of_it():
 def test_coverage_warning_names_only_cases_that_run_at_none_of_the_worlds():
     """A world-generic case of the large areas runs at ``--worlds large`` (Case.runs_at), so the
     warning must not name it; a case whose worlds are all small must be named."""
-    from conformance.runner import RunOptions, _coverage_warnings, all_cases, parse_worlds
+    from conformance.engine.runner import RunOptions, _coverage_warnings, all_cases, parse_worlds
 
     cases = all_cases()
     (warning,) = _coverage_warnings(cases, parse_worlds("large"), RunOptions(impl="accelerate_ref", manifest=None))

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from conformance.__main__ import main as conformance_main
-from conformance.backends import make_backend, mock_device
+from conformance.engine.backends import make_backend, mock_device
 from simulators.__main__ import main as simulators_main
 from simulators.devices import machine
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance.backends import BACKENDS, SimBackend, SimNpuBackend, SimXlaBackend, make_backend
-from conformance.case import Case
+from conformance.engine.backends import BACKENDS, SimBackend, SimNpuBackend, SimXlaBackend, make_backend
+from conformance.engine.case import Case
 from simulators.devices import KINDS, world_settings
 from simulators.devices.replicas import Replicas
 
@@ -54,8 +54,8 @@ def test_the_device_backends_are_offered_and_run_their_own_device_cases():
 
 
 def test_a_device_backend_deviation_is_not_unused_in_a_run_of_another_backend():
-    from conformance.manifest import Manifest
-    from conformance.results import CaseResult
+    from conformance.engine.manifest import Manifest
+    from conformance.engine.results import CaseResult
 
     manifest = Manifest.parse(
         '[[deviation]]\nid = "a"\nstatus = "FAIL"\nbackends = ["sim-xla"]\nreason = "r"\n'
@@ -71,8 +71,8 @@ def test_a_device_backend_deviation_is_not_unused_in_a_run_of_another_backend():
 
 
 def test_a_deviation_of_the_result_backend_explains_it_before_a_general_one():
-    from conformance.manifest import Manifest
-    from conformance.results import CaseResult
+    from conformance.engine.manifest import Manifest
+    from conformance.engine.results import CaseResult
 
     manifest = Manifest.parse(
         '[[deviation]]\nid = "a"\nstatus = "FAIL"\nreason = "everywhere"\n'
@@ -90,8 +90,8 @@ def test_a_deviation_of_the_result_backend_explains_it_before_a_general_one():
 
 
 def test_the_matrix_marks_another_device_family_s_ids_not_applicable():
-    from conformance import report
-    from conformance.runner import Run
+    from conformance.engine import report
+    from conformance.engine.runner import Run
 
     def run(backend, other):
         return Run({"impl": "x", "impl_version": "1", "backend": backend, "other_device_ids": other}, [])

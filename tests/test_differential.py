@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from conformance.differential import deviations
-from conformance.differential.observe import ClassIndex, Normaliser
-from conformance.differential.probe import Api, Probe, Subject, run_probe
-from conformance.differential.runner import _within, compare, run
+from conformance.tools.differential import deviations
+from conformance.tools.differential.observe import ClassIndex, Normaliser
+from conformance.tools.differential.probe import Api, Probe, Subject, run_probe
+from conformance.tools.differential.runner import _within, compare, run
 
 TESTS_DIR = Path(__file__).resolve().parent
 REFERENCE = "accelerate_ref"

@@ -6,9 +6,9 @@ import io
 
 import pytest
 
-from conformance.case import LARGE_AREAS, LARGE_WORLDS
+from conformance.engine.case import LARGE_AREAS, LARGE_WORLDS
 from conformance.catalog import area_of
-from conformance.runner import RunOptions, execute
+from conformance.engine.runner import RunOptions, execute
 
 pytestmark = [pytest.mark.extended, pytest.mark.slow]
 

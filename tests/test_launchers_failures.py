@@ -2,7 +2,7 @@
 
 HF 1.15 forks with ``torch.multiprocessing.start_processes``, so the launch raises torch's
 ``ProcessRaisedException`` carrying the failing rank's traceback; accelerate_ref's launcher forks the same way.
-The differential probes (``conformance/differential/probes/launchers.py``) check what each launcher hands to
+The differential probes (``conformance/tools/differential/probes/launchers.py``) check what each launcher hands to
 torch without forking; this test runs real forks of both implementations, so it is ``extended``.
 """
 

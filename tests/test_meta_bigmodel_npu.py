@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.backends import SimNpuBackend
+from conformance.engine.backends import SimNpuBackend
 from tests.test_meta_suite import E, F, Break, SharedPools, brk, plan
 from tests.test_meta_suite import test_suite_reports as check_entry
 

@@ -20,9 +20,9 @@ import io
 
 import pytest
 
-from conformance.backends import SimXlaBackend
-from conformance.results import Status
-from conformance.runner import RunOptions, execute
+from conformance.engine.backends import SimXlaBackend
+from conformance.engine.results import Status
+from conformance.engine.runner import RunOptions, execute
 from tests.test_meta_suite import PROCESS, REFERENCE, Break, F, E, SharedPools, brk
 from tests.test_meta_suite import test_suite_reports as check_entry
 

@@ -19,7 +19,7 @@ import io
 
 import pytest
 
-from conformance.runner import RunOptions, execute
+from conformance.engine.runner import RunOptions, execute
 from tests.test_meta_suite import Break, F, brk
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

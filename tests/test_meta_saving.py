@@ -5,7 +5,7 @@ pools, the judgement of what was reported: the broken rule's ID gets the
 expected status, every other ID of the selection passes unless named as
 collateral). Each world used here first runs the reference over the same
 cases, which must all pass. Cases that build models have a longer timeout
-of their own (see `conformance.cases.test_training.MODEL_CASE_TIMEOUT`).
+of their own (see `conformance.support.training.MODEL_CASE_TIMEOUT`).
 
 To reproduce one break by hand::
 

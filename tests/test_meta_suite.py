@@ -29,7 +29,7 @@ the driver names before each case, via the suite's own backend
 (`SimBackend.run_case`, as the pytest plugin uses it). Breaks that can
 leave ranks out of step (a collective skipped on one rank, mismatched
 shapes) or damage the process run ``isolated``: through the suite's runner
-(`conformance.runner.execute`) with pools of their own. One test also runs
+(`conformance.engine.runner.execute`) with pools of their own. One test also runs
 the command line against a broken module end to end.
 
 To reproduce one break by hand::
@@ -50,10 +50,10 @@ from typing import Iterable
 
 import pytest
 
-from conformance.backends import SimBackend
-from conformance.case import all_cases, select
-from conformance.results import CaseResult, Status
-from conformance.runner import DEFAULT_CASE_TIMEOUT, RunOptions, execute
+from conformance.engine.backends import SimBackend
+from conformance.engine.case import all_cases, select
+from conformance.engine.results import CaseResult, Status
+from conformance.engine.runner import DEFAULT_CASE_TIMEOUT, RunOptions, execute
 from simulators.topology import World
 
 # broken_impls is a package under tests/; the rank pool passes sys.path on to the ranks.

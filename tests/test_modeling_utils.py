@@ -19,7 +19,7 @@ hf_modeling = pytest.importorskip("accelerate.utils.modeling")
 
 from accelerate_ref import cpu_offload  # noqa: E402
 from accelerate_ref.utils import modeling  # noqa: E402
-from conformance.cases.bigmodel_models import built  # noqa: E402
+from conformance.support.models import built  # noqa: E402
 
 
 class WithBuffers(nn.Module):

@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("accelerate")
 
-from conformance import parity  # noqa: E402
+from conformance.tools import parity  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 EXCLUSIONS = ROOT / "accelerate_ref" / "PARITY.toml"

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conformance import shipped, switch
+from conformance.tools import shipped, switch
 
 
 def test_switch_aliases_the_implementation_and_loads_hf_test_utils():

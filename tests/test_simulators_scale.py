@@ -107,9 +107,9 @@ def test_simulators_cli_errors_are_one_line_exit_2(argv, capsys):
 
 
 def test_json_and_html_carry_the_collective_diagnosis(tmp_path):
-    from conformance import report
-    from conformance.results import CaseResult, Status
-    from conformance.runner import Run
+    from conformance.engine import report
+    from conformance.engine.results import CaseResult, Status
+    from conformance.engine.runner import Run
 
     records = {0: {"entries": [_entry(2, "gloo:barrier", [])]}, 1: {"entries": [_entry(1, "gloo:all_reduce", [[2]])]}}
     hung = CaseResult("sync.wait_for_everyone", "skips", Status.HANG, "2", "sim", "accelerate_ref", 6.0,

@@ -287,7 +287,7 @@ def mlflow_store(tmp_path, monkeypatch):
 def test_mlflow_tracker_records_params_and_metrics_at_their_steps(mlflow_store, tmp_path):
     from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
 
-    from conformance.tracker_stores import mlflow_runs
+    from conformance.support.tracker_stores import mlflow_runs
 
     acc = fresh(log_with=LoggerType.MLFLOW)
     acc.init_trackers("proj", config={"lr": 0.1, "huge": "x" * (MAX_PARAM_VAL_LENGTH + 1)}, init_kwargs={"mlflow": {"run_name": "first"}})
@@ -337,7 +337,7 @@ def wandb_offline(tmp_path, monkeypatch):
 
 
 def test_wandb_tracker_offline_run_read_back(wandb_offline):
-    from conformance.tracker_stores import wandb_offline_runs
+    from conformance.support.tracker_stores import wandb_offline_runs
 
     acc = fresh(log_with="wandb")
     acc.init_trackers("proj", config={"lr": 0.1})
@@ -363,7 +363,7 @@ def test_wandb_tracker_methods_are_not_restricted_to_the_main_process():
 
 
 def test_a_file_that_is_not_a_wandb_run_is_refused(tmp_path):
-    from conformance.tracker_stores import _wandb_records
+    from conformance.support.tracker_stores import _wandb_records
 
     path = tmp_path / "run-x.wandb"
     path.write_bytes(b"not a run")
@@ -399,7 +399,7 @@ def test_only_the_main_process_tracks(tmp_path):
 def test_a_real_tracker_case_is_not_supported_without_its_package(monkeypatch, case_name, package):
     import importlib.util
 
-    from conformance.case import NotSupported, WorldInfo
+    from conformance.engine.case import NotSupported, WorldInfo
     from conformance.cases import test_tracking as cases
 
     real_find_spec = importlib.util.find_spec
@@ -416,7 +416,7 @@ def comet_and_clearml_extras(folder: str) -> dict:
     prefixed keys and step-less values, each read back from the package's offline store."""
     import importlib.util
 
-    from conformance.tracker_stores import clearml_offline_session, comet_offline_runs
+    from conformance.support.tracker_stores import clearml_offline_session, comet_offline_runs
 
     found = {}
     if importlib.util.find_spec("comet_ml"):

@@ -15,9 +15,9 @@ import resource
 import torch
 from safetensors.torch import save_file
 
-from ..case import case
-from ..checks import expect_equal, expect_raises, expect_tensor, expect_true
-from .bigmodel_models import FOUR_NPUS, Net, built, npu_devices, owner_of
+from ..engine.case import case
+from ..support.checks import expect_equal, expect_raises, expect_tensor, expect_true
+from ..support.models import FOUR_NPUS, Net, built, npu_devices, owner_of
 
 IDS = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
 

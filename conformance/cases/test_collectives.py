@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from ..case import ANY_WORLD, case
-from ..checks import expect_equal, expect_raises, expect_tensor, expect_true, layout, plain, shapes_mentioned
+from ..engine.case import ANY_WORLD, case
+from ..support.checks import expect_equal, expect_raises, expect_tensor, expect_true, layout, plain, shapes_mentioned
 
 DISTRIBUTED_WORLDS = tuple(w for w in ANY_WORLD if w != "1")
 

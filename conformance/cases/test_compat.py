@@ -16,8 +16,8 @@ import warnings
 import torch
 from torch.utils.data import DataLoader
 
-from ..case import case
-from ..checks import expect_equal, expect_true, plain
+from ..engine.case import case
+from ..support.checks import expect_equal, expect_true, plain
 
 #: Each v0.27 keyword with a value other than its default (accelerator_en_v0.27, `Accelerator`).
 V027_DATALOADER_KEYWORDS = {

@@ -22,8 +22,8 @@ from collections import Counter
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from ..case import ANY_WORLD, case
-from ..checks import expect_equal, expect_raises, expect_true, plain
+from ..engine.case import ANY_WORLD, case
+from ..support.checks import expect_equal, expect_raises, expect_true, plain
 
 DISTRIBUTED_WORLDS = tuple(w for w in ANY_WORLD if w != "1")
 #: Worlds whose size divides 64 (and 32, 48): shards without padding.

@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from ..case import ANY_WORLD, NotSupported, case
-from ..checks import expect_equal, expect_tensor, expect_true
+from ..engine.case import ANY_WORLD, NotSupported, case
+from ..support.checks import expect_equal, expect_tensor, expect_true
 
 DISTRIBUTED_WORLDS = tuple(w for w in ANY_WORLD if w != "1")
 #: The distributed type's name an implementation may report on each family

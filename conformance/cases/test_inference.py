@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from ..case import ANY_WORLD, case
-from ..checks import expect_equal, expect_raises, expect_true, layout, plain
+from ..engine.case import ANY_WORLD, case
+from ..support.checks import expect_equal, expect_raises, expect_true, layout, plain
 
 DISTRIBUTED_WORLDS = tuple(w for w in ANY_WORLD if w != "1")
 

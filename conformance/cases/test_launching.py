@@ -3,7 +3,7 @@
 The launch cases start the implementation's own command line (its
 ``commands.accelerate_cli``, the ``accelerate`` command) in subprocesses from
 rank 0 of the world the catalog names, the other ranks idle; the launched
-ranks run a probe script (``conformance.launching.write_probe``) that records
+ranks run a probe script (``conformance.support.launching.write_probe``) that records
 what each process sees. ``launch.multi_node`` starts two launchers, one per
 simulated machine, on this host. Every launch has a timeout and its process
 group is killed after it, so no rank outlives a case.
@@ -27,9 +27,9 @@ import yaml
 
 from simulators.ports import free_port
 
-from ..case import ANY_WORLD, case
-from ..checks import expect_equal, expect_raises, expect_true
-from ..launching import LAUNCH_TIMEOUT, clean_env, finish, pid_alive, read_reports, run_cli, start_cli, write_probe
+from ..engine.case import ANY_WORLD, case
+from ..support.checks import expect_equal, expect_raises, expect_true
+from ..support.launching import LAUNCH_TIMEOUT, clean_env, finish, pid_alive, read_reports, run_cli, start_cli, write_probe
 
 #: Seconds a launch case may take (several launches of torch processes on a small machine).
 LAUNCH_CASE_TIMEOUT = 300.0
@@ -364,7 +364,7 @@ def logging_get_logger(impl, world):
 
     get_logger = importlib.import_module(f"{impl.Accelerator.__module__.split('.')[0]}.logging").get_logger
     acc = impl.Accelerator()
-    name = f"conformance.launching.{os.path.basename(world.shared_dir)}"
+    name = f"conformance.support.launching.{os.path.basename(world.shared_dir)}"
     handler = _FileHandler(os.path.join(world.shared_dir, "log.txt"))
     base = logging.getLogger(name)
     base.addHandler(handler)

@@ -12,9 +12,9 @@ import os
 
 import torch
 
-from ..case import case
-from ..checks import expect_equal, expect_raises, expect_tensor, expect_true
-from .bigmodel_models import Net, built, hand_sizes, owner_of
+from ..engine.case import case
+from ..support.checks import expect_equal, expect_raises, expect_tensor, expect_true
+from ..support.models import Net, built, hand_sizes, owner_of
 
 
 def _modeling(impl):

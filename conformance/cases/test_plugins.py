@@ -16,9 +16,9 @@ from typing import Any, Callable
 
 import torch
 
-from ..case import NotSupported
-from ..case import case as _case
-from ..checks import expect_equal, expect_raises, expect_true
+from ..engine.case import NotSupported
+from ..engine.case import case as _case
+from ..support.checks import expect_equal, expect_raises, expect_true
 
 #: Building a process group, a device mesh and dynamo's first compile take seconds on a busy machine.
 PLUGIN_CASE_TIMEOUT = 60.0
@@ -32,7 +32,7 @@ _DATA = torch.randn(64, WIDTH + OUT, generator=torch.Generator().manual_seed(432
 
 
 def case(catalog_id: str, **options: Any):
-    """`conformance.case.case` with room for process-group and compile start-up."""
+    """`conformance.engine.case.case` with room for process-group and compile start-up."""
     return _case(catalog_id, **{"timeout": PLUGIN_CASE_TIMEOUT, **options})
 
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from ..case import NotSupported
-from ..checks import expect_equal, expect_raises, expect_true
+from ..engine.case import NotSupported
+from ..support.checks import expect_equal, expect_raises, expect_true
 from .test_plugins import (
     _DATA,
     BATCH,

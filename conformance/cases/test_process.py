@@ -21,9 +21,9 @@ from pathlib import Path
 
 from simulators.spawn import describe_exit
 
-from ..case import case
-from ..checks import expect_equal, expect_ranks, expect_true
-from ..launching import LAUNCH_VARIABLES
+from ..engine.case import case
+from ..support.checks import expect_equal, expect_ranks, expect_true
+from ..support.launching import LAUNCH_VARIABLES
 
 ATTRIBUTES = (
     "device",

@@ -20,9 +20,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from ..case import ANY_WORLD, NotSupported, case
-from ..checks import expect_equal, expect_raises, expect_ranks, expect_true
-from .test_training import MODEL_CASE_TIMEOUT
+from ..engine.case import ANY_WORLD, NotSupported, case
+from ..support.checks import expect_equal, expect_raises, expect_ranks, expect_true
+from ..support.training import MODEL_CASE_TIMEOUT
 
 DISTRIBUTED_WORLDS = tuple(w for w in ANY_WORLD if w != "1")
 FEATURES = 4

@@ -10,7 +10,7 @@ The same rule with the real trackers whose packages are installed (extra
 extra ``trackers-more``: ``"comet_ml"`` (offline), ``"aim"`` (a local
 repository), ``"clearml"`` (offline mode), ``"dvclive"`` (local files)), on
 every rank; once every rank has ended, the main process reads back the
-tracker's own store (`conformance.tracker_stores`) and the driver checks
+tracker's own store (`conformance.support.tracker_stores`) and the driver checks
 that it holds one run, with the configuration and each value at its step.
 Without the package the case is NOT_SUPPORTED.
 """
@@ -22,9 +22,9 @@ import os
 import sys
 from typing import Any, Callable, Optional
 
-from ..case import NotSupported, case
-from ..checks import expect_equal, expect_ranks, expect_true
-from .test_training import _agreed_free_port
+from ..engine.case import NotSupported, case
+from ..support.checks import expect_equal, expect_ranks, expect_true
+from ..support.training import agreed_free_port
 
 CONFIG = {"learning_rate": 0.1, "batch_size": 2}
 LOGGED = [({"loss": 0.5}, 1), ({"loss": 0.25, "accuracy": 0.75}, 2)]
@@ -69,7 +69,7 @@ def _reopen_process_group(impl, world, had_group: bool) -> None:
 
     if not had_group or dist.is_initialized():
         return
-    os.environ["MASTER_PORT"] = str(_agreed_free_port(world))  # the worker restores the environment after the case
+    os.environ["MASTER_PORT"] = str(agreed_free_port(world))  # the worker restores the environment after the case
     impl.reset()
     impl.Accelerator()
     expect_true(dist.is_initialized(), "the process group could not be built again after end_training()")
@@ -166,7 +166,7 @@ def tracking_mlflow(impl, world):
     """``log_with="mlflow"`` with a local file store (``MLFLOW_TRACKING_URI``): the experiment named after the
     project holds one finished run, with the configuration as parameters and each metric at its step."""
     _require("mlflow")
-    from ..tracker_stores import mlflow_runs
+    from ..support.tracker_stores import mlflow_runs
 
     uri = "file:" + os.path.join(world.shared_dir, "mlruns")
     os.environ.update(MLFLOW_TRACKING_URI=uri, MLFLOW_ALLOW_FILE_STORE="true")  # the worker restores os.environ
@@ -204,7 +204,7 @@ def tracking_wandb(impl, world):
 
 def _wandb_runs_after_teardown(directory: str) -> list:
     _teardown_wandb()  # its service has written and closed the run files
-    from ..tracker_stores import wandb_offline_runs
+    from ..support.tracker_stores import wandb_offline_runs
 
     return wandb_offline_runs(directory)
 
@@ -236,7 +236,7 @@ def tracking_comet_ml(impl, world):
     ``COMET_OFFLINE_DIRECTORY``): one archive, of the project, with the configuration as parameters and each
     metric at its step."""
     _require("comet_ml", extra="trackers-more")
-    from ..tracker_stores import comet_offline_runs
+    from ..support.tracker_stores import comet_offline_runs
 
     directory = os.path.join(world.shared_dir, "comet")
     os.environ["COMET_OFFLINE_DIRECTORY"] = directory  # the worker restores os.environ
@@ -260,7 +260,7 @@ def tracking_aim(impl, world):
     """``log_with="aim"`` with ``project_dir=<dir>``: the Aim repository there holds one closed run, named after
     the project, with the configuration as its ``hparams`` and each metric at its step."""
     _require("aim", extra="trackers-more")
-    from ..tracker_stores import aim_runs
+    from ..support.tracker_stores import aim_runs
 
     directory = os.path.join(world.shared_dir, "aim")
     return _track_with(impl, world, "aim", lambda tracker: aim_runs(directory), init_kwargs=AIM_QUIET,
@@ -285,7 +285,7 @@ def tracking_clearml(impl, world):
     main process creates a task (ClearML's sessions are read from the main process's task only; the other
     ranks must not have started one)."""
     _require("clearml", extra="trackers-more")
-    from ..tracker_stores import clearml_offline_session
+    from ..support.tracker_stores import clearml_offline_session
 
     config_file = os.path.join(world.shared_dir, f"clearml-{world.rank}.conf")
     with open(config_file, "w", encoding="utf-8") as stream:
@@ -316,7 +316,7 @@ def tracking_dvclive(impl, world):
     the configuration as ``params.yaml`` and each metric at its step. Only the main process writes: each rank
     is given its own ``dir``, and the others' stay empty."""
     _require("dvclive", extra="trackers-more")
-    from ..tracker_stores import dvclive_store
+    from ..support.tracker_stores import dvclive_store
 
     mine = os.path.join(world.shared_dir, f"dvclive-{world.rank}")
     options = {"dvclive": {"dir": mine, "save_dvc_exp": False, "dvcyaml": None}}  # no dvc.yaml, no DVC experiment

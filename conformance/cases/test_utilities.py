@@ -22,8 +22,8 @@ import sys
 from contextlib import contextmanager
 from typing import Iterator
 
-from ..case import case
-from ..checks import expect_equal, expect_raises, expect_true
+from ..engine.case import case
+from ..support.checks import expect_equal, expect_raises, expect_true
 
 
 @contextmanager

@@ -92,7 +92,7 @@ class Manifest:
     @classmethod
     def bundled(cls, impl_name: str) -> "Manifest | None":
         """The manifest shipped in ``conformance/manifests/<impl>.toml``, if any."""
-        resource = resources.files(__package__).joinpath("manifests", f"{impl_name.split('.')[0]}.toml")
+        resource = resources.files("conformance").joinpath("manifests", f"{impl_name.split('.')[0]}.toml")
         if not resource.is_file():
             return None
         return cls.parse(resource.read_text(encoding="utf-8"), f"conformance/manifests/{resource.name}")

@@ -20,7 +20,7 @@ from simulators.capacity import check_world
 from simulators.flight_recorder import DEBUG_ENV
 from simulators.topology import World
 
-from . import catalog
+from .. import catalog
 from .backends import NativeBackend, make_backend
 from .case import LARGE_WORLDS, Case, all_cases, select
 from .impl import Implementation

@@ -104,7 +104,7 @@ class SimBackend:
         started = time.perf_counter()
         try:
             outcome = pool.run(
-                "conformance.worker:run_case",
+                "conformance.engine.worker:run_case",
                 (case.key, world.label, shared_dir),
                 case.timeout_within(self.case_timeout) + RENDEZVOUS_S_PER_RANK * max(0, world.size - 8),
                 failed=_rank_failed,
@@ -136,12 +136,12 @@ class SimBackend:
             devices = world_settings(self.device) if self.device else None
             self._pools[world] = RankPool(
                 world,
-                setup="conformance.worker:setup",
+                setup="conformance.engine.worker:setup",
                 env={**(devices.env if devices else {}), **self.machine, **self.base_env, **self.env,
                      "ACCELERATE_IMPL": self.impl},
                 start_timeout=self.start_timeout,
                 pythonpath=[*(devices.pythonpath if devices else ()), *sys.path],
-                preload=["torch", "torch.distributed", "conformance.worker", self.impl],
+                preload=["torch", "torch.distributed", "conformance.engine.worker", self.impl],
             )
         return self._pools[world]
 

@@ -4,15 +4,15 @@
 HF ships in its wheel (``accelerate/test_utils/scripts/test_*.py`` and
 ``external_deps/test_*.py``) on the simulator, once with HF accelerate and
 once with ``import accelerate`` switched to the implementation
-(:mod:`conformance.switch`), and prints a table: script | HF | impl | note.
+(:mod:`conformance.tools.switch`), and prints a table: script | HF | impl | note.
 
 Rules:
-- both runs of a script go through :mod:`conformance.switch` with the same
+- both runs of a script go through :mod:`conformance.tools.switch` with the same
   world, environment, timeout and a fresh working folder each (``--impl
   accelerate`` switches nothing), so the only difference is the import;
 - a script runs at 2 ranks on CPU ranks (gloo on loopback) with
   ``ACCELERATE_USE_CPU=1``, the variable HF needs to see MULTI_CPU under a
-  torchrun-style launch (as :class:`conformance.backends.SimBackend` sets
+  torchrun-style launch (as :class:`conformance.engine.backends.SimBackend` sets
   it), and ``OMP_NUM_THREADS=1``; a script HF itself runs as one process
   that starts its own ranks (``test_notebook.py``) runs as HF's test runs it
   (:data:`LAUNCH_AS_HF_DOES`);

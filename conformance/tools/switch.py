@@ -1,6 +1,6 @@
 """Run a script written for HF accelerate on another implementation, ``import accelerate`` switched at run time.
 
-    python -m conformance.switch --impl accelerate_ref SCRIPT [ARGS...]
+    python -m conformance.tools.switch --impl accelerate_ref SCRIPT [ARGS...]
 
 runs SCRIPT as ``python SCRIPT ARGS...`` would (``__main__``, ``sys.argv``,
 the script's folder first on ``sys.path``), with the switch installed first.
@@ -149,18 +149,18 @@ def run_script(script: str, args: Sequence[str]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = OneLineParser(prog="python -m conformance.switch", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m conformance.tools.switch", description=__doc__.splitlines()[0])
     parser.add_argument("--impl", required=True, help="the implementation package ('accelerate': no switch)")
     parser.add_argument("script", help="a Python script that imports accelerate")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
     options = parser.parse_args(argv)
     if not os.path.isfile(options.script):
-        print(f"conformance.switch: script not found: {options.script}", file=sys.stderr)
+        print(f"conformance.tools.switch: script not found: {options.script}", file=sys.stderr)
         return 2
     try:
         install(options.impl)
     except ImportError as error:
-        print(f"conformance.switch: {error}", file=sys.stderr)
+        print(f"conformance.tools.switch: {error}", file=sys.stderr)
         return 2
     run_script(options.script, options.args)
     return 0

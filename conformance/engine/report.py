@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Iterable
 from xml.etree import ElementTree as ET
 
-from . import catalog
+from .. import catalog
 from .results import CaseResult, Status
 from .runner import Run
 

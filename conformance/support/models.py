@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..case import NotSupported
+from ..engine.case import NotSupported
 
 
 class Probe(nn.Linear):

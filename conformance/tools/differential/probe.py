@@ -1,6 +1,6 @@
 """Probes: small functions that exercise one public behaviour, and what they see of an implementation.
 
-A probe module under :mod:`conformance.differential.probes` registers its
+A probe module under :mod:`conformance.tools.differential.probes` registers its
 probes with :func:`probe`::
 
     @probe("utils.operations", worlds=(1, 2))
@@ -47,7 +47,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
-from ..impl import Implementation
+from ...engine.impl import Implementation
 from .files import describe_files
 from .observe import ClassIndex, Normaliser, observe
 
@@ -93,7 +93,7 @@ def probe(area: str, *, worlds: tuple[int, ...] = (1,), families: tuple[str, ...
 
 
 def all_probes() -> list[Probe]:
-    """Every probe of every module under :mod:`conformance.differential.probes`, by name."""
+    """Every probe of every module under :mod:`conformance.tools.differential.probes`, by name."""
     from . import probes as package
 
     for module in pkgutil.iter_modules(package.__path__):

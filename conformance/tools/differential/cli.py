@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..impl import chosen
+from ...engine.impl import chosen
 from . import deviations as deviation_file
 from .probe import all_probes
 from .runner import SETTINGS, run

@@ -119,7 +119,7 @@ class Case:
     @property
     def scales(self) -> bool:
         """A case of LARGE_AREAS written for any world (it runs at 2x4) runs at the large worlds too."""
-        from . import catalog
+        from .. import catalog
 
         return "2x4" in self.worlds and catalog.area_of(self.id) in LARGE_AREAS
 
@@ -157,7 +157,7 @@ def all_cases() -> list[Case]:
 
     Cases registered from elsewhere (a test's fixtures) are not part of the suite.
     """
-    from . import cases
+    from .. import cases
 
     cases.load_all()
     return [c for c in _REGISTRY.values() if c.function.__module__.startswith(f"{cases.__name__}.")]

@@ -220,17 +220,17 @@ def _on_ranks(candidate: str, reference: str, setting: str, probes: list[Probe],
     devices = world_settings(family) if family != "cpu" else None
     pool = RankPool(
         World.of(int(size)),
-        setup="conformance.differential.rank:setup",
+        setup="conformance.tools.differential.rank:setup",
         env={**(devices.env if devices else _CPU_ENV), rank.REFERENCE_ENV: reference, rank.CANDIDATE_ENV: candidate},
         pythonpath=[*(devices.pythonpath if devices else ()), *sys.path],
-        preload=["torch", "torch.distributed", "conformance.differential.rank", reference, candidate],
+        preload=["torch", "torch.distributed", "conformance.tools.differential.rank", reference, candidate],
     )
     scratch = Path(tempfile.mkdtemp(prefix="differential-"))
     try:
         for found in probes:
             shared = scratch / found.name
             try:
-                outcome = pool.run("conformance.differential.rank:run_one", (found.name, family, str(shared), measure_coverage),
+                outcome = pool.run("conformance.tools.differential.rank:run_one", (found.name, family, str(shared), measure_coverage),
                                    found.timeout)
             except PoolStartError as error:
                 yield found, _failed(f"the ranks did not start: {error}")

@@ -5,7 +5,7 @@ Trackers run offline: TensorBoard into ``api.tmp``, MLflow into a file store
 there, W&B in offline mode there; the trackers whose packages are not
 installed here (Comet, Aim, ClearML, DVCLive, SwanLab, Trackio) show their
 refusals. What a tracker wrote is read back with the package's own reader
-(``conformance.tracker_stores``, TensorBoard's ``EventAccumulator``) and
+(``conformance.support.tracker_stores``, TensorBoard's ``EventAccumulator``) and
 recorded as values; its folder is then listed with its timestamps and run
 ids blanked, and removed, so the harness's file listing holds no names that
 differ from run to run. Log records are recorded at DEBUG level (what a user
@@ -282,7 +282,7 @@ def tensorboard_tracker(api: Api) -> None:
 
 @probe("tracking")
 def mlflow_tracker(api: Api) -> None:
-    from conformance.tracker_stores import mlflow_runs
+    from conformance.support.tracker_stores import mlflow_runs
 
     api.partial_state()
     uri = f"file:{api.tmp / 'mlruns'}"
@@ -344,7 +344,7 @@ def mlflow_environment(api: Api) -> None:
 def wandb_tracker(api: Api) -> None:
     import wandb
 
-    from conformance.tracker_stores import wandb_offline_runs
+    from conformance.support.tracker_stores import wandb_offline_runs
 
     api.partial_state()
     for variable, folder in (("WANDB_DIR", ""), ("WANDB_CACHE_DIR", "wandb-cache"), ("WANDB_DATA_DIR", "wandb-data"),
