@@ -9,5 +9,5 @@ Here no device reserves anything. Caught at world 1 by ``modeling.device_map``.
 from broken_impls._wrap import BrokenCopy
 
 ref = BrokenCopy(__name__)
-ref.replace("utils.device_map.reserving_devices", lambda budget: [])
+ref.replace("utils._modeling.device_map.reserving_devices", lambda budget: [])
 ref.export(globals())

@@ -8,12 +8,12 @@ whole. Caught at world 1 by ``modeling.device_map`` and by
 from broken_impls._wrap import BrokenCopy
 
 ref = BrokenCopy(__name__)
-original = ref.get("utils.device_map.infer_auto_device_map")
+original = ref.get("utils._modeling.device_map.infer_auto_device_map")
 
 
 def infer_auto_device_map(model, max_memory=None, no_split_module_classes=None, *args, **kwargs):
     return original(model, max_memory, None, *args, **kwargs)
 
 
-ref.replace("utils.device_map.infer_auto_device_map", infer_auto_device_map)
+ref.replace("utils._modeling.device_map.infer_auto_device_map", infer_auto_device_map)
 ref.export(globals())

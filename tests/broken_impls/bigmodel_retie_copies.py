@@ -22,5 +22,5 @@ def retie_parameters(model, tied_params):
             setattr(model.get_submodule(module_name), attribute, copy)
 
 
-ref.replace("utils.module_sizes.retie_parameters", retie_parameters)
+ref.replace("utils._modeling.sizes.retie_parameters", retie_parameters)
 ref.export(globals())

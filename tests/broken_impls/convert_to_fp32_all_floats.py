@@ -7,7 +7,7 @@ world 1 by ``ops.convert_to_fp32``.
 from broken_impls._wrap import BrokenCopy
 
 ref = BrokenCopy(__name__)
-recursively_apply = ref.get("utils.structures.recursively_apply")
+recursively_apply = ref.get("utils._operations.structures.recursively_apply")
 
 
 def convert_to_fp32(tensor):
@@ -16,5 +16,5 @@ def convert_to_fp32(tensor):
     )
 
 
-ref.replace("utils.structures.convert_to_fp32", convert_to_fp32)
+ref.replace("utils._operations.structures.convert_to_fp32", convert_to_fp32)
 ref.export(globals())

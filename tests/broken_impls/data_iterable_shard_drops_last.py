@@ -20,5 +20,5 @@ def __iter__(self):
             step = []
 
 
-ref.replace("samplers.IterableDatasetShard.__iter__", __iter__)
+ref.replace("_data_loader.samplers.IterableDatasetShard.__iter__", __iter__)
 ref.export(globals())

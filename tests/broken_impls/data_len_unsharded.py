@@ -14,5 +14,5 @@ def __len__(self):
     return len(self.batch_sampler)
 
 
-ref.replace("samplers.BatchSamplerShard.__len__", __len__)
+ref.replace("_data_loader.samplers.BatchSamplerShard.__len__", __len__)
 ref.export(globals())

@@ -10,7 +10,7 @@ import torch
 from broken_impls._wrap import BrokenCopy
 
 ref = BrokenCopy(__name__)
-original = ref.get("utils.collectives.TorchDistributedCollectives.all_gather")
+original = ref.get("utils._operations.collectives.TorchDistributedCollectives.all_gather")
 
 
 def all_gather(self, tensor):
@@ -18,5 +18,5 @@ def all_gather(self, tensor):
     return torch.cat(list(reversed(blocks)))
 
 
-ref.replace("utils.collectives.TorchDistributedCollectives.all_gather", all_gather)
+ref.replace("utils._operations.collectives.TorchDistributedCollectives.all_gather", all_gather)
 ref.export(globals())

@@ -7,7 +7,7 @@ Caught at world 1 by ``ops.listify``.
 from broken_impls._wrap import BrokenCopy
 
 ref = BrokenCopy(__name__)
-recursively_apply = ref.get("utils.structures.recursively_apply")
+recursively_apply = ref.get("utils._operations.structures.recursively_apply")
 
 
 def listify(data):
@@ -19,5 +19,5 @@ def listify(data):
     return recursively_apply(to_list, data)
 
 
-ref.replace("utils.structures.listify", listify)
+ref.replace("utils._operations.structures.listify", listify)
 ref.export(globals())

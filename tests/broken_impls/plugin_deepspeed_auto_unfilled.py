@@ -7,7 +7,7 @@ Caught by ``plugin.deepspeed_config``.
 from broken_impls._wrap import BrokenCopy
 
 ref = BrokenCopy(__name__)
-original = ref.get("utils.deepspeed_plugin.DeepSpeedPlugin.fill_match")
+original = ref.get("utils._dataclasses.deepspeed.DeepSpeedPlugin.fill_match")
 
 
 def fill_match(self, ds_key_long, mismatches=None, must_match=True, **kwargs):
@@ -16,5 +16,5 @@ def fill_match(self, ds_key_long, mismatches=None, must_match=True, **kwargs):
     return original(self, ds_key_long, mismatches, must_match, **kwargs)
 
 
-ref.replace("utils.deepspeed_plugin.DeepSpeedPlugin.fill_match", fill_match)
+ref.replace("utils._dataclasses.deepspeed.DeepSpeedPlugin.fill_match", fill_match)
 ref.export(globals())

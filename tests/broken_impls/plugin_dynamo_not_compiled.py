@@ -12,5 +12,5 @@ def compile_model(model, plugin):
     return model
 
 
-ref.replace("engines.compile_model", compile_model)
+ref.replace("_accelerator.engines.compile_model", compile_model)
 ref.export(globals())

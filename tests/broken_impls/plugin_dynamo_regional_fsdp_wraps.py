@@ -8,7 +8,7 @@ hooks ``fully_shard`` registered stay on each module's call path. Caught by
 from broken_impls._wrap import BrokenCopy
 
 ref = BrokenCopy(__name__)
-original = ref.get("engines.compile_model")
+original = ref.get("_accelerator.engines.compile_model")
 
 
 def compile_model(model, plugin):
@@ -17,5 +17,5 @@ def compile_model(model, plugin):
     return original(model, plugin)
 
 
-ref.replace("engines.compile_model", compile_model)
+ref.replace("_accelerator.engines.compile_model", compile_model)
 ref.export(globals())

@@ -17,5 +17,5 @@ def compile_model(model, plugin):
     return torch.compile(model, **plugin.to_kwargs())
 
 
-ref.replace("engines.compile_model", compile_model)
+ref.replace("_accelerator.engines.compile_model", compile_model)
 ref.export(globals())

@@ -7,7 +7,7 @@ raises a TypeError. Caught at world 1 by ``ops.recursively_apply``.
 from broken_impls._wrap import BrokenCopy
 
 ref = BrokenCopy(__name__)
-original = ref.get("utils.structures.recursively_apply")
+original = ref.get("utils._operations.structures.recursively_apply")
 
 
 def recursively_apply(func, data, *args, test_type=None, error_on_other_type=False, **kwargs):
@@ -16,5 +16,5 @@ def recursively_apply(func, data, *args, test_type=None, error_on_other_type=Fal
     return original(func, data, *args, error_on_other_type=False, **kwargs)
 
 
-ref.replace("utils.structures.recursively_apply", recursively_apply)
+ref.replace("utils._operations.structures.recursively_apply", recursively_apply)
 ref.export(globals())

@@ -9,12 +9,12 @@ rank writes the same bytes atomically), so the other saving cases pass.
 from broken_impls._wrap import BrokenCopy
 
 ref = BrokenCopy(__name__)
-serialization = ref.module("utils.serialization")
+serialization = ref.module("utils._other.serialization")
 
 
 def save(obj, f, save_on_each_node=False, safe_serialization=False):
     serialization.write_object(obj, f, safe_serialization=safe_serialization)
 
 
-ref.replace("utils.serialization.save", save)
+ref.replace("utils._other.serialization.save", save)
 ref.export(globals())

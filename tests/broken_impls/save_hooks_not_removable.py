@@ -26,6 +26,6 @@ def _detached(registry_name):
     return register
 
 
-ref.replace("saving.CheckpointingMixin.register_save_state_pre_hook", _detached("_save_model_state_pre_hook"))
-ref.replace("saving.CheckpointingMixin.register_load_state_pre_hook", _detached("_load_model_state_pre_hook"))
+ref.replace("_accelerator.checkpointing.CheckpointingMixin.register_save_state_pre_hook", _detached("_save_model_state_pre_hook"))
+ref.replace("_accelerator.checkpointing.CheckpointingMixin.register_load_state_pre_hook", _detached("_load_model_state_pre_hook"))
 ref.export(globals())

@@ -11,8 +11,8 @@ import os
 from broken_impls._wrap import BrokenCopy
 
 ref = BrokenCopy(__name__)
-store = ref.module("checkpoint_store")
-original = ref.get("saving.CheckpointingMixin._checkpoint_to_load")
+store = ref.module("_checkpointing.store")
+original = ref.get("_accelerator.checkpointing.CheckpointingMixin._checkpoint_to_load")
 
 
 def _checkpoint_to_load(self, input_dir):
@@ -22,5 +22,5 @@ def _checkpoint_to_load(self, input_dir):
     return original(self, input_dir)
 
 
-ref.replace("saving.CheckpointingMixin._checkpoint_to_load", _checkpoint_to_load)
+ref.replace("_accelerator.checkpointing.CheckpointingMixin._checkpoint_to_load", _checkpoint_to_load)
 ref.export(globals())

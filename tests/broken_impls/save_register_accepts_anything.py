@@ -14,5 +14,5 @@ def register_for_checkpointing(self, *objects):
     self._custom_objects.extend(objects)
 
 
-ref.replace("saving.CheckpointingMixin.register_for_checkpointing", register_for_checkpointing)
+ref.replace("_accelerator.checkpointing.CheckpointingMixin.register_for_checkpointing", register_for_checkpointing)
 ref.export(globals())

@@ -10,7 +10,7 @@ import shutil
 from broken_impls._wrap import BrokenCopy
 
 ref = BrokenCopy(__name__)
-store = ref.module("checkpoint_store")
+store = ref.module("_checkpointing.store")
 
 
 def prune(folder, total_limit, token):
@@ -18,5 +18,5 @@ def prune(folder, total_limit, token):
         shutil.rmtree(path)
 
 
-ref.replace("checkpoint_store.prune", prune)
+ref.replace("_checkpointing.store.prune", prune)
 ref.export(globals())

@@ -9,7 +9,7 @@ import torch
 from broken_impls._wrap import BrokenCopy
 
 ref = BrokenCopy(__name__)
-original = ref.get("utils.structures.slice_tensors")
+original = ref.get("utils._operations.structures.slice_tensors")
 
 
 def slice_tensors(data, tensor_slice, process_index=None, num_processes=None):
@@ -19,5 +19,5 @@ def slice_tensors(data, tensor_slice, process_index=None, num_processes=None):
     return sliced
 
 
-ref.replace("utils.structures.slice_tensors", slice_tensors)
+ref.replace("utils._operations.structures.slice_tensors", slice_tensors)
 ref.export(globals())

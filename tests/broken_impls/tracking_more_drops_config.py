@@ -19,5 +19,5 @@ def store_init_configuration(self, values):
 
 
 for _class in ("CometMLTracker", "AimTracker", "ClearMLTracker", "DVCLiveTracker"):
-    ref.replace(f"tracking_more.{_class}.store_init_configuration", store_init_configuration)
+    ref.replace(f"_tracking.trackers.{_class}.store_init_configuration", store_init_configuration)
 ref.export(globals())

@@ -9,7 +9,7 @@ import torch
 from broken_impls._wrap import BrokenCopy
 
 ref = BrokenCopy(__name__)
-original = ref.get("precision.MixedPrecision.autocast")
+original = ref.get("_accelerator.precision.MixedPrecision.autocast")
 
 
 def autocast(self, autocast_handler=None):
@@ -18,5 +18,5 @@ def autocast(self, autocast_handler=None):
     return torch.autocast(device_type=self.device.type, dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[self.mixed_precision])
 
 
-ref.replace("precision.MixedPrecision.autocast", autocast)
+ref.replace("_accelerator.precision.MixedPrecision.autocast", autocast)
 ref.export(globals())

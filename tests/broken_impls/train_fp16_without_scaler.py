@@ -8,7 +8,7 @@ world 2 by ``autocast.fp16_scaler``.
 from broken_impls._wrap import BrokenCopy
 
 ref = BrokenCopy(__name__)
-original = ref.get("precision.MixedPrecision.__init__")
+original = ref.get("_accelerator.precision.MixedPrecision.__init__")
 
 
 def __init__(self, mixed_precision, device, autocast_handler=None, scaler_handler=None):
@@ -16,5 +16,5 @@ def __init__(self, mixed_precision, device, autocast_handler=None, scaler_handle
     self.scaler = None
 
 
-ref.replace("precision.MixedPrecision.__init__", __init__)
+ref.replace("_accelerator.precision.MixedPrecision.__init__", __init__)
 ref.export(globals())
