@@ -72,7 +72,7 @@ bench: $(STAMP)
 
 # Issue 14: the fault catalog's table, and rank start-up time and PSS at 8/16/32/64 ranks (heavy: take the lock).
 faults: $(STAMP)
-	$(PY) -m tests.faults
+	$(PY) -m tests.simulators.faults
 
 scale: $(STAMP)
 	$(PY) benchmarks/scale.py

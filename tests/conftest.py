@@ -1,4 +1,5 @@
 """Shared fixtures of the project's own tests."""
+import os
 import time
 
 import pytest
@@ -31,7 +32,44 @@ def fresh_accelerate_state():
     GradientState._reset_state()
 
 
+@pytest.fixture
+def fresh_states():
+    """Both implementations' accelerator and gradient states forgotten before and after the test."""
+    import importlib
+
+    def forget_all() -> None:
+        for impl in ("accelerate", "accelerate_ref"):
+            state = importlib.import_module(f"{impl}.state")
+            state.AcceleratorState._reset_state(True)
+            state.GradientState._reset_state()
+
+    forget_all()
+    yield
+    forget_all()
+
+
 def pytest_collection_modifyitems(items):
     """Tests marked ``longest`` (minutes each) run first: under ``pytest -n 2`` each goes to its own
     worker at once, so that neither is left to run alone at the end."""
     items.sort(key=lambda item: item.get_closest_marker("longest") is None)
+
+
+@pytest.fixture
+def no_fp8_environment(monkeypatch):
+    """Every test starts without ACCELERATE_FP8_* variables (the recipes read them)."""
+    for key in [k for k in os.environ if k.startswith("ACCELERATE_FP8_")]:
+        monkeypatch.delenv(key)
+
+
+@pytest.fixture
+def fresh_fp8_capability():
+    """Both libraries cache check_cuda_fp8_capability for the process: each test asks afresh."""
+    import accelerate.utils.environment as hf_environment
+
+    import accelerate_ref.utils as ref_utils
+
+    for check in (ref_utils.check_cuda_fp8_capability, hf_environment.check_cuda_fp8_capability):
+        check.cache_clear()
+    yield
+    for check in (ref_utils.check_cuda_fp8_capability, hf_environment.check_cuda_fp8_capability):
+        check.cache_clear()

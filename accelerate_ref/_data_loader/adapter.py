@@ -18,7 +18,7 @@ measured side by side in tests/test_switching_behaviour.py and by the differenti
   an AttributeError (``type object 'DataLoaderShard' has no attribute ...``);
 * the adapter alone is not iterable (a TypeError); its subclasses are.
 
-Rules of the state (HF 1.15's, measured side by side in tests/test_stateful_loader.py):
+Rules of the state (HF 1.15's, measured side by side in tests/accelerate_ref/test_data_loader_stateful.py):
 
 * ``use_stateful_dataloader`` without torchdata >= 0.8 is an ImportError
   naming the package, in HF's words;

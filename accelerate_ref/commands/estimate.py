@@ -140,7 +140,7 @@ def _empty_transformers_model(model_name: str, info: Any, trust_remote_code: boo
     import transformers
 
     config = transformers.AutoConfig.from_pretrained(model_name, trust_remote_code=trust_remote_code, token=access_token)
-    from ..big_modeling import init_empty_weights  # not at CLI start-up (tests/test_lazy_imports.py)
+    from ..big_modeling import init_empty_weights  # not at CLI start-up (tests/accelerate_ref/test_lazy.py)
 
     with init_empty_weights():
         constructor = _auto_model_class(transformers, info.config.get("auto_map", False))
@@ -159,7 +159,7 @@ def _empty_timm_model(model_name: str, info: Any):
         name = f"local-dir:{folder}"
     else:
         name = add_timm_hub_prefix(model_name)
-    from ..big_modeling import init_empty_weights  # not at CLI start-up (tests/test_lazy_imports.py)
+    from ..big_modeling import init_empty_weights  # not at CLI start-up (tests/accelerate_ref/test_lazy.py)
 
     with init_empty_weights():
         return timm.create_model(name, pretrained=False)

@@ -336,7 +336,7 @@ def launch_distributed_type_branch(impl, world):
     (TPU) member exactly when the device is an XLA device, so static-shape code paths are taken there only.
 
     Not at world 1: there HF reports XLA on a single XLA replica and the reference NO (its rule in
-    ``tests/test_devices_xla.py``); which one the documents mean is open."""
+    ``tests/simulators/devices/test_xla.py``); which one the documents mean is open."""
     acc = impl.Accelerator()
     kind = acc.distributed_type
     expect_true(isinstance(kind, impl.DistributedType), f"distributed_type {kind!r} should be a DistributedType member")

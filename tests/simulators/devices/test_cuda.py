@@ -1,0 +1,133 @@
+"""The mock CUDA device on a CPU-only torch: ``torch.cuda``, ``cuda`` tensors, ``nccl`` served by gloo.
+
+Probes run in ranks whose import path starts with the stand-in (see
+``tests/simulators/devices/worlds.py``); a script's dry run on it is in ``test_dryrun.py``.
+"""
+from __future__ import annotations
+
+import pytest
+
+from tests.simulators.devices.worlds import device_world
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+def cuda2():
+    yield from device_world("cuda", "2")
+
+
+# -- probes (run in the rank) ------------------------------------------------------------
+
+
+def placement_and_mixing():
+    import os
+    import sys
+
+    import torch
+
+    rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(rank)
+    model = torch.nn.Linear(2, 1)
+    weight = model.weight
+    made = {
+        "factory": torch.zeros(2, device="cuda"),
+        "to": torch.ones(2).to("cuda"),
+        "to device": torch.ones(2).to(torch.device("cuda")),
+        "method": torch.ones(2).cuda(),
+        "data": torch.tensor([1.0, 2.0], device="cuda"),
+        "module": model.to("cuda").weight,
+    }
+    errors = {}
+    for name, bad in {"mixing": lambda: made["to"] + torch.ones(2), "ordinal": lambda: torch.ones(1).to("cuda:2")}.items():
+        try:
+            bad()
+        except RuntimeError as error:
+            errors[name] = str(error)
+    return {
+        "autoloaded": "torch_cuda_sim" in sys.modules,
+        "available": [torch.cuda.is_available(), torch.cuda.device_count(), torch.cuda.current_device()],
+        "devices": {name: str(tensor.device) for name, tensor in made.items()},
+        "is_cuda": made["method"].is_cuda,
+        "same parameter": model.weight is weight,
+        "errors": errors,
+    }
+
+
+def training_step_autocast_rng_and_memory():
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2).cuda()
+    before = torch.cuda.memory_allocated()
+    inputs = torch.randn(3, 4, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = model(inputs)
+    out.float().sum().backward()
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.arange(4.0)), batch_size=2, pin_memory=True)
+    pinned = next(iter(loader))[0].to("cuda", non_blocking=True)
+    torch.cuda.manual_seed(7)
+    first = torch.randn(2, device="cuda").tolist()
+    torch.cuda.manual_seed(7)
+    again = torch.randn(2, device="cuda").tolist()
+    return {
+        "autocast dtype": str(out.dtype),
+        "grad device": str(model.weight.grad.device),
+        "memory grew": torch.cuda.memory_allocated() > before > 0,
+        "rng": first == again,
+        "pinned batch": [str(pinned.device), pinned.tolist()],
+        "properties": torch.cuda.get_device_properties().major,
+    }
+
+
+def nccl_and_ddp():
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(rank)
+    dist.init_process_group()  # on GPUs torch's default is nccl
+    try:
+        mine = torch.tensor([1.0 + rank]).cuda()
+        dist.all_reduce(mine, group=dist.new_group([0, 1], backend="nccl"))
+        torch.manual_seed(0)
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1).cuda(), device_ids=[rank])
+        model(torch.full((3, 2), float(rank + 1), device="cuda")).sum().backward()
+        return {
+            "backend": dist.get_backend(),
+            "sum": [mine.device.type, mine.tolist()],
+            "grad": model.module.weight.grad.cpu().tolist(),
+        }
+    finally:
+        dist.destroy_process_group()
+
+
+# -- tests (run in pytest) -------------------------------------------------------------------
+
+
+def test_cuda_tensors_are_made_the_gpu_ways_and_mixing_with_the_cpu_raises(cuda2):
+    for rank, got in enumerate(cuda2.run(placement_and_mixing)):
+        assert got["autoloaded"] and got["available"] == [True, 2, rank]
+        assert set(got["devices"].values()) == {f"cuda:{rank}"}, got["devices"]
+        assert got["is_cuda"] and got["same parameter"]
+        assert f"found at least two devices, cuda:{rank} and cpu!" in got["errors"]["mixing"]
+        assert "invalid device ordinal: cuda:2" in got["errors"]["ordinal"]
+
+
+def test_a_training_step_autocasts_seeds_and_counts_memory_on_the_gpu(cuda2):
+    for got in cuda2.run(training_step_autocast_rng_and_memory):
+        device = got["grad device"]
+        assert device.startswith("cuda:")
+        assert got == {
+            "autocast dtype": "torch.bfloat16", "grad device": device, "memory grew": True, "rng": True,
+            "pinned batch": [device, [0.0, 1.0]], "properties": 9,
+        }
+
+
+def test_nccl_the_default_and_named_is_gloo_on_cuda_tensors_and_reports_its_name(cuda2):
+    ranks = cuda2.run(nccl_and_ddp)
+    for got in ranks:
+        assert got["backend"] == "nccl" and got["sum"] == ["cuda", [3.0]]
+    assert ranks[0]["grad"] == ranks[1]["grad"]
