@@ -14,6 +14,7 @@ suite's own ranks.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -29,7 +30,7 @@ from simulators.ports import free_port
 
 from ..engine.case import ANY_WORLD, case
 from ..support.checks import expect_equal, expect_raises, expect_true
-from ..support.launching import LAUNCH_TIMEOUT, clean_env, finish, pid_alive, read_reports, run_cli, start_cli, write_probe
+from ..support.launching import DEBUG_LAUNCHER_PORT, LAUNCH_TIMEOUT, clean_env, holding_port, finish, pid_alive, read_reports, run_cli, start_cli, write_probe
 
 #: Seconds a launch case may take (several launches of torch processes on a small machine).
 LAUNCH_CASE_TIMEOUT = 300.0
@@ -296,8 +297,10 @@ def _run_in_notebook(impl, world, launcher: str) -> tuple[list, object]:
     with open(script, "w") as handle:
         handle.write(NOTEBOOK_SCRIPT)
     probe_dir = os.path.join(folder, "probe")
-    done = subprocess.run([sys.executable, script, impl.name, launcher, str(free_port())], env=clean_env(home, PROBE_DIR=probe_dir),
-                          cwd=folder, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT)
+    # debug_launcher takes no port: one run on its port at a time on this machine.
+    with holding_port(DEBUG_LAUNCHER_PORT, LAUNCH_TIMEOUT) if launcher == "debug" else contextlib.nullcontext():
+        done = subprocess.run([sys.executable, script, impl.name, launcher, str(free_port())], env=clean_env(home, PROBE_DIR=probe_dir),
+                              cwd=folder, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT)
     expect_equal(done.returncode, 0, f"exit status of the notebook process (stderr tail: {done.stderr[-600:]!r})")
     records = []
     for name in sorted(os.listdir(probe_dir)):

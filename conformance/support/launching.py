@@ -10,15 +10,20 @@ killed, so no rank outlives the case.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Iterator
+
+import filelock
 
 #: Variables of the surrounding launch that a fresh launch must not inherit.
 LAUNCH_VARIABLES = (
@@ -147,3 +152,25 @@ def pid_alive(pid: int) -> bool:
             return handle.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+#: The port HF 1.15's ``debug_launcher`` (and the reference's, as HF's) always rendezvous on: it takes no port.
+DEBUG_LAUNCHER_PORT = 29500
+
+
+@contextlib.contextmanager
+def holding_port(port: int, timeout: float) -> Iterator[None]:
+    """Hold a lock on this machine named after ``port`` while a launcher that cannot be given another port runs.
+
+    Two suite runs side by side (the reference's and HF's, as the project's tests run them) would otherwise
+    start their ``debug_launcher`` ranks on the same port at once, and the later gloo rendezvous fails. Waiting
+    longer than ``timeout`` seconds is a TimeoutError naming the lock."""
+    lock = filelock.FileLock(os.path.join(tempfile.gettempdir(), f"conformance-port-{port}.lock"))
+    try:
+        lock.acquire(timeout=timeout)
+    except filelock.Timeout:
+        raise TimeoutError(f"port {port} stayed reserved by another run for {timeout:.0f} s (lock {lock.lock_file})") from None
+    try:
+        yield
+    finally:
+        lock.release()
