@@ -11,7 +11,7 @@ import torch
 from accelerate_ref import Accelerator
 from accelerate_ref.optimizer import AcceleratedOptimizer
 from accelerate_ref.scheduler import AcceleratedScheduler
-from tests.models import _model
+from tests.models import seeded_linear
 
 
 def test_optimizer_move_to_device_matches_hf() -> None:
@@ -81,7 +81,7 @@ class _Modes:
 @pytest.mark.usefixtures('fresh_accelerate_state')
 def test_step_returns_none_even_with_a_closure():
     accelerator = Accelerator(cpu=True)
-    model = _model()
+    model = seeded_linear()
     optimizer = accelerator.prepare(torch.optim.SGD(model.parameters(), lr=0.1))
     before = model.weight.detach().clone()
 
@@ -98,7 +98,7 @@ def test_step_returns_none_even_with_a_closure():
 @pytest.mark.usefixtures('fresh_accelerate_state')
 def test_zero_grad_refuses_set_to_none_an_optimizer_does_not_take():
     accelerator = Accelerator(cpu=True)
-    model = _model()
+    model = seeded_linear()
     optimizer = accelerator.prepare(_NoSetToNone(model.parameters(), lr=0.1))
     _loss(model).backward()
     with pytest.raises(ValueError, match=r"^`set_to_none` for Optimizer.zero_grad` is not supported by this optimizer.$"):
@@ -109,7 +109,7 @@ def test_zero_grad_refuses_set_to_none_an_optimizer_does_not_take():
 
 @pytest.mark.usefixtures('fresh_accelerate_state')
 def test_train_and_eval_reach_a_wrapped_optimizers_modes():
-    wrapper = _Modes(torch.optim.SGD(_model().parameters(), lr=0.1))
+    wrapper = _Modes(torch.optim.SGD(seeded_linear().parameters(), lr=0.1))
     Accelerator(cpu=True)
     optimizer = AcceleratedOptimizer(wrapper, device_placement=False)
     optimizer.train()
@@ -120,7 +120,7 @@ def test_train_and_eval_reach_a_wrapped_optimizers_modes():
 @pytest.mark.usefixtures('fresh_accelerate_state')
 def test_a_scaled_optimizer_pickles_and_its_state_needs_a_scaler():
     accelerator = Accelerator(cpu=True, mixed_precision="fp16")
-    model = _model()
+    model = seeded_linear()
     optimizer = accelerator.prepare(torch.optim.SGD(model.parameters(), lr=0.1))
     accelerator.backward(_loss(model))
     optimizer.step()

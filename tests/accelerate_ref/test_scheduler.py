@@ -14,7 +14,7 @@ import torch
 
 import simulators
 from accelerate_ref import Accelerator
-from tests.models import _model
+from tests.models import seeded_linear
 from tests.side_by_side import IMPLS, RANK_ENV, leave_together, observation
 
 
@@ -103,9 +103,9 @@ def test_scheduler_steps_as_hfs_at_world_2() -> None:
 @pytest.mark.usefixtures('fresh_accelerate_state')
 def test_a_scheduler_without_a_prepared_optimizer_follows_those_prepared_later():
     accelerator = Accelerator(cpu=True)
-    optimizer = torch.optim.SGD(_model().parameters(), lr=1.0)
+    optimizer = torch.optim.SGD(seeded_linear().parameters(), lr=1.0)
     scheduler = accelerator.prepare_scheduler(torch.optim.lr_scheduler.StepLR(optimizer, 1, gamma=0.5))
-    later = accelerator.prepare_optimizer(torch.optim.SGD(_model().parameters(), lr=1.0))
+    later = accelerator.prepare_optimizer(torch.optim.SGD(seeded_linear().parameters(), lr=1.0))
     assert scheduler.optimizers is accelerator._optimizers
     later._is_overflow = True
     scheduler.step()
