@@ -96,6 +96,8 @@ class IndexedCuda(TorchFunctionMode):
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if func == _SET_DATA and (isinstance(args[0], CudaTensor) or isinstance(args[1], CudaTensor)):
+            return _swap_in(*args)
         if func is torch.Tensor.cuda:
             device = args[1] if len(args) > 1 else kwargs.get("device")
             return func(args[0], **{**kwargs, "device": torch.device("cuda", RUNTIME.index(device))})
@@ -104,6 +106,36 @@ class IndexedCuda(TorchFunctionMode):
             if "device" in kwargs:
                 kwargs = {**kwargs, "device": _indexed(kwargs["device"])}
         return func(*args, **kwargs)
+
+
+#: ``tensor.data = other`` as torch-function modes see it, and torch's own setter.
+_SET_DATA = torch.Tensor.data.__set__
+_SET_DATA_OF = torch._C.TensorBase.data.__set__
+
+
+def _swap_in(variable: torch.Tensor, data: torch.Tensor) -> None:
+    """``variable.data = data`` where either is on the mock device (FSDP moves and reshards parameters so).
+
+    Between two mock tensors, torch's ``set_data`` takes the new sizes and the payload follows. Across the
+    CPU and the mock device (which torch's ``set_data`` refuses: another tensor type) ``variable`` becomes a
+    tensor of ``data``'s device with ``data``'s values: the same object, still a parameter with its
+    ``requires_grad`` if it was one."""
+    if isinstance(variable, CudaTensor) and isinstance(data, CudaTensor):
+        with torch._C.DisableTorchFunction():
+            _SET_DATA_OF(variable, data)
+        variable._payload, variable.device_index = data._payload, data.device_index
+        return
+    replacement = data.detach()
+    if isinstance(variable, torch.nn.Parameter) or getattr(variable, "_is_param", False):
+        replacement = torch.nn.Parameter(replacement, requires_grad=variable.requires_grad)
+    else:
+        replacement.requires_grad_(variable.requires_grad)
+    torch.utils.swap_tensors(variable, replacement)
+
+
+def _cuda_accelerator() -> torch.device:
+    """The accelerator a CUDA build of torch reports: ``cuda``."""
+    return torch.device("cuda")
 
 
 def _pinned(self: torch.Tensor, device: Any = None) -> torch.Tensor:
@@ -140,6 +172,9 @@ def install() -> None:
     for name, value in RUNTIME.api().items():
         setattr(torch.cuda, name, value)
     IndexedCuda().__enter__()
+    # torch's own code asks which accelerator this build has (FSDP2's default mesh, torch.distributed's
+    # default device): a CUDA build says ``cuda``, not the PrivateUse1 name (which a mesh refuses: not alphabetic).
+    torch._C._get_accelerator = torch._C._accelerator_getAccelerator = _cuda_accelerator
     torch.Tensor.pin_memory = _pinned
     backend.register_process_group_backend(NCCL_STAND_IN)
     dist.init_process_group = _routing_nccl(dist.init_process_group)

@@ -112,3 +112,38 @@ def test_cuda_dry_run_trains_an_accelerate_ref_script_on_two_gpus(tmp_path):
         assert f"[rank {rank}] step 1 on cuda:{rank} DistributedType.MULTI_GPU nccl" in done.stdout, done.stdout[-3000:]
         assert f"[rank {rank}] replicas agree True" in done.stdout and f"rank {rank}: exit 0" in done.stdout
     assert "device mixing" not in done.stdout
+
+
+FSDP2_TRAIN = textwrap.dedent("""\
+    import torch
+    from {package} import Accelerator
+    from {package}.utils import FullyShardedDataParallelPlugin
+
+    accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    for step in range(2):
+        loss = model(torch.randn(4, 8, device=accelerator.device)).pow(2).mean()
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+    weight = model[0].weight
+    print("shard", tuple(weight.to_local().shape), "of", tuple(weight.shape), "mesh", weight.device_mesh.device_type, flush=True)
+    """)
+
+
+@pytest.mark.parametrize("package", ["accelerate", pytest.param("accelerate_ref", marks=pytest.mark.extended)])
+def test_cuda_dry_run_shards_with_fsdp2(tmp_path, package):
+    """FSDP2 through the plugin on 2 mock GPUs: torch's default mesh is a ``cuda`` mesh (the mock reports the
+    accelerator a CUDA build reports), parameters move onto the device (``tensor.data = ...`` across types)."""
+    script = tmp_path / "train.py"
+    script.write_text(FSDP2_TRAIN.format(package=package))
+    done = subprocess.run(
+        [sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", "launch", "--simulate", "cuda", "--num_processes", "2",
+         "--timeout", "240", str(script)],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for rank in (0, 1):
+        assert f"[rank {rank}] shard (8, 8) of (16, 8) mesh cuda" in done.stdout, done.stdout[-3000:]
