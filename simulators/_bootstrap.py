@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from simulators.calls import CALL_FLAG, result_path
-from simulators.spawn import RETURNED_FILE_ENV
+from simulators.spawn import RETURNED_FILE_ENV, SCRIPT_ENV
 from simulators.watchdog import install_flight_recorder_dumper, install_stack_dumper
 
 
@@ -78,6 +78,7 @@ def _run_script(script: str, args: list[str]) -> int:
     """Run ``script``; an uncaught exception prints the script's frames only (as ``python script`` does) and gives 1."""
     sys.argv = [script, *args]
     sys.path[0] = os.path.dirname(os.path.abspath(script))
+    os.environ[SCRIPT_ENV] = script  # as the script's frames name their file (the line of a memory peak)
     try:
         runpy.run_path(script, run_name="__main__")
     except Exception as exc:

@@ -53,23 +53,80 @@ def _user_frame(traceback_text: str, script: str) -> str:
     return f"{chosen[0]}:{chosen[1]}"
 
 
-def summary(result: LaunchResult, world: World, script: str) -> str:
-    """The run summary printed after a dry run."""
-    lines = [f"== dry run summary: {world.size} ranks as {world.machines} machine(s), {result.status} =="]
+def _state(result: LaunchResult, rank: int) -> str:
+    if rank in result.running:
+        return "still running at the timeout (stopped)"
+    if rank in result.exit_codes:
+        code = result.exit_codes[rank]
+        return "exit 0" if code == 0 else (f"signal {-code}" if code < 0 else f"exit {code}")
+    return "stopped after another rank failed"
+
+
+def _verdict(report: dict | None, budget: int | None) -> dict:
+    """What a rank's memory report says against ``budget``: ``fits`` (with the headroom left at the
+    highest peak of its devices), ``out_of_memory`` (where, and torch's message), or ``unknown``."""
+    if report is None:
+        return {"verdict": "unknown", "reason": "no memory report (no mock device, or stopped before using it)"}
+    if report.get("out_of_memory"):
+        return {"verdict": "out_of_memory", **report["out_of_memory"]}
+    peak = max((device["peak"] for device in report["devices"].values()), default=0)
+    if budget is None:
+        return {"verdict": "no_budget", "peak": peak}
+    return {"verdict": "fits", "peak": peak, "headroom": budget - peak}
+
+
+def record(result: LaunchResult, world: World, script: str, budget: int | None = None) -> dict:
+    """The dry run's findings, machine-readable (``--summary-json``): per rank its exit state, device
+    mixing, XLA recompilations and memory (peak per device, when and where, what it held, the verdict)."""
+    ranks = []
     for rank in range(world.size):
-        if rank in result.running:
-            state = "still running at the timeout (stopped)"
-        elif rank in result.exit_codes:
-            code = result.exit_codes[rank]
-            state = "exit 0" if code == 0 else (f"signal {-code}" if code < 0 else f"exit {code}")
-        else:
-            state = "stopped after another rank failed"
-        lines.append(f"rank {rank}: {state}")
-    for rank, tail in sorted(result.output_tail.items()):
-        for match in MIXING.finditer(tail):
-            lines.append(f"rank {rank}: device mixing at {_user_frame(tail[: match.end()], script)}: {match.group(0)}")
-        for match in RECOMPILATION.finditer(tail):
-            lines.append(f"rank {rank}: {match.group(0)}")
+        tail = result.output_tail.get(rank, "")
+        report = result.memory.get(rank)
+        ranks.append({
+            "rank": rank,
+            "state": _state(result, rank),
+            "device_mixing": [{"at": _user_frame(tail[: m.end()], script), "message": m.group(0)} for m in MIXING.finditer(tail)],
+            "recompilations": [m.group(0) for m in RECOMPILATION.finditer(tail)],
+            "memory": report["devices"] if report else {},
+            "steps": report["steps"] if report else None,
+            **_verdict(report, budget),
+        })
+    return {"world": {"ranks": world.size, "machines": world.machines}, "status": result.status,
+            "budget": budget, "ranks": ranks}
+
+
+def _memory_line(rank: dict) -> str | None:
+    """One rank's memory, as the summary prints it (None when the rank reported none)."""
+    human = _human()
+    if rank["verdict"] == "out_of_memory":
+        return f"rank {rank['rank']}: out of memory on {rank['device']} at step {rank['step']}, {rank['at'] or '?'}: {rank['message']}"
+    if rank["verdict"] == "unknown":
+        return None
+    device, peak = max(rank["memory"].items(), key=lambda item: item[1]["peak"])
+    parts = ", ".join(f"{name.replace('_', ' ')} {human(size)}" for name, size in peak["parts"].items())
+    verdict = (f"fits, {human(rank['headroom'])} headroom" if rank["verdict"] == "fits"
+               else "no budget given (--device-memory or --gpu)")
+    return f"rank {rank['rank']}: peak {human(peak['peak'])} on {device} at step {peak['step']}, {peak['at'] or '?'} ({parts}): {verdict}"
+
+
+def _human():
+    from simulators.devices.machine import human  # not at import: the driver of a CPU dry run needs no device
+
+    return human
+
+
+def summary(result: LaunchResult, world: World, script: str, budget: int | None = None, budget_name: str = "") -> str:
+    """The run summary printed after a dry run (see :func:`record` for what it reports)."""
+    found = record(result, world, script, budget)
+    lines = [f"== dry run summary: {world.size} ranks as {world.machines} machine(s), {result.status} =="]
+    lines += [f"rank {rank['rank']}: {rank['state']}" for rank in found["ranks"]]
+    for rank in found["ranks"]:
+        lines += [f"rank {rank['rank']}: device mixing at {m['at']}: {m['message']}" for m in rank["device_mixing"]]
+        lines += [f"rank {rank['rank']}: {text}" for text in rank["recompilations"]]
+    memory = [line for line in map(_memory_line, found["ranks"]) if line]
+    if memory:
+        of = f"budget {_human()(budget)} per device{f', {budget_name}' if budget_name else ''}" if budget else "no budget"
+        lines += [f"-- memory per rank ({of}) --", *memory]
     for rank, stack in sorted(result.stacks.items()):
         lines.append(f"--- rank {rank} stack ---\n{stack.rstrip()}")
     return "\n".join(lines)

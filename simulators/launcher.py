@@ -28,7 +28,8 @@ from typing import IO, Any, Callable, Literal
 from simulators.calls import CALL_FLAG, read_result, result_path, write_call
 from simulators.ports import free_port
 from simulators.spawn import (
-    TAIL_LINES, RankProcess, describe_exit, kill_all, returned_path, shell_status, spawn_world,
+    MEMORY_REPORTS_ENV, TAIL_LINES, RankProcess, describe_exit, kill_all, read_memory_reports, returned_path, shell_status,
+    spawn_world,
 )
 from simulators.topology import World
 from simulators.flight_recorder import Diagnosis, diagnose
@@ -61,6 +62,8 @@ class LaunchResult:
     failed_at_exit: bool = False
     #: At a timeout: the collective each rank was in, from torch's Flight Recorder.
     collectives: Diagnosis | None = None
+    #: Per rank, its mock devices' memory report (see simulators.devices.peaks); ranks without a mock device have none.
+    memory: dict[int, dict] = field(default_factory=dict)
 
 
 class RankFailure(RuntimeError):
@@ -102,9 +105,13 @@ def launch(
     if not script.is_file():
         raise FileNotFoundError(f"script not found: {script}")
     with tempfile.TemporaryDirectory(prefix="simulators-launch-") as workdir:
+        reports = Path(workdir, "memory")
+        reports.mkdir()
         result = _execute(
-            [*_BOOTSTRAP, *argv], world, timeout=timeout, env=env, cwd=cwd, workdir=Path(workdir), pythonpath=pythonpath
+            [*_BOOTSTRAP, *argv], world, timeout=timeout, env={**(env or {}), MEMORY_REPORTS_ENV: str(reports)},
+            cwd=cwd, workdir=Path(workdir), pythonpath=pythonpath,
         )
+        result.memory = read_memory_reports(reports, world.size)
     if result.status != "ok":
         print(result.message, file=sys.stderr, flush=True)
     return result

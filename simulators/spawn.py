@@ -22,6 +22,7 @@ Rules every rank process gets:
 from __future__ import annotations
 
 import ctypes
+import json
 import functools
 import os
 import signal
@@ -31,6 +32,7 @@ import time
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -44,6 +46,10 @@ STACK_FILE_ENV = "SIMULATORS_STACK_FILE"
 #: A file the rank creates once its script or function has returned: a rank that dies after it
 #: was there died at interpreter exit.
 RETURNED_FILE_ENV = "SIMULATORS_RETURNED_FILE"
+#: The script a script rank runs, as its frames name their file (set by the bootstrap; the line of a memory peak).
+SCRIPT_ENV = "SIMULATORS_SCRIPT"
+#: The folder where each rank of a script launch writes its memory report (see simulators.devices.peaks).
+MEMORY_REPORTS_ENV = "SIMULATORS_MEMORY_REPORTS"
 FR_FILE_ENV = "SIMULATORS_FR_FILE"
 #: torch's Flight Recorder on in every rank (entries kept), unless the environment sets it.
 FR_BUFFER_ENV = {"TORCH_FR_BUFFER_SIZE": "256"}
@@ -107,6 +113,23 @@ def _exit_handle(pid: int) -> int:
 def returned_path(workdir: Path, rank: int) -> Path:
     """The file rank ``rank`` creates when its script or function has returned (see `RETURNED_FILE_ENV`)."""
     return workdir / f"rank{rank}.returned"
+
+
+def memory_report_path(folder: str | os.PathLike[str], rank: int) -> str:
+    """The memory report of rank ``rank`` in ``folder``."""
+    return os.path.join(folder, f"memory-rank{rank}.json")
+
+
+def read_memory_reports(folder: str | os.PathLike[str], ranks: int) -> dict[int, dict[str, Any]]:
+    """The memory reports the ranks of a launch wrote in ``folder`` (a rank that wrote none is absent)."""
+    reports = {}
+    for rank in range(ranks):
+        try:
+            with open(memory_report_path(folder, rank), encoding="utf-8") as stream:
+                reports[rank] = json.load(stream)
+        except (OSError, ValueError):
+            continue
+    return reports
 
 
 def describe_exit(returncode: int) -> str:

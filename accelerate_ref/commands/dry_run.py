@@ -3,8 +3,13 @@
 Rule: the script runs on ``num_processes`` simulator ranks as
 ``num_machines`` machines with the environment ``launch`` would give it (HF
 accelerate's launch variables; ``ACCELERATE_USE_CPU`` for ``cpu``) plus the
-simulator's for the family (:func:`simulators.dryrun.family_env`); then the
-simulator's run summary is printed and the launch's exit status returned.
+simulator's for the family (:func:`simulators.dryrun.family_env`) and each
+mock device's memory budget (``--device-memory`` or a ``--gpu`` preset); then
+the simulator's run summary is printed (with each rank's peak device memory
+and its verdict against the budget; as JSON too with ``--summary-json``) and
+the launch's exit status returned. A budget that does not parse, an unknown
+preset, or a budget without a mock device family is a ValueError (one line,
+exit 2) before any rank starts.
 The simulator knows no implementation: it takes argv, world, environment and
 timeout.
 """
@@ -12,22 +17,49 @@ timeout.
 from __future__ import annotations
 
 import argparse
+import json
 
 from ..utils.launch import launch_env
 
 
+def _budget(args: argparse.Namespace) -> tuple[str | None, str]:
+    """The per-device budget the flags ask for (as the simulator reads it) and the preset's name."""
+    from simulators.devices.machine import gpu_budget, parse_size
+
+    memory, name = getattr(args, "device_memory", None), ""
+    if getattr(args, "gpu", None):
+        if memory:
+            raise ValueError("--gpu and --device-memory both set a budget: give one")
+        memory, name = gpu_budget(args.gpu), args.gpu.lower()
+    if memory is None:
+        return None, ""
+    if args.simulate == "cpu":
+        raise ValueError("a memory budget needs a mock device: --simulate cuda, xla or npu (not cpu)")
+    try:
+        parse_size(memory)
+    except ValueError as error:
+        raise ValueError(f"--device-memory: {error}") from None
+    return memory, name
+
+
 def dry_run(args: argparse.Namespace) -> int:
     """Run ``args.training_script`` on the simulator and print the summary; return the launcher's exit status."""
-    from simulators.dryrun import DEFAULT_TIMEOUT, family_env, summary
+    from simulators.devices.machine import MEMORY_VARIABLE, parse_size
+    from simulators.dryrun import DEFAULT_TIMEOUT, family_env, record, summary
     from simulators.launcher import launch
     from simulators.topology import World
 
     if args.module or args.no_python:
         raise ValueError("--simulate runs a script file; -m and --no_python are not supported with it")
+    memory, preset = _budget(args)
     world = World.of(args.num_processes, machines=args.num_machines)
     env = {**launch_env(args, base={}), "ACCELERATE_USE_CPU": str(args.simulate == "cpu" or bool(args.cpu)),
-           **family_env(args.simulate)}
+           **family_env(args.simulate), **({MEMORY_VARIABLE: memory} if memory else {})}
     result = launch([args.training_script, *args.training_script_args], world,
                     timeout=args.timeout or DEFAULT_TIMEOUT, env=env)
-    print(summary(result, world, args.training_script), flush=True)
+    budget = parse_size(memory) if memory else None
+    print(summary(result, world, args.training_script, budget, preset), flush=True)
+    if getattr(args, "summary_json", None):
+        with open(args.summary_json, "w", encoding="utf-8") as stream:
+            json.dump(record(result, world, args.training_script, budget), stream, indent=1)
     return result.exit_code

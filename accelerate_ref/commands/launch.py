@@ -177,6 +177,10 @@ def launch_command_parser(subparsers=None):
         default=None,
         help="dry run on the simulator's ranks with that device family's mock, then a run summary",
     )
+    _flag(parser, "--device-memory", dest="device_memory", default=None,
+          help="with --simulate cuda|xla|npu: each device's memory budget (bytes, or 40GiB, 16GB)")
+    _flag(parser, "--gpu", default=None, help="with --simulate: the budget of a GPU by name (a100-40gb, h100-80gb, l4-24gb, ...)")
+    _flag(parser, "--summary-json", dest="summary_json", default=None, help="with --simulate: also write the summary as JSON here")
     parser.add_argument("training_script", help="the script (or module, with -m) to run")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     if subparsers is not None:
@@ -415,6 +419,10 @@ def validate(args: argparse.Namespace) -> None:
         raise LaunchError(f"--num_processes {args.num_processes} is not a multiple of --num_machines {args.num_machines}")
     if not 0 <= args.machine_rank < args.num_machines:
         raise LaunchError(f"--machine_rank {args.machine_rank} is out of range for --num_machines {args.num_machines}")
+    dry_run_only = [flag for flag, value in (("--device-memory", getattr(args, "device_memory", None)), ("--gpu", getattr(args, "gpu", None)),
+                                             ("--summary-json", getattr(args, "summary_json", None))) if value]
+    if dry_run_only and not args.simulate:
+        raise LaunchError(f"{', '.join(dry_run_only)}: only for a dry run (add --simulate cuda, xla or npu)")
     # A dry run puts every simulated machine on this host: no address to give.
     if args.num_machines > 1 and not args.simulate and (args.main_process_ip is None or args.main_process_port is None):
         raise LaunchError("with --num_machines > 1, --main_process_ip and --main_process_port are required")

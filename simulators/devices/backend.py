@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-from simulators.devices import autocast
+from simulators.devices import autocast, peaks
 from simulators.devices.tensor import PAYLOAD_ADAPTERS, DeviceTensor
 
 _installed: list[type[DeviceTensor]] = []
@@ -75,6 +75,7 @@ def install(
     _register_kernels(tensor_class, ("PrivateUse1", *extra_keys))
     autocast.install(autocast_aliases)
     torch.serialization.register_package(0, _claims_nothing, _host_storage_for(tensor_class.device_type, hidden_name))
+    peaks.install(tensor_class.memory)
     _installed.append(tensor_class)
 
 

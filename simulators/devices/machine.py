@@ -111,6 +111,22 @@ def machine_env(kind: str, count: int | None = None, memory: str | None = None) 
     return env
 
 
+#: Budgets of common GPUs, by name (``--gpu``): the memory each is sold with, which torch reports a little
+#: above what a script can use (the CUDA context takes a few hundred MiB on a real card).
+GPU_PRESETS = {
+    "t4-16gb": "16GiB", "v100-32gb": "32GiB", "a10g-24gb": "24GiB", "l4-24gb": "24GiB", "rtx4090-24gb": "24GiB",
+    "a100-40gb": "40GiB", "a100-80gb": "80GiB", "h100-80gb": "80GiB", "h200-141gb": "141GB",
+}
+
+
+def gpu_budget(name: str) -> str:
+    """The memory budget of GPU preset ``name``; ValueError naming the presets for an unknown one."""
+    try:
+        return GPU_PRESETS[name.lower()]
+    except KeyError:
+        raise ValueError(f"--gpu: unknown GPU {name!r}; known: {', '.join(GPU_PRESETS)}") from None
+
+
 def human(size: int) -> str:
     """``size`` bytes as CUDA's out-of-memory messages write them (``"20.00 MiB"``)."""
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
@@ -121,5 +137,5 @@ def human(size: int) -> str:
 
 __all__ = [
     "COUNT_VARIABLES", "MEMORY_VARIABLE", "UNBUDGETED_TOTAL",
-    "parse_size", "device_memory", "device_count", "parse_count", "machine_env", "human",
+    "parse_size", "device_memory", "device_count", "parse_count", "machine_env", "human", "GPU_PRESETS", "gpu_budget",
 ]

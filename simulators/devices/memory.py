@@ -44,6 +44,11 @@ class _Device:
     allocated: int = 0
     peak: int = 0
     storages: dict[int, _Storage] = field(default_factory=dict)
+    #: When and where the peak was reached, and what it held (see :mod:`simulators.devices.peaks`).
+    peak_step: int = 0
+    peak_at: str = ""
+    split: dict[str, int] | None = None
+    split_at: int = 0
 
 
 class DeviceMemory:
@@ -55,6 +60,8 @@ class DeviceMemory:
         # Re-entrant: a weakref callback may run (garbage collection) while the lock is held.
         self._lock = threading.RLock()
         self._watchers: set[weakref.ref] = set()
+        #: :mod:`simulators.devices.peaks` once a dry run asked for memory reports (None: no records kept).
+        self.recorder = None
 
     def track(self, payload: torch.Tensor, index: int) -> None:
         """Count ``payload``'s storage on device ``index`` while it lives; OutOfMemoryError past the budget.
@@ -95,7 +102,10 @@ class DeviceMemory:
         if size > 0:
             self._check_budget(device, index, size)
         device.allocated += size
-        device.peak = max(device.peak, device.allocated)
+        if device.allocated > device.peak:
+            device.peak = device.allocated
+            if self.recorder is not None:
+                self.recorder.on_peak(self, index, device)
 
     def allocated(self, index: int) -> int:
         """Bytes device ``index`` holds now."""
@@ -111,7 +121,18 @@ class DeviceMemory:
         """Start device ``index``'s peak again from what it holds now."""
         with self._lock:
             device = self._devices.setdefault(index, _Device())
-            device.peak = device.allocated
+            device.peak, device.split_at = device.allocated, 0
+
+    def summaries(self) -> dict[int, dict]:
+        """Per device: its peak, the step and line where it was reached, what it held then, what it holds now."""
+        with self._lock:
+            summaries = {}
+            for index, device in sorted(self._devices.items()):
+                parts = dict(device.split or {})
+                parts["other"] = device.peak - sum(parts.values())
+                summaries[index] = {"peak": device.peak, "step": device.peak_step, "at": device.peak_at,
+                                    "parts": parts, "allocated": device.allocated}
+            return summaries
 
     def info(self, index: int) -> tuple[int, int]:
         """``(free, total)`` bytes of device ``index``, as ``torch.cuda.mem_get_info`` reports them."""
@@ -123,12 +144,15 @@ class DeviceMemory:
         if budget is None or device.allocated + size <= budget:
             return
         name = self.device_type.upper()
-        raise torch.OutOfMemoryError(
+        message = (
             f"{name} out of memory. Tried to allocate {machine.human(size)} ({self.device_type}:{index}; "
             f"{machine.human(budget)} total capacity; {machine.human(device.allocated)} already allocated; "
             f"{machine.human(max(budget - device.allocated, 0))} free; simulators mock device budget "
             f"{machine.MEMORY_VARIABLE}={os.environ.get(machine.MEMORY_VARIABLE)})"
         )
+        if self.recorder is not None:
+            self.recorder.on_out_of_memory(self, index, message)
+        raise torch.OutOfMemoryError(message)
 
     def _releaser(self, index: int, key: int):
         def release(watcher: weakref.ref) -> None:

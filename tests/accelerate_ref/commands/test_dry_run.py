@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -147,3 +148,53 @@ def test_cuda_dry_run_shards_with_fsdp2(tmp_path, package):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for rank in (0, 1):
         assert f"[rank {rank}] shard (8, 8) of (16, 8) mesh cuda" in done.stdout, done.stdout[-3000:]
+
+
+def _launch(tmp_path, *argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", "launch", *argv],
+                          capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
+
+
+def test_cuda_dry_run_reports_each_ranks_peak_its_parts_and_the_verdict(tmp_path):
+    """Issue 22 item 2: per rank the peak, its step and line, parameters / gradients / optimizer state / the
+    rest, and the verdict against a GPU preset; the model states are the arithmetic of FSDP2's shards
+    (fp32 parameters 212 / 2 ranks: 424 bytes each; AdamW's two moments: 848)."""
+    script = tmp_path / "train.py"
+    script.write_text(FSDP2_TRAIN.format(package="accelerate"))
+    done = _launch(tmp_path, "--simulate", "cuda", "--num_processes", "2", "--gpu", "l4-24gb", "--summary-json", "summary.json",
+                   "--timeout", "240", str(script))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "-- memory per rank (budget 24.00 GiB per device, l4-24gb) --" in done.stdout, done.stdout[-3000:]
+    found = json.loads((tmp_path / "summary.json").read_text())
+    assert found["budget"] == 24 * 2**30
+    for rank in found["ranks"]:
+        (device, memory), = rank["memory"].items()
+        assert device == f"cuda:{rank['rank']}" and rank["verdict"] == "fits", rank
+        assert memory["parts"]["parameters"] == 424 and memory["parts"]["optimizer_state"] == 848, memory
+        assert memory["at"].startswith("train.py:") and memory["step"] >= 1 and rank["steps"] == 2, memory
+        assert rank["headroom"] == 24 * 2**30 - memory["peak"]
+        assert f"rank {rank['rank']}: peak " in done.stdout and "fits, " in done.stdout
+
+
+def test_cuda_dry_run_past_the_budget_names_the_out_of_memory_line(tmp_path):
+    """A budget too small: each rank's verdict is torch's out-of-memory error at the line of the script that
+    asked for it, a finding of the summary (the launcher exits non-zero, no rank is left running)."""
+    script = tmp_path / "train.py"
+    script.write_text(FSDP2_TRAIN.format(package="accelerate"))
+    done = _launch(tmp_path, "--simulate", "cuda", "--num_processes", "2", "--device-memory", "2KiB", "--timeout", "240", str(script))
+    assert done.returncode != 0
+    assert "-- memory per rank (budget 2.00 KiB per device) --" in done.stdout, done.stdout[-3000:]
+    assert "out of memory on cuda:" in done.stdout and "train.py:" in done.stdout and "CUDA out of memory. Tried to allocate" in done.stdout
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--simulate", "cuda", "--gpu", "b200"], "--gpu: unknown GPU 'b200'; known: t4-16gb"),
+    (["--simulate", "cuda", "--device-memory", "12XB"], "--device-memory: '12XB' is not a memory size"),
+    (["--simulate", "cuda", "--gpu", "l4-24gb", "--device-memory", "1GB"], "--gpu and --device-memory both set a budget"),
+    (["--simulate", "cpu", "--device-memory", "1GB"], "a memory budget needs a mock device"),
+    (["--gpu", "l4-24gb"], "--gpu: only for a dry run"),
+])
+def test_bad_budgets_are_one_line_and_exit_2(tmp_path, argv, message):
+    (tmp_path / "train.py").write_text("raise SystemExit('never run')\n")
+    done = _launch(tmp_path, *argv, "train.py", timeout=60)
+    assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr

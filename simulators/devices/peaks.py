@@ -1,0 +1,168 @@
+"""Where and when each mock device reached its peak, what it held then, and the rank's memory report.
+
+Rules (:class:`simulators.devices.memory.DeviceMemory` calls :func:`on_peak` and
+:func:`on_out_of_memory`; the dry run reads the report, see
+:mod:`simulators.dryrun`):
+
+- the step of a peak is the optimizer step it happened in: 1 + the number of
+  ``optimizer.step()`` calls completed by then (the optimizer that stepped
+  most, when a script has several); 0 when the script has no optimizer;
+- the line of a peak is the innermost frame of the user's script
+  (``$SIMULATORS_SCRIPT``, set by the rank's bootstrap) on the stack when the
+  device reached it;
+- what a device held at its peak is split into parameters, gradients and
+  optimizer state (the tensors every optimizer created in the process holds:
+  its parameters, their ``.grad``, its ``state``; for a DTensor, its local
+  shard) and the rest: activations, temporaries, communication buffers, a
+  model's parameters no optimizer holds. The split is taken again whenever the
+  peak has grown by 1% since the last one (taking it costs a walk over the
+  optimizers' tensors), so the model-state parts are those of a moment within
+  1% of the peak and the rest is the peak minus them;
+- an allocation that would pass the budget is recorded (device, step, line and
+  torch's message) before torch's ``OutOfMemoryError`` is raised;
+- the report (JSON) is written to :func:`simulators.spawn.memory_report_path` after every
+  optimizer step, at an out-of-memory and when the process exits, so a rank
+  stopped because another failed still tells what it knew.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import threading
+import weakref
+from typing import Any
+
+import torch
+
+from simulators.spawn import MEMORY_REPORTS_ENV as REPORT_DIR_ENV
+from simulators.spawn import SCRIPT_ENV, memory_report_path
+
+#: The peak must grow by this factor before its split is taken again.
+SPLIT_GROWTH = 1.01
+PARTS = ("parameters", "gradients", "optimizer_state")
+
+
+class _Recorder:
+    """This process's optimizers, their step counts, and the report of the devices' books."""
+
+    def __init__(self) -> None:
+        self.optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        self.steps: weakref.WeakKeyDictionary[torch.optim.Optimizer, int] = weakref.WeakKeyDictionary()
+        self.books: list[Any] = []
+        self.out_of_memory: dict[str, Any] | None = None
+        #: The most steps any optimizer completed (kept when the optimizers are gone).
+        self.completed = 0
+
+    @property
+    def step(self) -> int:
+        """The optimizer step under way: 1 + the most steps any optimizer completed (0 without an optimizer)."""
+        return 1 + self.completed if self.optimizers or self.completed else 0
+
+    def stepped(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizers.add(optimizer)
+        self.steps[optimizer] = self.steps.get(optimizer, 0) + 1
+        self.completed = max(self.completed, self.steps[optimizer])
+        self.write()
+
+    def storages(self, device_type: str, index: int) -> dict[str, set[int]]:
+        """The storage keys (as the books key them) of each model-state part on device ``index``."""
+        keys: dict[str, set[int]] = {part: set() for part in PARTS}
+        for optimizer in list(self.optimizers):
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    _add_key(keys["parameters"], param, device_type, index)
+                    _add_key(keys["gradients"], param.grad, device_type, index)
+                    for value in optimizer.state.get(param, {}).values():
+                        _add_key(keys["optimizer_state"], value, device_type, index)
+        return keys
+
+    def report(self) -> dict[str, Any]:
+        devices = {}
+        for books in self.books:
+            for index, summary in books.summaries().items():
+                devices[f"{books.device_type}:{index}"] = summary
+        return {"steps": self.completed, "devices": devices, "out_of_memory": self.out_of_memory}
+
+    def write(self) -> None:
+        if not self.books or not os.environ.get(REPORT_DIR_ENV):
+            return
+        path = memory_report_path(os.environ[REPORT_DIR_ENV], int(os.environ.get("RANK", "0")))
+        partial = f"{path}.partial"
+        with open(partial, "w", encoding="utf-8") as stream:
+            json.dump(self.report(), stream)
+        os.replace(partial, path)
+
+
+RECORDER = _Recorder()
+
+
+def _add_key(keys: set[int], tensor: Any, device_type: str, index: int) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        return
+    local = getattr(tensor, "_local_tensor", tensor)  # a DTensor's shard
+    payload = getattr(local, "_payload", None)
+    if payload is not None and local.device.type == device_type and (local.device.index or 0) == index:
+        keys.add(payload.untyped_storage()._cdata)
+
+
+def user_line() -> str:
+    """``file:line`` of the innermost frame of the user's script on this thread's stack, else on the main
+    thread's (autograd runs a device's backward in a thread of its own, while the script waits in
+    ``backward()``); "" when neither has one."""
+    script = os.environ.get(SCRIPT_ENV)
+    if not script:
+        return ""
+    main = sys._current_frames().get(threading.main_thread().ident) if threading.current_thread() is not threading.main_thread() else None
+    for frame in (sys._getframe(1), main):
+        while frame is not None:
+            if frame.f_code.co_filename == script:
+                return f"{os.path.basename(script)}:{frame.f_lineno}"
+            frame = frame.f_back
+    return ""
+
+
+def on_peak(books: Any, index: int, device: Any) -> None:
+    """Device ``index`` of ``books`` reached a new peak: note its step and line, and its split if it grew 1%."""
+    device.peak_step = RECORDER.step
+    device.peak_at = user_line()
+    if device.peak >= device.split_at * SPLIT_GROWTH:
+        keys = RECORDER.storages(books.device_type, index)
+        device.split = {part: sum(s.size for k, s in device.storages.items() if k in keys[part]) for part in PARTS}
+        device.split_at = device.peak
+
+
+def on_out_of_memory(books: Any, index: int, message: str) -> None:
+    """Record the first allocation past the budget, then write the report (torch's error follows)."""
+    if RECORDER.out_of_memory is None:
+        RECORDER.out_of_memory = {"device": f"{books.device_type}:{index}", "step": RECORDER.step,
+                                  "at": user_line(), "message": message}
+    RECORDER.write()
+
+
+def install(books: Any) -> None:
+    """Record peaks and out-of-memory errors of ``books`` and report them, in a process whose launch asked for
+    reports (``$SIMULATORS_MEMORY_REPORTS``); elsewhere (a conformance pool's ranks) nothing is recorded."""
+    if not os.environ.get(REPORT_DIR_ENV):
+        return
+    books.recorder = sys.modules[__name__]
+    if not RECORDER.books:
+        _watch_optimizers()
+        atexit.register(RECORDER.write)
+    if books not in RECORDER.books:
+        RECORDER.books.append(books)
+
+
+def _watch_optimizers() -> None:
+    """Every optimizer this process makes is known from its creation; each ``step()`` is counted."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook  # not at import: torch loads this before torch.optim
+
+    original = torch.optim.Optimizer.__init__
+
+    def registering(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        RECORDER.optimizers.add(self)
+
+    torch.optim.Optimizer.__init__ = registering
+    register_optimizer_step_post_hook(lambda optimizer, args, kwargs: RECORDER.stepped(optimizer))
