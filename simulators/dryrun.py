@@ -26,16 +26,26 @@ from simulators.topology import World
 #: Seconds a dry run may take when ``--timeout`` is not given.
 DEFAULT_TIMEOUT = 600.0
 MIXING = re.compile(r"Expected all tensors to be on the same device[^\n]*")
+#: torch's check of the collectives every rank enters (TORCH_DISTRIBUTED_DEBUG=DETAIL): op, sequence number, shapes.
+MISMATCH = re.compile(r"Detected mismatch between collectives on ranks\. Rank (\d+) is running collective: (CollectiveFingerPrint\(.*?\)\)), "
+                      r"but Rank (\d+) is running collective: (CollectiveFingerPrint\(.*?\)\))")
+FINGERPRINT = re.compile(r"SequenceNumber=(\d+), OpType=(\w+)(?:, TensorShape=(\[[^\]]*\]))?(?:, TensorDtypes=(\w+))?")
+#: gloo's words when the rank at the other end of a collective has gone.
+PEER_GONE = "Connection closed by peer"
+CALL = re.compile(r'File "([^"]+)", line (\d+), in (\w+)')
 RECOMPILATION = re.compile(r"XLA recompilation at step[^\n]*")
 FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
 
 def family_env(family: str) -> dict[str, str]:
-    """The environment every rank of a dry run on ``family`` gets from the simulator: one thread, and for a
-    mock device family its settings with its sites first on the import path."""
+    """The environment every rank of a dry run on ``family`` gets from the simulator: one thread, torch's
+    collective checks (``TORCH_DISTRIBUTED_DEBUG=DETAIL``), and for a mock device family its settings with
+    its sites first on the import path."""
     from simulators.devices import KINDS, world_settings
 
-    env = {"OMP_NUM_THREADS": "1"}
+    # torch checks before each collective that every rank enters the same one with the same shapes, so a
+    # mismatch stops the run at once (measured in benchmarks/preflight.py); a user's own setting wins.
+    env = {"OMP_NUM_THREADS": "1", "TORCH_DISTRIBUTED_DEBUG": os.environ.get("TORCH_DISTRIBUTED_DEBUG", "DETAIL")}
     if family in KINDS:
         settings = world_settings(family)
         env.update(settings.env)
@@ -43,11 +53,17 @@ def family_env(family: str) -> dict[str, str]:
     return env
 
 
-def _user_frame(traceback_text: str, script: str) -> str:
-    """``file:line`` of the last traceback frame in the user's script (else the last frame outside packages)."""
+def _user_frame(traceback_text: str, script: str, after: str = "") -> str:
+    """``file:line`` of the last traceback frame in the user's script (else the last frame outside packages).
+
+    Where the traceback that raised holds no frame of the script (an error raised again while handling it,
+    as torch.distributed's logging does, prints the script's frames in the second traceback), the first
+    frame of the script in ``after``, the output that follows, is taken."""
     frames = FRAME.findall(traceback_text)
     script = os.path.abspath(script)
     mine = [f for f in frames if os.path.abspath(f[0]) == script]
+    if not mine:
+        mine = [f for f in FRAME.findall(after) if os.path.abspath(f[0]) == script][:1]
     outside = [f for f in frames if "site-packages" not in f[0] and "/simulators/" not in f[0]]
     chosen = (mine or outside or frames or [("?", "?")])[-1]
     return f"{chosen[0]}:{chosen[1]}"
@@ -75,6 +91,32 @@ def _verdict(report: dict | None, budget: int | None) -> dict:
     return {"verdict": "fits", "peak": peak, "headroom": budget - peak}
 
 
+def _fingerprint(text: str) -> str:
+    """``ALLREDUCE #3 [4, 2] Float`` from torch's ``CollectiveFingerPrint(...)``."""
+    match = FINGERPRINT.search(text)
+    if match is None:
+        return text
+    sequence, op, shape, dtype = match.groups()
+    return " ".join(filter(None, [f"{op} #{sequence}", shape, dtype]))
+
+
+def _collective_findings(result: LaunchResult, rank: int, tail: str, script: str) -> list[str]:
+    """Collectives that cannot complete, as the rank's output shows them: ranks in different collectives (or
+    the same with other shapes), or a rank left waiting in one after others had finished."""
+    mismatch = MISMATCH.search(tail)
+    if mismatch:
+        mine, theirs = (mismatch.group(1), mismatch.group(2)), (mismatch.group(3), mismatch.group(4))
+        return [f"collective mismatch at {_user_frame(tail[: mismatch.end()], script, tail[mismatch.end():])}: rank {mine[0]} in "
+                f"{_fingerprint(mine[1])}, rank {theirs[0]} in {_fingerprint(theirs[1])}"]
+    finished = [other for other, code in sorted(result.exit_codes.items()) if code == 0 and other != rank]
+    if PEER_GONE in tail and finished:
+        calls = [c for c in CALL.findall(tail[: tail.index(PEER_GONE)]) if "torch/distributed" in c[0] and c[2] != "wrapper"]
+        where = f"{calls[-1][2]} at " if calls else ""
+        return [f"waited alone in {where}{_user_frame(tail[: tail.index(PEER_GONE)], script)} after rank(s) "
+                f"{', '.join(map(str, finished))} had finished: a collective not every rank calls"]
+    return []
+
+
 def record(result: LaunchResult, world: World, script: str, budget: int | None = None) -> dict:
     """The dry run's findings, machine-readable (``--summary-json``): per rank its exit state, device
     mixing, XLA recompilations and memory (peak per device, when and where, what it held, the verdict)."""
@@ -87,6 +129,7 @@ def record(result: LaunchResult, world: World, script: str, budget: int | None =
             "state": _state(result, rank),
             "device_mixing": [{"at": _user_frame(tail[: m.end()], script), "message": m.group(0)} for m in MIXING.finditer(tail)],
             "recompilations": [m.group(0) for m in RECOMPILATION.finditer(tail)],
+            "collectives": _collective_findings(result, rank, tail, script),
             "memory": report["devices"] if report else {},
             "steps": report["steps"] if report else None,
             **_verdict(report, budget),
@@ -106,7 +149,8 @@ def _memory_line(rank: dict) -> str | None:
     parts = ", ".join(f"{name.replace('_', ' ')} {human(size)}" for name, size in peak["parts"].items())
     verdict = (f"fits, {human(rank['headroom'])} headroom" if rank["verdict"] == "fits"
                else "no budget given (--device-memory or --gpu)")
-    return f"rank {rank['rank']}: peak {human(peak['peak'])} on {device} at step {peak['step']}, {peak['at'] or '?'} ({parts}): {verdict}"
+    when = f"at step {peak['step']}" if peak["step"] else "before any optimizer step"
+    return f"rank {rank['rank']}: peak {human(peak['peak'])} on {device} {when}, {peak['at'] or '?'} ({parts}): {verdict}"
 
 
 def _human():
@@ -122,7 +166,7 @@ def summary(result: LaunchResult, world: World, script: str, budget: int | None 
     lines += [f"rank {rank['rank']}: {rank['state']}" for rank in found["ranks"]]
     for rank in found["ranks"]:
         lines += [f"rank {rank['rank']}: device mixing at {m['at']}: {m['message']}" for m in rank["device_mixing"]]
-        lines += [f"rank {rank['rank']}: {text}" for text in rank["recompilations"]]
+        lines += [f"rank {rank['rank']}: {text}" for text in rank["recompilations"] + rank["collectives"]]
     memory = [line for line in map(_memory_line, found["ranks"]) if line]
     if memory:
         of = f"budget {_human()(budget)} per device{f', {budget_name}' if budget_name else ''}" if budget else "no budget"

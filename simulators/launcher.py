@@ -215,6 +215,14 @@ def _watch(ranks: Sequence[RankProcess], timeout: float | None) -> LaunchResult:
     return LaunchResult("ok", 0, exit_codes=exit_codes)
 
 
+#: Lines of each rank's output a launch keeps for the dry run's findings.
+ANALYSED_LINES = 400
+
+
+def _last_lines(text: str) -> str:
+    return "".join(text.splitlines(keepends=True)[-TAIL_LINES:])
+
+
 def _report(result: LaunchResult, timeout: float | None) -> str:
     if result.status == "ok":
         return f"simulators: all {len(result.exit_codes)} ranks exited 0 in {result.duration_s:.1f}s"
@@ -225,7 +233,7 @@ def _report(result: LaunchResult, timeout: float | None) -> str:
     when = " at interpreter exit, after its script returned," if result.failed_at_exit else ""
     return (
         f"simulators: rank {rank} failed{when} with {describe_exit(result.exit_codes[rank])}; "
-        f"the other ranks were stopped\n--- rank {rank} output tail ---\n{result.output_tail.get(rank, '')}"
+        f"the other ranks were stopped\n--- rank {rank} output tail ---\n{_last_lines(result.output_tail.get(rank, ''))}"
     )
 
 
@@ -239,12 +247,14 @@ def _timeout_message(timeout: float | None, running: list[int], stacks: dict[int
 class _RankOutput:
     """Reader threads copying each rank's pipes to the driver's stdout/stderr as ``[rank N] line``.
 
-    The last TAIL_LINES lines of each rank (stdout and stderr together) are kept.
+    The last ANALYSED_LINES lines of each rank (stdout and stderr together) are kept: enough to reach back
+    from an error to the line of the user's script under a deep stack (the mock CUDA device's modes add
+    frames); reports show the last TAIL_LINES of them.
     """
 
     def __init__(self, ranks: Sequence[RankProcess]) -> None:
         self._lock = threading.Lock()
-        self._tails = {rank.rank: deque(maxlen=TAIL_LINES) for rank in ranks}
+        self._tails = {rank.rank: deque(maxlen=ANALYSED_LINES) for rank in ranks}
         self._threads = [
             threading.Thread(target=self._pump, args=(rank.rank, pipe, sink), daemon=True,
                              name=f"simulators-rank{rank.rank}-output")

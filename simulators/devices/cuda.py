@@ -72,6 +72,8 @@ from simulators.devices.runtime import DeviceRuntime, RuntimeTensor
 VERSION = "2.13.0+sim"
 #: PrivateUse1's name in CUDA worlds: the C++ side of a `CudaTensor` (users see ``cuda``).
 HIDDEN_NAME = "cuda_sim"
+#: The NCCL version ``torch.cuda.nccl.version()`` reports (the CPU build has none; the mock's nccl is gloo).
+NCCL_VERSION = (2, 27, 5)
 #: The gloo backend ``nccl`` is routed to.
 NCCL_STAND_IN = "nccl_sim"
 
@@ -176,6 +178,8 @@ def install() -> None:
     # default device): a CUDA build says ``cuda``, not the PrivateUse1 name (which a mesh refuses: not alphabetic).
     torch._C._get_accelerator = torch._C._accelerator_getAccelerator = _cuda_accelerator
     torch.Tensor.pin_memory = _pinned
+    # torch.distributed's logging and torch.profiler ask for NCCL's version when the backend is nccl.
+    torch.cuda.nccl.version = lambda: NCCL_VERSION
     backend.register_process_group_backend(NCCL_STAND_IN)
     dist.init_process_group = _routing_nccl(dist.init_process_group)
     dist.new_group = _routing_nccl(dist.new_group)

@@ -198,3 +198,75 @@ def test_bad_budgets_are_one_line_and_exit_2(tmp_path, argv, message):
     (tmp_path / "train.py").write_text("raise SystemExit('never run')\n")
     done = _launch(tmp_path, *argv, "train.py", timeout=60)
     assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+ONE_SIDED = textwrap.dedent("""\
+    from accelerate import Accelerator
+    accelerator = Accelerator()
+    if not accelerator.is_main_process:
+        accelerator.wait_for_everyone()
+    print("rank", accelerator.process_index, "done", flush=True)
+    """)
+
+MISMATCH = textwrap.dedent("""\
+    import torch
+    from accelerate import Accelerator
+    from accelerate.utils import broadcast, reduce
+    accelerator = Accelerator()
+    values = torch.ones(4, device=accelerator.device)
+    if accelerator.is_main_process:
+        broadcast(values)
+    else:
+        reduce(values)
+    """)
+
+
+def test_a_rank_left_waiting_alone_is_named_when_it_happens_not_at_the_timeout(tmp_path):
+    """Issue 22 item 3: only the non-main rank calls ``wait_for_everyone()``; the run ends when the main rank
+    has finished (not at ``--timeout``) and names the waiting rank, its collective and line."""
+    (tmp_path / "train.py").write_text(ONE_SIDED)
+    done = _launch(tmp_path, "--simulate", "cpu", "--num_processes", "2", "--timeout", "120", "train.py")
+    assert done.returncode != 0 and "failed ==" in done.stdout and "timeout" not in done.stdout.split("dry run summary")[1], done.stdout[-2000:]
+    assert "rank 1: waited alone in barrier at train.py:4 after rank(s) 0 had finished: a collective not every rank calls" in done.stdout, done.stdout[-2000:]
+
+
+def test_ranks_in_different_collectives_stop_the_run_with_both(tmp_path):
+    """Issue 22 item 3: rank 0 broadcasts while rank 1 reduces; torch's collective check (on in dry runs) stops
+    both at once, and the summary names each rank's op, sequence number and shapes."""
+    (tmp_path / "train.py").write_text(MISMATCH)
+    done = _launch(tmp_path, "--simulate", "cuda", "--num_processes", "2", "--timeout", "120", "train.py")
+    assert done.returncode != 0, done.stdout[-2000:]
+    assert "collective mismatch at train.py:9: rank 1 in ALLREDUCE #0 [4] Float, rank 0 in BROADCAST #0 [4] Float" in done.stdout, done.stdout[-2000:]
+
+
+def test_summary_names_collective_findings_from_the_ranks_output():
+    mismatch = ('  File "/x/train.py", line 7, in <module>\nRuntimeError: Detected mismatch between collectives on ranks. Rank 0 is '
+                "running collective: CollectiveFingerPrint(SequenceNumber=3, OpType=BROADCAST, TensorShape=[4, 2], TensorDtypes=Float, "
+                "TensorDeviceTypes=TensorOptions(dtype=float)), but Rank 1 is running collective: CollectiveFingerPrint(SequenceNumber=3, "
+                "OpType=ALLREDUCE, TensorShape=[4], TensorDtypes=Float, TensorDeviceTypes=TensorOptions(dtype=float)).\n")
+    alone = ('  File "/x/train.py", line 4, in <module>\n  File "/v/torch/distributed/distributed_c10d.py", line 5356, in barrier\n'
+             "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:5\n")
+    result = LaunchResult("failed", 1, failed_rank=1, exit_codes={0: 0, 1: 1, 2: 1}, output_tail={1: alone, 2: mismatch})
+    text = summary(result, World.of(3, machines=1), "/x/train.py")
+    assert "rank 1: waited alone in barrier at /x/train.py:4 after rank(s) 0 had finished" in text
+    assert "rank 2: collective mismatch at /x/train.py:7: rank 0 in BROADCAST #3 [4, 2] Float, rank 1 in ALLREDUCE #3 [4] Float" in text
+
+
+PROFILED = textwrap.dedent("""\
+    import torch
+    from accelerate import Accelerator
+    accelerator = Accelerator()
+    model = accelerator.prepare(torch.nn.Linear(4, 4))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        model(torch.randn(2, 4, device=accelerator.device)).sum().backward()
+    print("profiled", len(profile.key_averages()) > 0, flush=True)
+    """)
+
+
+def test_torch_profiler_runs_in_a_mock_nccl_world(tmp_path):
+    """torch.profiler (and torch.distributed's logging) ask ``torch.cuda.nccl.version()`` when the backend is
+    nccl; the CPU build has no NCCL, so the mock answers (it failed the rank before)."""
+    (tmp_path / "train.py").write_text(PROFILED)
+    done = _launch(tmp_path, "--simulate", "cuda", "--num_processes", "2", "--timeout", "120", "train.py")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "[rank 0] profiled True" in done.stdout and "[rank 1] profiled True" in done.stdout
