@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-from simulators.devices import autocast, peaks
+from simulators.devices import autocast, loading, peaks
 from simulators.devices.tensor import PAYLOAD_ADAPTERS, DeviceTensor
 
 _installed: list[type[DeviceTensor]] = []
@@ -74,7 +74,7 @@ def install(
     _setup_privateuseone_for_python_backend(rename=hidden_name, backend_module=device_module)
     _register_kernels(tensor_class, ("PrivateUse1", *extra_keys))
     autocast.install(autocast_aliases)
-    torch.serialization.register_package(0, _claims_nothing, _host_storage_for(tensor_class.device_type, hidden_name))
+    loading.install(tensor_class.device_type, hidden_name)
     peaks.install(tensor_class.memory)
     _installed.append(tensor_class)
 
@@ -139,19 +139,6 @@ def _made_by_ddp_reducer() -> bool:
             return True
         frame = frame.f_back
     return False
-
-
-def _claims_nothing(storage: object) -> None:
-    """Saving tags storages as torch does (the mock's tensors are saved as CPU copies)."""
-
-
-def _host_storage_for(*device_types: str):
-    """A ``torch.load`` deserializer keeping storages mapped onto ``device_types`` on the host."""
-
-    def deserialize(storage: object, location: str) -> object:
-        return storage if location.split(":")[0] in device_types else None
-
-    return deserialize
 
 
 def _payload(tensor: torch.Tensor) -> torch.Tensor:

@@ -100,6 +100,8 @@ class IndexedCuda(TorchFunctionMode):
         kwargs = kwargs or {}
         if func == _SET_DATA and (isinstance(args[0], CudaTensor) or isinstance(args[1], CudaTensor)):
             return _swap_in(*args)
+        if kwargs.get("pin_memory"):  # host memory is host memory here (see _pinned); torch has no pinned allocator for the mock
+            kwargs = {**kwargs, "pin_memory": False}
         if func is torch.Tensor.cuda:
             device = args[1] if len(args) > 1 else kwargs.get("device")
             return func(args[0], **{**kwargs, "device": torch.device("cuda", RUNTIME.index(device))})

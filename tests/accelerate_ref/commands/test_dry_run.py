@@ -270,3 +270,32 @@ def test_torch_profiler_runs_in_a_mock_nccl_world(tmp_path):
     done = _launch(tmp_path, "--simulate", "cuda", "--num_processes", "2", "--timeout", "120", "train.py")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "[rank 0] profiled True" in done.stdout and "[rank 1] profiled True" in done.stdout
+
+
+RESUMED = textwrap.dedent("""\
+    import os, sys
+    import torch
+    from accelerate import Accelerator
+    from safetensors.torch import load_file
+
+    accelerator = Accelerator()
+    model = torch.nn.Linear(4, 4)
+    model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters()))
+    model(torch.randn(2, 4, device=accelerator.device)).sum().backward()
+    optimizer.step()
+    accelerator.save_state(sys.argv[1])
+    accelerator.load_state(sys.argv[1])
+    state = torch.load(os.path.join(sys.argv[1], "optimizer.bin"), map_location=accelerator.device, weights_only=False)
+    weights = load_file(os.path.join(sys.argv[1], "model.safetensors"), device=str(accelerator.device))
+    print("loaded", next(iter(state["state"].values()))["exp_avg"].device, weights["weight"].device, flush=True)
+    """)
+
+
+def test_save_state_load_state_and_loading_onto_mock_gpus(tmp_path):
+    """Resuming with ``load_state`` (safetensors onto the device: torch has no pinned-memory allocator for the
+    mock, whose host memory is host memory) and ``torch.load(map_location=<gpu>)`` (which gave CPU tensors)."""
+    (tmp_path / "train.py").write_text(RESUMED)
+    done = _launch(tmp_path, "--simulate", "cuda", "--num_processes", "2", "--timeout", "120", "train.py", str(tmp_path / "checkpoint"))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for rank in (0, 1):
+        assert f"[rank {rank}] loaded cuda:{rank} cuda:{rank}" in done.stdout, done.stdout[-3000:]
