@@ -134,8 +134,8 @@ FSDP2_TRAIN = textwrap.dedent("""\
     """)
 
 
-@pytest.mark.parametrize("package", ["accelerate", pytest.param("accelerate_ref", marks=pytest.mark.extended)])
-def test_cuda_dry_run_shards_with_fsdp2(tmp_path, package):
+@pytest.mark.extended  # HF's FSDP2 path runs in make test, with its memory report (below)
+def test_cuda_dry_run_shards_with_fsdp2(tmp_path, package="accelerate_ref"):
     """FSDP2 through the plugin on 2 mock GPUs: torch's default mesh is a ``cuda`` mesh (the mock reports the
     accelerator a CUDA build reports), parameters move onto the device (``tensor.data = ...`` across types)."""
     script = tmp_path / "train.py"
@@ -156,15 +156,18 @@ def _launch(tmp_path, *argv: str, timeout: float = 300) -> subprocess.CompletedP
 
 
 def test_cuda_dry_run_reports_each_ranks_peak_its_parts_and_the_verdict(tmp_path):
-    """Issue 22 item 2: per rank the peak, its step and line, parameters / gradients / optimizer state / the
-    rest, and the verdict against a GPU preset; the model states are the arithmetic of FSDP2's shards
-    (fp32 parameters 212 / 2 ranks: 424 bytes each; AdamW's two moments: 848)."""
+    """Issue 22 item 2, on HF's FSDP2 path (it stopped at torch's default mesh before): per rank the peak, its
+    step and line, parameters / gradients / optimizer state / the rest, and the verdict against a GPU preset;
+    the model states are the arithmetic of FSDP2's shards (fp32 parameters 212 / 2 ranks: 424 bytes each;
+    AdamW's two moments: 848)."""
     script = tmp_path / "train.py"
     script.write_text(FSDP2_TRAIN.format(package="accelerate"))
     done = _launch(tmp_path, "--simulate", "cuda", "--num_processes", "2", "--gpu", "l4-24gb", "--summary-json", "summary.json",
                    "--timeout", "240", str(script))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "-- memory per rank (budget 24.00 GiB per device, l4-24gb) --" in done.stdout, done.stdout[-3000:]
+    for rank in (0, 1):
+        assert f"[rank {rank}] shard (8, 8) of (16, 8) mesh cuda" in done.stdout, done.stdout[-3000:]
     found = json.loads((tmp_path / "summary.json").read_text())
     assert found["budget"] == 24 * 2**30
     for rank in found["ranks"]:

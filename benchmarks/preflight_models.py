@@ -1,0 +1,73 @@
+"""The four models of the preflight accuracy check (issue 22, item 4): one AdamW training step of each, then the
+peak device memory as torch reports it.
+
+Run plainly on a GPU (``python benchmarks/preflight_models.py mlp``) it prints
+``torch.cuda.max_memory_allocated()``; dry-run on mock GPUs
+(``accelerate-ref launch --simulate cuda --summary-json out.json benchmarks/preflight_models.py mlp``) the
+summary gives the peak the simulator predicts for the same step. The models: an MLP, a convolutional net, a
+small GPT-2 built from a ``transformers`` config (eager attention, as the CPU computes it) and an
+embedding-heavy model.
+
+    python benchmarks/preflight_models.py {mlp,conv,transformer,embedding} [--batch 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Callable
+
+import torch
+from torch import nn
+
+
+def build(name: str, batch: int) -> tuple[nn.Module, Callable[[nn.Module, torch.device], torch.Tensor]]:
+    """The model ``name`` and a function computing its loss on a batch on a device."""
+    if name == "mlp":
+        model = nn.Sequential(nn.Linear(2048, 8192), nn.GELU(), nn.Linear(8192, 2048))
+        return model, lambda m, device: m(torch.randn(batch, 2048, device=device)).pow(2).mean()
+    if name == "conv":
+        model = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1), nn.ReLU(), nn.Conv2d(64, 128, 3, padding=1), nn.ReLU(),
+                              nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10))
+        return model, lambda m, device: m(torch.randn(batch, 3, 64, 64, device=device)).pow(2).mean()
+    if name == "transformer":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        config = GPT2Config(n_layer=4, n_embd=512, n_head=8, vocab_size=8000, n_positions=256)
+        config._attn_implementation = "eager"
+        model = GPT2LMHeadModel(config)
+
+        def loss(m: nn.Module, device: torch.device) -> torch.Tensor:
+            tokens = torch.randint(0, 8000, (batch, 128), device=device)
+            return m(input_ids=tokens, labels=tokens).loss
+
+        return model, loss
+    if name == "embedding":
+        model = nn.Sequential(nn.EmbeddingBag(500_000, 128), nn.Linear(128, 1))
+        return model, lambda m, device: m(torch.randint(0, 500_000, (batch, 32), device=device)).pow(2).mean()
+    raise SystemExit(f"unknown model {name!r}: mlp, conv, transformer or embedding")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", choices=["mlp", "conv", "transformer", "embedding"])
+    parser.add_argument("--batch", type=int, default=16)
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    device = torch.device("cuda", 0)
+    model, loss_of = build(args.model, args.batch)
+    model = model.to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    torch.cuda.reset_peak_memory_stats()
+    for _ in range(2):
+        loss_of(model, device).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    print(json.dumps({"model": args.model, "parameters": sum(p.numel() for p in model.parameters()),
+                      "max_memory_allocated": torch.cuda.max_memory_allocated()}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
