@@ -1,6 +1,7 @@
-"""What a dry run costs: torch's collective checks (``TORCH_DISTRIBUTED_DEBUG=DETAIL``, on in every dry run so a
-collective mismatch stops the run at once) and the mock CUDA device with its memory books, each against the same
-dry run without it, side by side in one run.
+"""What a dry run costs: the mock CUDA device with its memory books, and torch's collective checks
+(``TORCH_DISTRIBUTED_DEBUG=DETAIL``, which would stop a collective mismatch at once), each against the same dry
+run on the CPU without them, side by side in one run. A variant that crashes is reported with its exit status
+(on torch 2.13's CPU build DETAIL crashes DDP's construction: why dry runs leave it off).
 
 The script trains a small MLP for ``--steps`` steps on 2 ranks under DDP (one all-reduce of the gradients per
 step) and makes ``--collectives`` more small all-reduces, as a metrics loop would. Each variant runs
@@ -27,10 +28,11 @@ SCRIPT = textwrap.dedent("""\
 
     steps, collectives = int(sys.argv[1]), int(sys.argv[2])
     accelerator = Accelerator()
-    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    model, optimizer = accelerator.prepare(model, optimizer)
-    for _ in range(steps):
+    if steps:
+        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        model, optimizer = accelerator.prepare(model, optimizer)
+    for _ in range(steps):  # 0: no DDP model is made
         loss = model(torch.randn(32, 64, device=accelerator.device)).pow(2).mean()
         accelerator.backward(loss)
         optimizer.step()
@@ -39,21 +41,24 @@ SCRIPT = textwrap.dedent("""\
         accelerator.reduce(torch.ones(8, device=accelerator.device))
     """)
 
-#: variant -> (--simulate family, TORCH_DISTRIBUTED_DEBUG)
+#: variant -> (--simulate family, TORCH_DISTRIBUTED_DEBUG, DDP training steps or none)
 VARIANTS = {
-    "cpu, checks off": ("cpu", "OFF"),
-    "cpu, checks on (dry-run default)": ("cpu", "DETAIL"),
-    "mock cuda, checks on (dry-run default)": ("cuda", "DETAIL"),
+    "cpu (baseline)": ("cpu", "OFF", True),
+    "mock cuda (dry-run default)": ("cuda", "OFF", True),
+    "cpu, checks on": ("cpu", "DETAIL", True),
+    "cpu, collectives only": ("cpu", "OFF", False),
+    "cpu, collectives only, checks on": ("cpu", "DETAIL", False),
 }
 
 
-def run(script: str, family: str, debug: str, steps: int, collectives: int) -> float:
+def run(script: str, family: str, debug: str, steps: int, collectives: int) -> tuple[float, int]:
+    """Seconds the dry run took, and its exit status."""
     env = {**os.environ, "TORCH_DISTRIBUTED_DEBUG": debug}
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", "launch", "--simulate", family,
-                    "--num_processes", "2", "--timeout", "600", script, str(steps), str(collectives)],
-                   env=env, check=True, capture_output=True, timeout=900)
-    return time.perf_counter() - started
+    done = subprocess.run([sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", "launch", "--simulate", family,
+                           "--num_processes", "2", "--timeout", "600", script, str(steps), str(collectives)],
+                          env=env, capture_output=True, timeout=900)
+    return time.perf_counter() - started, done.returncode
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,18 +68,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--collectives", type=int, default=300)
     args = parser.parse_args(argv)
     times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    failed: dict[str, int] = {}
     with tempfile.TemporaryDirectory() as folder:
         script = os.path.join(folder, "train.py")
         with open(script, "w") as handle:
             handle.write(SCRIPT)
         for _ in range(args.repeat):
-            for name, (family, debug) in VARIANTS.items():
-                times[name].append(run(script, family, debug, args.steps, args.collectives))
-    base = statistics.median(times["cpu, checks off"])
-    print(f"2 ranks, {args.steps} DDP steps + {args.collectives} all-reduces, median of {args.repeat}:")
+            for name, (family, debug, train) in VARIANTS.items():
+                seconds, status = run(script, family, debug, args.steps if train else 0, args.collectives)
+                times[name].append(seconds)
+                if status:
+                    failed[name] = status
+    base = statistics.median(times["cpu (baseline)"])
+    only = statistics.median(times["cpu, collectives only"])
+    print(f"2 ranks, {args.steps} DDP steps + {args.collectives} all-reduces (or the all-reduces only), median of {args.repeat}:")
     for name, values in times.items():
         median = statistics.median(values)
-        print(f"  {name:<40} {median:6.2f} s  {median / base:5.2f}x")
+        versus = only if "collectives only" in name else base
+        state = f"  CRASHED (exit {failed[name]})" if name in failed else ""
+        print(f"  {name:<36} {median:6.2f} s  {median / versus:5.2f}x{state}")
     return 0
 
 

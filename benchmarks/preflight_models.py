@@ -5,10 +5,11 @@ Run plainly on a GPU (``python benchmarks/preflight_models.py mlp``) it prints
 ``torch.cuda.max_memory_allocated()``; dry-run on mock GPUs
 (``accelerate-ref launch --simulate cuda --summary-json out.json benchmarks/preflight_models.py mlp``) the
 summary gives the peak the simulator predicts for the same step. The models: an MLP, a convolutional net, a
-small GPT-2 built from a ``transformers`` config (eager attention, as the CPU computes it) and an
-embedding-heavy model.
+small GPT-2 built from a ``transformers`` config (eager attention, as the CPU computes it; it does not dry-run
+yet: transformers builds its attention mask with ``torch.vmap``, which the mock devices do not take), the same
+size of transformer from torch's own layers (``encoder``), and an embedding-heavy model.
 
-    python benchmarks/preflight_models.py {mlp,conv,transformer,embedding} [--batch 16]
+    python benchmarks/preflight_models.py {mlp,conv,transformer,encoder,embedding} [--batch 16]
 """
 
 from __future__ import annotations
@@ -43,15 +44,19 @@ def build(name: str, batch: int) -> tuple[nn.Module, Callable[[nn.Module, torch.
             return m(input_ids=tokens, labels=tokens).loss
 
         return model, loss
+    if name == "encoder":
+        layer = nn.TransformerEncoderLayer(d_model=512, nhead=8, dim_feedforward=2048, batch_first=True)
+        model = nn.Sequential(nn.Embedding(8000, 512), nn.TransformerEncoder(layer, num_layers=4), nn.Linear(512, 8000))
+        return model, lambda m, device: m(torch.randint(0, 8000, (batch, 128), device=device)).float().logsumexp(-1).mean()
     if name == "embedding":
         model = nn.Sequential(nn.EmbeddingBag(500_000, 128), nn.Linear(128, 1))
         return model, lambda m, device: m(torch.randint(0, 500_000, (batch, 32), device=device)).pow(2).mean()
-    raise SystemExit(f"unknown model {name!r}: mlp, conv, transformer or embedding")
+    raise SystemExit(f"unknown model {name!r}: mlp, conv, transformer, encoder or embedding")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model", choices=["mlp", "conv", "transformer", "embedding"])
+    parser.add_argument("model", choices=["mlp", "conv", "transformer", "encoder", "embedding"])
     parser.add_argument("--batch", type=int, default=16)
     args = parser.parse_args(argv)
     torch.manual_seed(0)

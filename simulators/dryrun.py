@@ -26,7 +26,7 @@ from simulators.topology import World
 #: Seconds a dry run may take when ``--timeout`` is not given.
 DEFAULT_TIMEOUT = 600.0
 MIXING = re.compile(r"Expected all tensors to be on the same device[^\n]*")
-#: torch's check of the collectives every rank enters (TORCH_DISTRIBUTED_DEBUG=DETAIL): op, sequence number, shapes.
+#: torch's check of the collectives every rank enters (TORCH_DISTRIBUTED_DEBUG=DETAIL, the user's): op, sequence number, shapes.
 MISMATCH = re.compile(r"Detected mismatch between collectives on ranks\. Rank (\d+) is running collective: (CollectiveFingerPrint\(.*?\)\)), "
                       r"but Rank (\d+) is running collective: (CollectiveFingerPrint\(.*?\)\))")
 FINGERPRINT = re.compile(r"SequenceNumber=(\d+), OpType=(\w+)(?:, TensorShape=(\[[^\]]*\]))?(?:, TensorDtypes=(\w+))?")
@@ -38,14 +38,16 @@ FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
 
 def family_env(family: str) -> dict[str, str]:
-    """The environment every rank of a dry run on ``family`` gets from the simulator: one thread, torch's
-    collective checks (``TORCH_DISTRIBUTED_DEBUG=DETAIL``), and for a mock device family its settings with
-    its sites first on the import path."""
+    """The environment every rank of a dry run on ``family`` gets from the simulator: one thread, and for a
+    mock device family its settings with its sites first on the import path.
+
+    torch's check that every rank enters the same collective with the same shapes
+    (``TORCH_DISTRIBUTED_DEBUG=DETAIL``) is not turned on here: on torch 2.13's CPU build it makes DDP's
+    construction crash (a segmentation fault in DDP's logger, measured with benchmarks/preflight.py). A
+    user who sets it gets its findings named in the summary."""
     from simulators.devices import KINDS, world_settings
 
-    # torch checks before each collective that every rank enters the same one with the same shapes, so a
-    # mismatch stops the run at once (measured in benchmarks/preflight.py); a user's own setting wins.
-    env = {"OMP_NUM_THREADS": "1", "TORCH_DISTRIBUTED_DEBUG": os.environ.get("TORCH_DISTRIBUTED_DEBUG", "DETAIL")}
+    env = {"OMP_NUM_THREADS": "1"}
     if family in KINDS:
         settings = world_settings(family)
         env.update(settings.env)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -150,9 +151,9 @@ def test_cuda_dry_run_shards_with_fsdp2(tmp_path, package="accelerate_ref"):
         assert f"[rank {rank}] shard (8, 8) of (16, 8) mesh cuda" in done.stdout, done.stdout[-3000:]
 
 
-def _launch(tmp_path, *argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def _launch(tmp_path, *argv: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", "launch", *argv],
-                          capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
+                          capture_output=True, text=True, timeout=timeout, cwd=tmp_path, env={**os.environ, **(env or {})})
 
 
 def test_cuda_dry_run_reports_each_ranks_peak_its_parts_and_the_verdict(tmp_path):
@@ -233,11 +234,13 @@ def test_a_rank_left_waiting_alone_is_named_when_it_happens_not_at_the_timeout(t
     assert "rank 1: waited alone in barrier at train.py:4 after rank(s) 0 had finished: a collective not every rank calls" in done.stdout, done.stdout[-2000:]
 
 
-def test_ranks_in_different_collectives_stop_the_run_with_both(tmp_path):
-    """Issue 22 item 3: rank 0 broadcasts while rank 1 reduces; torch's collective check (on in dry runs) stops
-    both at once, and the summary names each rank's op, sequence number and shapes."""
+def test_ranks_in_different_collectives_are_named_with_torchs_check(tmp_path):
+    """Issue 22 item 3 (part): rank 0 broadcasts while rank 1 reduces; with torch's collective check on (the
+    user's TORCH_DISTRIBUTED_DEBUG=DETAIL: dry runs leave it off, it crashes DDP's construction on torch 2.13's
+    CPU build) both stop at once, and the summary names each rank's op, sequence number and shapes."""
     (tmp_path / "train.py").write_text(MISMATCH)
-    done = _launch(tmp_path, "--simulate", "cuda", "--num_processes", "2", "--timeout", "120", "train.py")
+    done = _launch(tmp_path, "--simulate", "cuda", "--num_processes", "2", "--timeout", "120", "train.py",
+                   env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
     assert done.returncode != 0, done.stdout[-2000:]
     assert "collective mismatch at train.py:9: rank 1 in ALLREDUCE #0 [4] Float, rank 0 in BROADCAST #0 [4] Float" in done.stdout, done.stdout[-2000:]
 
