@@ -17,7 +17,7 @@ import importlib
 import io
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import pytest
 from broken_impls import switchboard
@@ -132,6 +132,19 @@ class SharedPools:
 
     def close(self) -> None:
         self.backend.close()
+
+
+def pools_fixture(backend: type[SimBackend] = SimBackend):
+    """A module-scoped ``shared_pools`` fixture: one `SharedPools` over ``backend`` for a module's entries
+    (conftest.py gives every module the plain CPU simulator's; a module on a mock device names its own)."""
+
+    @pytest.fixture(scope="module")
+    def shared_pools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedPools]:
+        pools = SharedPools(tmp_path_factory.mktemp("switchboard") / "choice", backend=backend)
+        yield pools
+        pools.close()
+
+    return shared_pools
 
 
 def describe(result: CaseResult) -> str:

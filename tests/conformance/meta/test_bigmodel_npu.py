@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 
 from conformance.engine.backends import SimNpuBackend
-from tests.conformance.meta.support import Break, E, F, SharedPools, brk, judge, plan
+from tests.conformance.meta.support import Break, E, F, brk, judge, plan, pools_fixture
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -47,11 +47,7 @@ BREAKS = [
 PLAN = plan(BREAKS, case_timeout=TIMEOUT)
 
 
-@pytest.fixture(scope="module")
-def shared_pools(tmp_path_factory):
-    pools = SharedPools(tmp_path_factory.mktemp("switchboard") / "choice", backend=SimNpuBackend)
-    yield pools
-    pools.close()
+shared_pools = pools_fixture(SimNpuBackend)
 
 
 @pytest.mark.parametrize("entry", PLAN, ids=lambda entry: entry.label)

@@ -23,7 +23,7 @@ import pytest
 from conformance.engine.backends import SimXlaBackend
 from conformance.engine.results import Status
 from conformance.engine.runner import RunOptions, execute
-from tests.conformance.meta.support import PROCESS, REFERENCE, Break, E, F, SharedPools, brk, judge
+from tests.conformance.meta.support import PROCESS, REFERENCE, Break, E, F, brk, judge, pools_fixture
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -46,11 +46,7 @@ BREAKS = [
 PLAN = [Break(REFERENCE, {}, WORLD, tuple(dict.fromkeys(p for b in BREAKS for p in b.patterns)))] + BREAKS
 
 
-@pytest.fixture(scope="module")
-def shared_pools(tmp_path_factory):
-    pools = SharedPools(tmp_path_factory.mktemp("switchboard") / "choice", backend=SimXlaBackend)
-    yield pools
-    pools.close()
+shared_pools = pools_fixture(SimXlaBackend)
 
 
 @pytest.mark.parametrize("entry", PLAN, ids=lambda entry: entry.label)
