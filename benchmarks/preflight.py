@@ -7,12 +7,18 @@ The script trains a small MLP for ``--steps`` steps on 2 ranks under DDP (one al
 step) and makes ``--collectives`` more small all-reduces, as a metrics loop would. Each variant runs
 ``--repeat`` times, interleaved; the medians and their ratios are printed.
 
+With ``--accuracy`` it compares instead, for each model of ``benchmarks/preflight_models.py`` at world 1,
+the peak a dry run on a mock GPU reports with the peak torch's own MemTracker measures on the CPU for the
+same two steps (goal: within 10%).
+
     python benchmarks/preflight.py [--repeat 3] [--steps 50] [--collectives 300]
+    python benchmarks/preflight.py --accuracy [--models mlp conv encoder embedding]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -61,12 +67,36 @@ def run(script: str, family: str, debug: str, steps: int, collectives: int) -> t
     return time.perf_counter() - started, done.returncode
 
 
+MODELS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "preflight_models.py")
+
+
+def accuracy(models: list[str]) -> None:
+    """Per model: the dry run's peak on a mock GPU against MemTracker's on the CPU."""
+    print(f"{'model':<12}{'parameters':>12}{'dry run':>16}{'MemTracker':>16}{'ratio':>8}")
+    for model in models:
+        with tempfile.TemporaryDirectory() as folder:
+            summary = os.path.join(folder, "summary.json")
+            subprocess.run([sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", "launch", "--simulate", "cuda",
+                            "--num_processes", "1", "--summary-json", summary, MODELS, model],
+                           check=True, capture_output=True, timeout=900)
+            with open(summary) as handle:
+                dry = max(device["peak"] for device in json.load(handle)["ranks"][0]["memory"].values())
+        done = subprocess.run([sys.executable, MODELS, model, "--memtracker"], check=True, capture_output=True, text=True, timeout=900)
+        tracked = json.loads(done.stdout.strip().splitlines()[-1])
+        print(f"{model:<12}{tracked['parameters']:>12,}{dry:>16,}{tracked['peak']:>16,}{dry / tracked['peak']:>8.4f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--accuracy", action="store_true", help="compare peaks with torch's MemTracker instead")
+    parser.add_argument("--models", nargs="+", default=["mlp", "conv", "encoder", "embedding"])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--collectives", type=int, default=300)
     args = parser.parse_args(argv)
+    if args.accuracy:
+        accuracy(args.models)
+        return 0
     times: dict[str, list[float]] = {name: [] for name in VARIANTS}
     failed: dict[str, int] = {}
     with tempfile.TemporaryDirectory() as folder:

@@ -2,7 +2,8 @@
 peak device memory as torch reports it.
 
 Run plainly on a GPU (``python benchmarks/preflight_models.py mlp``) it prints
-``torch.cuda.max_memory_allocated()``; dry-run on mock GPUs
+``torch.cuda.max_memory_allocated()``; with ``--memtracker``, on the CPU, the peak of torch's own tracker
+(``torch.distributed._tools.mem_tracker.MemTracker``, the second step's); dry-run on mock GPUs
 (``accelerate-ref launch --simulate cuda --summary-json out.json benchmarks/preflight_models.py mlp``) the
 summary gives the peak the simulator predicts for the same step. The models: an MLP, a convolutional net, a
 small GPT-2 built from a ``transformers`` config (eager attention, as the CPU computes it; it does not dry-run
@@ -58,20 +59,38 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", choices=["mlp", "conv", "transformer", "encoder", "embedding"])
     parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--memtracker", action="store_true", help="on the CPU, under torch's MemTracker")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
-    device = torch.device("cuda", 0)
+    device = torch.device("cpu" if args.memtracker else "cuda", 0)
     model, loss_of = build(args.model, args.batch)
     model = model.to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    torch.cuda.reset_peak_memory_stats()
-    for _ in range(2):
+    if args.memtracker:
+        from torch.distributed._tools.mem_tracker import MemTracker
+
+        tracker = MemTracker()
+        tracker.track_external(model, optimizer)
+        with tracker:
+            _steps(model, loss_of, optimizer, device, between=tracker.reset_mod_stats)
+        peak = sum(snapshot["Total"] for snapshot in tracker.get_tracker_snapshot("peak").values())
+    else:
+        torch.cuda.reset_peak_memory_stats()
+        _steps(model, loss_of, optimizer, device)
+        peak = torch.cuda.max_memory_allocated()
+    print(json.dumps({"model": args.model, "parameters": sum(p.numel() for p in model.parameters()), "peak": peak}), flush=True)
+    return 0
+
+
+def _steps(model: nn.Module, loss_of: Callable, optimizer: torch.optim.Optimizer, device: torch.device,
+           between: Callable[[], None] = lambda: None) -> None:
+    """Two training steps (``between`` runs after the first: MemTracker counts one iteration's modules)."""
+    for step in range(2):
         loss_of(model, device).backward()
         optimizer.step()
         optimizer.zero_grad()
-    print(json.dumps({"model": args.model, "parameters": sum(p.numel() for p in model.parameters()),
-                      "max_memory_allocated": torch.cuda.max_memory_allocated()}), flush=True)
-    return 0
+        if step == 0:
+            between()
 
 
 if __name__ == "__main__":
