@@ -234,6 +234,7 @@ def test_a_rank_left_waiting_alone_is_named_when_it_happens_not_at_the_timeout(t
     assert "rank 1: waited alone in barrier at train.py:4 after rank(s) 0 had finished: a collective not every rank calls" in done.stdout, done.stdout[-2000:]
 
 
+@pytest.mark.extended  # an opt-in of the user's (TORCH_DISTRIBUTED_DEBUG); the summary's parsing of it is tested below
 def test_ranks_in_different_collectives_are_named_with_torchs_check(tmp_path):
     """Issue 22 item 3 (part): rank 0 broadcasts while rank 1 reduces; with torch's collective check on (the
     user's TORCH_DISTRIBUTED_DEBUG=DETAIL: dry runs leave it off, it crashes DDP's construction on torch 2.13's
@@ -269,6 +270,7 @@ PROFILED = textwrap.dedent("""\
     """)
 
 
+@pytest.mark.extended  # the same mock answer lets torch.distributed's logging report a failed collective (make test)
 def test_torch_profiler_runs_in_a_mock_nccl_world(tmp_path):
     """torch.profiler (and torch.distributed's logging) ask ``torch.cuda.nccl.version()`` when the backend is
     nccl; the CPU build has no NCCL, so the mock answers (it failed the rank before)."""
@@ -290,6 +292,7 @@ RESUMED = textwrap.dedent("""\
     model(torch.randn(2, 4, device=accelerator.device)).sum().backward()
     optimizer.step()
     accelerator.save_state(sys.argv[1])
+    accelerator.wait_for_everyone()  # the main process writes the shared files; every rank reads them next
     accelerator.load_state(sys.argv[1])
     state = torch.load(os.path.join(sys.argv[1], "optimizer.bin"), map_location=accelerator.device, weights_only=False)
     weights = load_file(os.path.join(sys.argv[1], "model.safetensors"), device=str(accelerator.device))
