@@ -145,7 +145,7 @@ def _memory_line(rank: dict) -> str | None:
     human = _human()
     if rank["verdict"] == "out_of_memory":
         return f"rank {rank['rank']}: out of memory on {rank['device']} at step {rank['step']}, {rank['at'] or '?'}: {rank['message']}"
-    if rank["verdict"] == "unknown":
+    if rank["verdict"] == "unknown" or not rank["memory"]:
         return None
     device, peak = max(rank["memory"].items(), key=lambda item: item[1]["peak"])
     parts = ", ".join(f"{name.replace('_', ' ')} {human(size)}" for name, size in peak["parts"].items())
