@@ -20,6 +20,7 @@ import os
 import re
 import sys
 
+from simulators.devices.machine import human
 from simulators.launcher import LaunchResult
 from simulators.topology import World
 
@@ -32,9 +33,9 @@ MISMATCH = re.compile(r"Detected mismatch between collectives on ranks\. Rank (\
 FINGERPRINT = re.compile(r"SequenceNumber=(\d+), OpType=(\w+)(?:, TensorShape=(\[[^\]]*\]))?(?:, TensorDtypes=(\w+))?")
 #: gloo's words when the rank at the other end of a collective has gone.
 PEER_GONE = "Connection closed by peer"
-CALL = re.compile(r'File "([^"]+)", line (\d+), in (\w+)')
 RECOMPILATION = re.compile(r"XLA recompilation at step[^\n]*")
-FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+#: A traceback frame: file, line and (when printed) function.
+FRAME = re.compile(r'File "([^"]+)", line (\d+)(?:, in (\w+))?')
 
 
 def family_env(family: str) -> dict[str, str]:
@@ -112,7 +113,7 @@ def _collective_findings(result: LaunchResult, rank: int, tail: str, script: str
                 f"{_fingerprint(mine[1])}, rank {theirs[0]} in {_fingerprint(theirs[1])}"]
     finished = [other for other, code in sorted(result.exit_codes.items()) if code == 0 and other != rank]
     if PEER_GONE in tail and finished:
-        calls = [c for c in CALL.findall(tail[: tail.index(PEER_GONE)]) if "torch/distributed" in c[0] and c[2] != "wrapper"]
+        calls = [c for c in FRAME.findall(tail[: tail.index(PEER_GONE)]) if "torch/distributed" in c[0] and c[2] not in ("", "wrapper")]
         where = f"{calls[-1][2]} at " if calls else ""
         return [f"waited alone in {where}{_user_frame(tail[: tail.index(PEER_GONE)], script)} after rank(s) "
                 f"{', '.join(map(str, finished))} had finished: a collective not every rank calls"]
@@ -142,7 +143,6 @@ def record(result: LaunchResult, world: World, script: str, budget: int | None =
 
 def _memory_line(rank: dict) -> str | None:
     """One rank's memory, as the summary prints it (None when the rank reported none)."""
-    human = _human()
     if rank["verdict"] == "out_of_memory":
         return f"rank {rank['rank']}: out of memory on {rank['device']} at step {rank['step']}, {rank['at'] or '?'}: {rank['message']}"
     if rank["verdict"] == "unknown" or not rank["memory"]:
@@ -155,12 +155,6 @@ def _memory_line(rank: dict) -> str | None:
     return f"rank {rank['rank']}: peak {human(peak['peak'])} on {device} {when}, {peak['at'] or '?'} ({parts}): {verdict}"
 
 
-def _human():
-    from simulators.devices.machine import human  # not at import: the driver of a CPU dry run needs no device
-
-    return human
-
-
 def summary(result: LaunchResult, world: World, script: str, budget: int | None = None, budget_name: str = "") -> str:
     """The run summary printed after a dry run (see :func:`record` for what it reports)."""
     found = record(result, world, script, budget)
@@ -171,7 +165,7 @@ def summary(result: LaunchResult, world: World, script: str, budget: int | None 
         lines += [f"rank {rank['rank']}: {text}" for text in rank["recompilations"] + rank["collectives"]]
     memory = [line for line in map(_memory_line, found["ranks"]) if line]
     if memory:
-        of = f"budget {_human()(budget)} per device{f', {budget_name}' if budget_name else ''}" if budget else "no budget"
+        of = f"budget {human(budget)} per device{f', {budget_name}' if budget_name else ''}" if budget else "no budget"
         lines += [f"-- memory per rank ({of}) --", *memory]
     for rank, stack in sorted(result.stacks.items()):
         lines.append(f"--- rank {rank} stack ---\n{stack.rstrip()}")

@@ -23,28 +23,22 @@ from ..utils.launch import launch_env
 
 
 def _budget(args: argparse.Namespace) -> tuple[str | None, str]:
-    """The per-device budget the flags ask for (as the simulator reads it) and the preset's name."""
-    from simulators.devices.machine import gpu_budget, parse_size
+    """The per-device budget the flags ask for (checked by ``machine_env``) and the preset's name."""
+    from simulators.devices.machine import gpu_budget
 
     memory, name = getattr(args, "device_memory", None), ""
     if getattr(args, "gpu", None):
         if memory:
             raise ValueError("--gpu and --device-memory both set a budget: give one")
         memory, name = gpu_budget(args.gpu), args.gpu.lower()
-    if memory is None:
-        return None, ""
-    if args.simulate == "cpu":
+    if memory is not None and args.simulate == "cpu":
         raise ValueError("a memory budget needs a mock device: --simulate cuda, xla or npu (not cpu)")
-    try:
-        parse_size(memory)
-    except ValueError as error:
-        raise ValueError(f"--device-memory: {error}") from None
     return memory, name
 
 
 def dry_run(args: argparse.Namespace) -> int:
     """Run ``args.training_script`` on the simulator and print the summary; return the launcher's exit status."""
-    from simulators.devices.machine import MEMORY_VARIABLE, parse_size
+    from simulators.devices.machine import machine_env, parse_size
     from simulators.dryrun import DEFAULT_TIMEOUT, family_env, record, summary
     from simulators.launcher import launch
     from simulators.topology import World
@@ -54,7 +48,7 @@ def dry_run(args: argparse.Namespace) -> int:
     memory, preset = _budget(args)
     world = World.of(args.num_processes, machines=args.num_machines)
     env = {**launch_env(args, base={}), "ACCELERATE_USE_CPU": str(args.simulate == "cpu" or bool(args.cpu)),
-           **family_env(args.simulate), **({MEMORY_VARIABLE: memory} if memory else {})}
+           **family_env(args.simulate), **machine_env(args.simulate, memory=memory)}
     result = launch([args.training_script, *args.training_script_args], world,
                     timeout=args.timeout or DEFAULT_TIMEOUT, env=env)
     budget = parse_size(memory) if memory else None

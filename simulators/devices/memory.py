@@ -31,6 +31,12 @@ import torch
 from simulators.devices import machine
 
 
+def storage_key(payload: torch.Tensor) -> int:
+    """How the books name the storage of ``payload`` (a mock tensor's CPU payload): the storage itself, not
+    its data pointer, which a resize changes."""
+    return payload.untyped_storage()._cdata
+
+
 @dataclass
 class _Storage:
     """One storage on a device: its size and the live tensors that wrap it."""
@@ -70,9 +76,7 @@ class DeviceMemory:
         """
         if payload.layout is not torch.strided or not payload.is_cpu:
             return
-        storage = payload.untyped_storage()
-        # Keyed by the storage itself (not its data pointer, which a resize changes).
-        key, size = storage._cdata, storage.nbytes()
+        key, size = storage_key(payload), payload.untyped_storage().nbytes()
         with self._lock:
             device = self._devices.setdefault(index, _Device())
             known = device.storages.get(key)
@@ -90,7 +94,7 @@ class DeviceMemory:
         storage = payload.untyped_storage()
         with self._lock:
             device = self._devices.get(index)
-            known = device.storages.get(storage._cdata) if device else None
+            known = device.storages.get(storage_key(payload)) if device else None
             if known is None or known.size == storage.nbytes():
                 return
             growth = storage.nbytes() - known.size

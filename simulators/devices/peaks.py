@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from simulators.devices.memory import storage_key
 from simulators.spawn import MEMORY_REPORTS_ENV as REPORT_DIR_ENV
 from simulators.spawn import SCRIPT_ENV, memory_report_path
 
@@ -104,7 +105,7 @@ def _add_key(keys: set[int], tensor: Any, device_type: str, index: int) -> None:
     local = getattr(tensor, "_local_tensor", tensor)  # a DTensor's shard
     payload = getattr(local, "_payload", None)
     if payload is not None and local.device.type == device_type and (local.device.index or 0) == index:
-        keys.add(payload.untyped_storage()._cdata)
+        keys.add(storage_key(payload))
 
 
 def user_line() -> str:
