@@ -7,12 +7,13 @@ The script trains a small MLP for ``--steps`` steps on 2 ranks under DDP (one al
 step) and makes ``--collectives`` more small all-reduces, as a metrics loop would. Each variant runs
 ``--repeat`` times, interleaved; the medians and their ratios are printed.
 
-With ``--accuracy`` it compares instead, for each model of ``benchmarks/preflight_models.py`` at world 1,
-the peak a dry run on a mock GPU reports with the peak torch's own MemTracker measures on the CPU for the
-same two steps (goal: within 10%).
+With ``--accuracy`` it compares instead, for each model of ``benchmarks/preflight_models.py`` at world 1 and
+under DDP and FSDP2 at 2 and 4 ranks, rank 0's peak as a dry run on mock GPUs reports it with the peak torch's
+own MemTracker measures for the same two steps, on the same mock GPUs (the same program: goal within 10%) and on
+the CPU (torch's FSDP2 runs there without streams, so it frees its all-gather buffers sooner than on a GPU).
 
     python benchmarks/preflight.py [--repeat 3] [--steps 50] [--collectives 300]
-    python benchmarks/preflight.py --accuracy [--models mlp conv encoder embedding]
+    python benchmarks/preflight.py --accuracy [--models mlp conv transformer encoder embedding] [--worlds 1 2 4]
 """
 
 from __future__ import annotations
@@ -70,32 +71,53 @@ def run(script: str, family: str, debug: str, steps: int, collectives: int) -> t
 MODELS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "preflight_models.py")
 
 
-def accuracy(models: list[str]) -> None:
-    """Per model: the dry run's peak on a mock GPU against MemTracker's on the CPU."""
-    print(f"{'model':<12}{'parameters':>12}{'dry run':>16}{'MemTracker':>16}{'ratio':>8}")
+def _launch(family: str, world: int, arguments: list[str], summary: str | None = None) -> str:
+    """Run ``preflight_models.py arguments`` on ``world`` ranks of ``family``; its output."""
+    command = [sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", "launch", "--simulate", family,
+               "--num_processes", str(world), "--timeout", "900"]
+    done = subprocess.run([*command, *(["--summary-json", summary] if summary else []), MODELS, *arguments],
+                          capture_output=True, text=True, timeout=1200)
+    if done.returncode:
+        raise SystemExit(f"{' '.join(arguments)} on {world} {family} rank(s) failed:\n{done.stdout[-3000:]}")
+    return done.stdout
+
+
+def _tracked(output: str) -> int:
+    """Rank 0's MemTracker peak in a launch's output."""
+    line = next(line for line in output.splitlines() if line.startswith("[rank 0] {"))
+    return json.loads(line.split(" ", 2)[2])["peak"]
+
+
+def accuracy(models: list[str], worlds: list[int], setups: list[str]) -> None:
+    """Per model, world and setup: rank 0's dry-run peak on a mock GPU against MemTracker's peak for the same
+    script on the same mock GPU, and on the CPU (where FSDP2 runs without streams: a different program)."""
+    print(f"{'model':<11}{'setup':<7}{'ranks':>6}{'dry run':>15}{'MemTracker, mock':>18}{'ratio':>8}{'MemTracker, CPU':>17}{'ratio':>8}")
     for model in models:
-        with tempfile.TemporaryDirectory() as folder:
-            summary = os.path.join(folder, "summary.json")
-            subprocess.run([sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", "launch", "--simulate", "cuda",
-                            "--num_processes", "1", "--summary-json", summary, MODELS, model],
-                           check=True, capture_output=True, timeout=900)
-            with open(summary) as handle:
-                dry = max(device["peak"] for device in json.load(handle)["ranks"][0]["memory"].values())
-        done = subprocess.run([sys.executable, MODELS, model, "--memtracker"], check=True, capture_output=True, text=True, timeout=900)
-        tracked = json.loads(done.stdout.strip().splitlines()[-1])
-        print(f"{model:<12}{tracked['parameters']:>12,}{dry:>16,}{tracked['peak']:>16,}{dry / tracked['peak']:>8.4f}")
+        for world in worlds:
+            for setup in (["none"] if world == 1 else setups):
+                arguments = [model, "--distributed", setup]
+                with tempfile.TemporaryDirectory() as folder:
+                    summary = os.path.join(folder, "summary.json")
+                    _launch("cuda", world, arguments, summary)
+                    with open(summary) as handle:
+                        dry = max(device["peak"] for device in json.load(handle)["ranks"][0]["memory"].values())
+                mock = _tracked(_launch("cuda", world, [*arguments, "--memtracker"]))
+                cpu = _tracked(_launch("cpu", world, [*arguments, "--memtracker"]))
+                print(f"{model:<11}{setup:<7}{world:>6}{dry:>15,}{mock:>18,}{dry / mock:>8.4f}{cpu:>17,}{dry / cpu:>8.4f}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--accuracy", action="store_true", help="compare peaks with torch's MemTracker instead")
-    parser.add_argument("--models", nargs="+", default=["mlp", "conv", "encoder", "embedding"])
+    parser.add_argument("--models", nargs="+", default=["mlp", "conv", "transformer", "encoder", "embedding"])
+    parser.add_argument("--worlds", nargs="+", type=int, default=[1, 2, 4])
+    parser.add_argument("--setups", nargs="+", choices=["ddp", "fsdp2"], default=["ddp", "fsdp2"])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--collectives", type=int, default=300)
     args = parser.parse_args(argv)
     if args.accuracy:
-        accuracy(args.models)
+        accuracy(args.models, args.worlds, args.setups)
         return 0
     times: dict[str, list[float]] = {name: [] for name in VARIANTS}
     failed: dict[str, int] = {}

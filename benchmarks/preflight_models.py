@@ -2,21 +2,28 @@
 peak device memory as torch reports it.
 
 Run plainly on a GPU (``python benchmarks/preflight_models.py mlp``) it prints
-``torch.cuda.max_memory_allocated()``; with ``--memtracker``, on the CPU, the peak of torch's own tracker
-(``torch.distributed._tools.mem_tracker.MemTracker``, the second step's); dry-run on mock GPUs
+``torch.cuda.max_memory_allocated()``; with ``--memtracker``, the peak of torch's own tracker
+(``torch.distributed._tools.mem_tracker.MemTracker``, the second step's) on the GPU if there is one (a mock
+GPU in a dry run), else on the CPU; dry-run on mock GPUs
 (``accelerate-ref launch --simulate cuda --summary-json out.json benchmarks/preflight_models.py mlp``) the
 summary gives the peak the simulator predicts for the same step. The models: an MLP, a convolutional net, a
 small GPT-2 built from a ``transformers`` config (eager attention, as the CPU computes it; it does not dry-run
 yet: transformers builds its attention mask with ``torch.vmap``, which the mock devices do not take), the same
 size of transformer from torch's own layers (``encoder``), and an embedding-heavy model.
 
-    python benchmarks/preflight_models.py {mlp,conv,transformer,encoder,embedding} [--batch 16]
+With ``--distributed ddp`` or ``fsdp2`` the model is wrapped in torch's DDP or sharded with torch's FSDP2
+(``fully_shard`` on each child with parameters, then the root) over the ranks a launcher started (gloo on the CPU,
+nccl on GPUs); each rank prints its own peak. Under MemTracker the wrapping happens inside the tracker, so the
+buffers DDP and FSDP2 allocate count as they do on a device.
+
+    python benchmarks/preflight_models.py {mlp,conv,transformer,encoder,embedding} [--batch 16] [--distributed ddp]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Callable
 
@@ -60,26 +67,53 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("model", choices=["mlp", "conv", "transformer", "encoder", "embedding"])
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--memtracker", action="store_true", help="on the CPU, under torch's MemTracker")
+    parser.add_argument("--distributed", choices=["none", "ddp", "fsdp2"], default="none")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
-    device = torch.device("cpu" if args.memtracker else "cuda", 0)
+    rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", rank) if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     model, loss_of = build(args.model, args.batch)
+    parameters = sum(p.numel() for p in model.parameters())
     model = model.to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     if args.memtracker:
         from torch.distributed._tools.mem_tracker import MemTracker
 
         tracker = MemTracker()
-        tracker.track_external(model, optimizer)
+        tracker.track_external(model)
         with tracker:
+            model = distribute(model, args.distributed, device)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
             _steps(model, loss_of, optimizer, device, between=tracker.reset_mod_stats)
         peak = sum(snapshot["Total"] for snapshot in tracker.get_tracker_snapshot("peak").values())
     else:
+        model = distribute(model, args.distributed, device)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         torch.cuda.reset_peak_memory_stats()
         _steps(model, loss_of, optimizer, device)
         peak = torch.cuda.max_memory_allocated()
-    print(json.dumps({"model": args.model, "parameters": sum(p.numel() for p in model.parameters()), "peak": peak}), flush=True)
+    print(json.dumps({"model": args.model, "parameters": parameters, "peak": peak}), flush=True)
+    if args.distributed != "none":
+        torch.distributed.destroy_process_group()
     return 0
+
+
+def distribute(model: nn.Module, how: str, device: torch.device) -> nn.Module:
+    """``model`` as torch's DDP or FSDP2 (``how``) over the launcher's ranks, or unchanged (``none``)."""
+    if how == "none":
+        return model
+    torch.distributed.init_process_group("gloo" if device.type == "cpu" else "nccl")
+    if how == "ddp":
+        return nn.parallel.DistributedDataParallel(model, device_ids=None if device.type == "cpu" else [device.index])
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
+    for child in model.children():
+        if any(True for _ in child.parameters()):
+            fully_shard(child, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
 
 
 def _steps(model: nn.Module, loss_of: Callable, optimizer: torch.optim.Optimizer, device: torch.device,

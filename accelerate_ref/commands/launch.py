@@ -85,7 +85,26 @@ DEFAULTS = {
 }
 
 #: config ``distributed_type`` -> the launch flag it stands for.
-DISTRIBUTED_FLAGS = {"MULTI_GPU": "multi_gpu", "MULTI_NPU": "multi_gpu", "XLA": "tpu", "TPU": "tpu", "MULTI_CPU": "cpu"}
+DISTRIBUTED_FLAGS = {"MULTI_GPU": "multi_gpu", "MULTI_NPU": "multi_gpu", "XLA": "tpu", "TPU": "tpu", "MULTI_CPU": "cpu",
+                     "FSDP": "use_fsdp"}
+
+#: 🤗 Accelerate's FSDP and ParallelismConfig launch options with its parser's defaults: a flag, else the config
+#: file's ``fsdp_config`` / ``parallelism_config`` section, else these (catalog launch.cli).
+SECTION_DEFAULTS = {
+    "fsdp_version": "1", "fsdp_offload_params": "false", "fsdp_min_num_params": 100000000,
+    "fsdp_sharding_strategy": "FULL_SHARD", "fsdp_reshard_after_forward": "true", "fsdp_auto_wrap_policy": None,
+    "fsdp_transformer_layer_cls_to_wrap": None, "fsdp_backward_prefetch": None, "fsdp_state_dict_type": None,
+    "fsdp_forward_prefetch": "false", "fsdp_use_orig_params": "true", "fsdp_cpu_ram_efficient_loading": "true",
+    "fsdp_sync_module_states": "true", "fsdp_activation_checkpointing": "false",
+    "fsdp_activation_checkpointing_offload": "false",
+    "parallelism_config_dp_replicate_size": 1, "parallelism_config_dp_shard_size": 1, "parallelism_config_tp_size": 1,
+    "parallelism_config_cp_size": 1, "parallelism_config_cp_backend": "torch", "parallelism_config_cp_comm_strategy": "allgather",
+    "parallelism_config_sp_size": 1, "parallelism_config_sp_backend": "deepspeed", "parallelism_config_sp_seq_length": None,
+    "parallelism_config_sp_seq_length_is_variable": True, "parallelism_config_sp_attn_implementation": "sdpa",
+}
+#: Options of ``SECTION_DEFAULTS`` that take numbers.
+_INT_OPTIONS = ("fsdp_min_num_params", "parallelism_config_dp_replicate_size", "parallelism_config_dp_shard_size",
+                "parallelism_config_tp_size", "parallelism_config_cp_size", "parallelism_config_sp_size")
 
 
 #: A launch option -> the help section it reveals (🤗 Accelerate's ``launch --help`` shows only used ones).
@@ -167,6 +186,12 @@ def launch_command_parser(subparsers=None):
     _flag(parser, "--dynamo_backend", default=None)
     _flag(parser, "--gpu_ids", default=None)
     _flag(parser, "--debug", action="store_true", help="ACCELERATE_DEBUG_MODE: check collective shapes")
+    _flag(parser, "--use_fsdp", action="store_true", default=None, help="FSDP ranks (the fsdp_* options, or the config's fsdp_config)")
+    _flag(parser, "--use_parallelism_config", action="store_true", default=None,
+          help="a ParallelismConfig from the parallelism_config_* options (FSDP 2)")
+    for option in SECTION_DEFAULTS:
+        _flag(parser, f"--{option}", type=int if option in _INT_OPTIONS else str, default=None,
+              help=argparse.SUPPRESS)
     _flag(parser, "--module", "-m", action="store_true", help="the script is a module name (python -m)")
     _flag(parser, "--no_python", action="store_true", help="run the script as an executable, not with python")
     _flag(parser, "--timeout", type=float, default=None, help="stop every rank after this many seconds")
@@ -203,12 +228,19 @@ def _apply_config(args: argparse.Namespace) -> None:
         raise LaunchError(f"{path} is an Amazon SageMaker config (compute_environment: AMAZON_SAGEMAKER); "
                           "accelerate-ref launches on this host only")
     if config is not None:
-        if not (args.cpu or args.multi_gpu or args.tpu):
+        if not (args.cpu or args.multi_gpu or args.tpu or args.use_fsdp):
             flag = DISTRIBUTED_FLAGS.get(getattr(config.distributed_type, "value", config.distributed_type))
             if flag:
                 setattr(args, flag, True)
         args.cpu = args.cpu or bool(config.use_cpu)
         args.debug = args.debug or bool(config.debug)
+        if args.use_parallelism_config is None:
+            args.use_parallelism_config = bool(config.parallelism_config)
+        _fill_sections(args, config)
+    args.use_fsdp, args.use_parallelism_config = bool(args.use_fsdp), bool(args.use_parallelism_config)
+    for name, default in SECTION_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     for name, default in DEFAULTS.items():
         if getattr(args, name) is None:
             from_config = getattr(config, name, None) if config is not None else None
@@ -217,13 +249,20 @@ def _apply_config(args: argparse.Namespace) -> None:
             setattr(args, name, from_config if from_config is not None else default)
 
 
+def _fill_sections(args: argparse.Namespace, config) -> None:
+    """The options no flag gave from the config's ``fsdp_config`` and ``parallelism_config`` sections (keys with
+    their option prefix, or without it as ``accelerate config`` writes some)."""
+    for section, prefix in (("fsdp_config", "fsdp_"), ("parallelism_config", "parallelism_config_")):
+        for key, value in (getattr(config, section, None) or {}).items():
+            option = key if key.startswith(prefix) else prefix + key
+            if option in SECTION_DEFAULTS and getattr(args, option) is None:
+                setattr(args, option, value)
+
+
 #: Flags of 🤗 Accelerate's launch parser that its validation reads and this parser lacks, with their defaults there.
 HF_ONLY_FLAG_DEFAULTS = {
     "use_deepspeed": False,
-    "use_fsdp": False,
     "use_megatron_lm": False,
-    "fsdp_version": "1",
-    "use_parallelism_config": False,
     "tpu_use_cluster": False,
     "num_cpu_threads_per_process": None,
 }
@@ -251,7 +290,7 @@ def _check_launch_flags(args: argparse.Namespace) -> None:
     for name, default in HF_ONLY_FLAG_DEFAULTS.items():
         if not hasattr(args, name):
             setattr(args, name, default)
-    if sum([args.multi_gpu, args.cpu, args.tpu, args.use_deepspeed, args.use_fsdp]) > 1:
+    if sum([args.multi_gpu, args.cpu, args.tpu, args.use_deepspeed, bool(args.use_fsdp)]) > 1:
         raise ValueError(
             "You can only use one of `--cpu`, `--multi_gpu`, `--tpu`, `--use_deepspeed`, `--use_fsdp` at a time."
         )
@@ -581,7 +620,7 @@ def launch_command(args: argparse.Namespace) -> int:
         from .dry_run import dry_run
 
         return dry_run(args)
-    if args.num_processes == 1 and args.num_machines == 1:
+    if args.num_processes == 1 and args.num_machines == 1 and not args.use_fsdp:  # FSDP: torchrun's ranks, as in HF
         simple_launcher(args)
     else:
         multi_gpu_launcher(args)

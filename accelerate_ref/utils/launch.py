@@ -56,6 +56,47 @@ def launch_env(args: argparse.Namespace, base: dict[str, str] | None = None) -> 
     gpu_ids = getattr(args, "gpu_ids", None)
     if gpu_ids not in (None, "all"):
         env["CUDA_VISIBLE_DEVICES"] = gpu_ids
+    if getattr(args, "use_fsdp", False):
+        env.update(fsdp_env(args))
+    if getattr(args, "use_parallelism_config", False):
+        prepare_extend_env_parallelism_config(args, env)
+    return env
+
+
+#: FSDP launch options -> (the variable that carries each to the ranks, lower-cased, left out when None), in the
+#: order and spelling of 🤗 Accelerate's ``prepare_multi_gpu_env``.
+_FSDP_ENV = (
+    ("fsdp_sharding_strategy", "FSDP_SHARDING_STRATEGY", False, False),
+    ("fsdp_reshard_after_forward", "FSDP_RESHARD_AFTER_FORWARD", True, False),
+    ("fsdp_offload_params", "FSDP_OFFLOAD_PARAMS", True, False),
+    ("fsdp_min_num_params", "FSDP_MIN_NUM_PARAMS", False, False),
+    ("fsdp_auto_wrap_policy", "FSDP_AUTO_WRAP_POLICY", False, True),
+    ("fsdp_transformer_layer_cls_to_wrap", "FSDP_TRANSFORMER_CLS_TO_WRAP", False, True),
+    ("fsdp_backward_prefetch", "FSDP_BACKWARD_PREFETCH", False, True),
+    ("fsdp_state_dict_type", "FSDP_STATE_DICT_TYPE", False, True),
+    ("fsdp_forward_prefetch", "FSDP_FORWARD_PREFETCH", True, False),
+    ("fsdp_use_orig_params", "FSDP_USE_ORIG_PARAMS", True, False),
+    ("fsdp_cpu_ram_efficient_loading", "FSDP_CPU_RAM_EFFICIENT_LOADING", True, False),
+    ("fsdp_sync_module_states", "FSDP_SYNC_MODULE_STATES", True, False),
+    ("fsdp_activation_checkpointing", "FSDP_ACTIVATION_CHECKPOINTING", True, False),
+    ("fsdp_activation_checkpointing_offload", "FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD", True, False),
+    ("fsdp_ignored_modules", "FSDP_IGNORED_MODULES", False, True),
+)
+
+
+def fsdp_env(args: argparse.Namespace) -> dict[str, str]:
+    """The variables that make the ranks' ``FullyShardedDataParallelPlugin()`` read the ``fsdp_*`` launch options
+    (``ACCELERATE_USE_FSDP``, ``FSDP_VERSION``, ...), as 🤗 Accelerate's launch sets them.
+
+    Raises ValueError for CPU-RAM-efficient loading without syncing module states, as HF does."""
+    if getattr(args, "fsdp_cpu_ram_efficient_loading", False) and not getattr(args, "fsdp_sync_module_states", True):
+        raise ValueError("When using `--fsdp_cpu_ram_efficient_loading` set `--fsdp_sync_module_states` to `True`")
+    env = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": str(getattr(args, "fsdp_version", "1"))}
+    for option, variable, lowered, optional in _FSDP_ENV:
+        value = getattr(args, option, None)
+        if value is None and optional:
+            continue
+        env[variable] = str(value).lower() if lowered else str(value)
     return env
 
 

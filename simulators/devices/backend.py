@@ -39,7 +39,7 @@ import torch.distributed as dist
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
 from simulators.devices import autocast, loading, peaks
-from simulators.devices.tensor import PAYLOAD_ADAPTERS, DeviceTensor
+from simulators.devices.tensor import PAYLOAD_ADAPTERS, DeviceTensor, SwappingData
 
 _installed: list[type[DeviceTensor]] = []
 # Kernels stay registered as long as their Library object lives.
@@ -76,6 +76,7 @@ def install(
     autocast.install(autocast_aliases)
     loading.install(tensor_class.device_type, hidden_name)
     peaks.install(tensor_class.memory)
+    SwappingData().__enter__()
     _installed.append(tensor_class)
 
 

@@ -98,8 +98,6 @@ class IndexedCuda(TorchFunctionMode):
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if func == _SET_DATA and (isinstance(args[0], CudaTensor) or isinstance(args[1], CudaTensor)):
-            return _swap_in(*args)
         if kwargs.get("pin_memory"):  # host memory is host memory here (see _pinned); torch has no pinned allocator for the mock
             kwargs = {**kwargs, "pin_memory": False}
         if func is torch.Tensor.cuda:
@@ -110,31 +108,6 @@ class IndexedCuda(TorchFunctionMode):
             if "device" in kwargs:
                 kwargs = {**kwargs, "device": _indexed(kwargs["device"])}
         return func(*args, **kwargs)
-
-
-#: ``tensor.data = other`` as torch-function modes see it, and torch's own setter.
-_SET_DATA = torch.Tensor.data.__set__
-_SET_DATA_OF = torch._C.TensorBase.data.__set__
-
-
-def _swap_in(variable: torch.Tensor, data: torch.Tensor) -> None:
-    """``variable.data = data`` where either is on the mock device (FSDP moves and reshards parameters so).
-
-    Between two mock tensors, torch's ``set_data`` takes the new sizes and the payload follows. Across the
-    CPU and the mock device (which torch's ``set_data`` refuses: another tensor type) ``variable`` becomes a
-    tensor of ``data``'s device with ``data``'s values: the same object, still a parameter with its
-    ``requires_grad`` if it was one."""
-    if isinstance(variable, CudaTensor) and isinstance(data, CudaTensor):
-        with torch._C.DisableTorchFunction():
-            _SET_DATA_OF(variable, data)
-        variable._payload, variable.device_index = data._payload, data.device_index
-        return
-    replacement = data.detach()
-    if isinstance(variable, torch.nn.Parameter) or getattr(variable, "_is_param", False):
-        replacement = torch.nn.Parameter(replacement, requires_grad=variable.requires_grad)
-    else:
-        replacement.requires_grad_(variable.requires_grad)
-    torch.utils.swap_tensors(variable, replacement)
 
 
 def _cuda_accelerator() -> torch.device:

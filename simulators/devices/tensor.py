@@ -31,6 +31,10 @@ case that runs on ``sim-xla`` / ``sim-npu``):
   ``generator`` argument, such as dropout, draw from the CPU's);
 - ``untyped_storage()`` and ``data_ptr()`` are the payload's, so storage
   identity (shared weights, views) reads as on a device with memory;
+- ``variable.data = other`` across the CPU and the mock device (FSDP moves
+  and reshards parameters so; torch's ``set_data`` refuses another tensor
+  type) makes ``variable`` a tensor of ``other``'s device with its values:
+  the same object, still a parameter (:func:`swap_in`);
 - :meth:`DeviceTensor.observe` sees every op first (XLA counts its step
   graphs there).
 
@@ -47,6 +51,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils._python_dispatch import return_and_correct_aliasing
 
@@ -57,6 +62,42 @@ _TRANSFERS = frozenset({torch.ops.aten.copy_.default, torch.ops.aten._to_copy.de
 #: Ops whose CPU-payload arguments must be adapted before the CPU runs them, and how
 #: (``simulators.devices.backend`` fills it for the collectives gloo runs differently).
 PAYLOAD_ADAPTERS: dict[Any, Callable[[tuple], tuple]] = {}
+
+
+#: ``tensor.data = other`` as torch-function modes see it (a new method-wrapper at each access: compare with ==), and torch's own setter.
+_SET_DATA = torch.Tensor.data.__set__
+_SET_DATA_OF = torch._C.TensorBase.data.__set__
+
+
+class SwappingData(TorchFunctionMode):
+    """Sends ``variable.data = other`` to :func:`swap_in` where either is on a mock device.
+
+    A mode, not the tensor class's ``__torch_function__``: torch's setter asks only ``variable`` (a CPU
+    parameter, when FSDP moves it onto the device) whether it overrides torch functions."""
+
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if func == _SET_DATA and (isinstance(args[0], DeviceTensor) or isinstance(args[1], DeviceTensor)):
+            return swap_in(*args)
+        return func(*args, **(kwargs or {}))
+
+
+def swap_in(variable: torch.Tensor, data: torch.Tensor) -> None:
+    """``variable.data = data`` where either is on a mock device (see the module docstring).
+
+    Between two tensors of one mock family, torch's ``set_data`` takes the new sizes and the payload follows.
+    Otherwise ``variable`` is swapped (``torch.utils.swap_tensors``) for a tensor of ``data``'s device with
+    ``data``'s values, a parameter with ``variable``'s ``requires_grad`` if ``variable`` was one."""
+    if isinstance(variable, DeviceTensor) and type(variable) is type(data):
+        with torch._C.DisableTorchFunction():
+            _SET_DATA_OF(variable, data)
+        variable._payload, variable.device_index = data._payload, data.device_index
+        return
+    replacement = data.detach()
+    if isinstance(variable, torch.nn.Parameter) or getattr(variable, "_is_param", False):
+        replacement = torch.nn.Parameter(replacement, requires_grad=variable.requires_grad)
+    else:
+        replacement.requires_grad_(variable.requires_grad)
+    torch.utils.swap_tensors(variable, replacement)
 
 
 class DeviceTensor(torch.Tensor):

@@ -1,21 +1,26 @@
-"""The setup matrix of issue 22 item 1: one training script per setup, written for HF accelerate and switched to
-accelerate_ref, dry-run on 2 mock GPUs (4 as 2 machines for hybrid sharding) until it ends well.
+"""The setup matrix of issue 22 item 1 (setup x implementation x device family): one training script per setup,
+written for HF accelerate and switched to accelerate_ref, dry-run on 2 mock devices (4 as 2 machines for hybrid
+sharding) until it ends well.
 
-A setup a GPU would run but the mock cannot is a strict xfail naming torch's mechanism that refuses it (and a
-limit in the README), never a silent pass. ``make extended`` runs the matrix (each run starts its ranks: about
-10 s apiece); ``make test`` runs the FSDP2, resume, OOM and collective dry runs of ``test_dry_run.py``.
+A setup is given as the script's ``Accelerator`` arguments, or as an ``accelerate config`` file for
+``accelerate-ref launch --config_file`` with a plain ``Accelerator()``. A family runs the setups its real hardware
+runs (XLA: no torch FSDP, fp16 or torch.compile through accelerate). A setup a GPU would run but the mock cannot is a
+strict xfail naming torch's mechanism that refuses it (and a limit in the README), never a silent pass.
+
+Elsewhere: ``save_state``/``load_state`` and resuming, ``torch.load``/safetensors onto the device, out-of-memory and
+collectives and ``torch.profiler`` (under ``make extended``) in ``test_dry_run.py``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
-
-pytestmark = pytest.mark.extended
+import yaml
 
 SCRIPT = textwrap.dedent("""\
     import torch
@@ -33,45 +38,105 @@ SCRIPT = textwrap.dedent("""\
             accelerator.backward(loss)
             optimizer.step()
             optimizer.zero_grad()
-    print("trained", accelerator.distributed_type, accelerator.mixed_precision, flush=True)
+    print("trained", accelerator.distributed_type, accelerator.mixed_precision, accelerator.device.type, flush=True)
     """)
 
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """One row of the matrix: the script's ``Accelerator`` arguments or a config file, the world, the families."""
+
+    accelerator: str = ""
+    config: dict | None = None
+    ranks: int = 2
+    machines: int = 1
+    families: tuple[str, ...] = ("cuda",)
+    #: The distributed type the ranks must report (a config that ran as plain DDP would pass otherwise).
+    distributed_type: str = "MULTI_GPU"
+
+
 FSDP2 = "fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2{})"
-#: setup -> (Accelerator keyword arguments, ranks, machines)
+FSDP1 = "fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=1{})"
+ALL = ("cuda", "npu", "xla")
+GPUS = ("cuda", "npu")
+
+
+def _fsdp_config(fsdp: dict, **top) -> dict:
+    return {"compute_environment": "LOCAL_MACHINE", "distributed_type": "FSDP", "mixed_precision": "no", "use_cpu": False,
+            "fsdp_config": fsdp, **top}
+
+
 SETUPS = {
-    "ddp": ("", 2, 1),
-    "ddp-bf16": ('mixed_precision="bf16"', 2, 1),
-    "ddp-fp16": ('mixed_precision="fp16"', 2, 1),
-    "ddp-accumulation": ("gradient_accumulation_steps=2", 2, 1),
-    "ddp-compile": ('dynamo_plugin=TorchDynamoPlugin(backend="eager")', 2, 1),
-    "fsdp2-full-shard": (FSDP2.format(""), 2, 1),
-    "fsdp2-shard-grad-op": (FSDP2.format(", reshard_after_forward=False"), 2, 1),
-    "fsdp2-bf16": (FSDP2.format("") + ', mixed_precision="bf16"', 2, 1),
-    "fsdp2-cpu-offload": (FSDP2.format(", cpu_offload=True"), 2, 1),
-    "fsdp2-hybrid-2-machines": (FSDP2.format("") + ", parallelism_config=ParallelismConfig(dp_replicate_size=2, dp_shard_size=2)", 4, 2),
+    "ddp": Setup(families=ALL),
+    "ddp-bf16": Setup('mixed_precision="bf16"', families=ALL),
+    "ddp-fp16": Setup('mixed_precision="fp16"', families=GPUS),
+    "ddp-accumulation": Setup("gradient_accumulation_steps=2", families=ALL),
+    "ddp-compile": Setup('dynamo_plugin=TorchDynamoPlugin(backend="eager")'),
+    "fsdp2-full-shard": Setup(FSDP2.format(""), families=GPUS, distributed_type="FSDP"),
+    "fsdp2-shard-grad-op": Setup(FSDP2.format(", reshard_after_forward=False"), distributed_type="FSDP"),
+    "fsdp2-bf16": Setup(FSDP2.format("") + ', mixed_precision="bf16"', families=GPUS, distributed_type="FSDP"),
+    "fsdp2-cpu-offload": Setup(FSDP2.format(", cpu_offload=True"), distributed_type="FSDP"),
+    "fsdp2-hybrid-2-machines": Setup(FSDP2.format("") + ", parallelism_config=ParallelismConfig(dp_replicate_size=2, dp_shard_size=2)",
+                                     ranks=4, machines=2, distributed_type="FSDP"),
     # HF 1.15 checkpoints the layers its wrap policy picks, and fails without one (on a GPU too).
-    "fsdp2-activation-checkpointing": (FSDP2.format(', activation_checkpointing=True, auto_wrap_policy="size_based_wrap", '
-                                                    "min_num_params=64"), 2, 1),
+    "fsdp2-activation-checkpointing": Setup(FSDP2.format(', activation_checkpointing=True, auto_wrap_policy="size_based_wrap", '
+                                                         "min_num_params=64"), distributed_type="FSDP"),
+    "fsdp2-config-file": Setup(config=_fsdp_config({"fsdp_version": 2, "fsdp_reshard_after_forward": False,
+                                                    "fsdp_offload_params": False}, mixed_precision="bf16"),
+                               families=GPUS, distributed_type="FSDP"),
+    "fsdp2-config-file-hybrid-2-machines": Setup(
+        config=_fsdp_config({"fsdp_version": 2, "fsdp_auto_wrap_policy": "SIZE_BASED_WRAP", "fsdp_min_num_params": 64},
+                            parallelism_config={"parallelism_config_dp_replicate_size": 2, "parallelism_config_dp_shard_size": 2}),
+        ranks=4, machines=2, distributed_type="FSDP"),
+    "fsdp1-full-shard": Setup(FSDP1.format(""), distributed_type="FSDP"),
+    "fsdp1-config-file-shard-grad-op": Setup(config=_fsdp_config({"fsdp_version": 1, "fsdp_sharding_strategy": "SHARD_GRAD_OP"}),
+                                             distributed_type="FSDP"),
 }
 #: Setups a GPU runs and the mock cannot, with torch's mechanism that refuses them (README, "Limits").
+FSDP1_LIMIT = ("torch's FSDP1 runs its forward on streams of its own; in backward, autograd's engine restores a node's "
+               "stream through the Python backend's device guard, which has no streams: the exchange throws in a destructor "
+               "(c10::impl::InlineStreamGuard) and the rank aborts (C++ terminate)")
 LIMITS = {
     "ddp-compile": "torch.compile traces with fake tensors on the meta device; dynamo then sets a mock tensor's "
                    "storage to a meta storage, which torch refuses ('the devices must match')",
+    "fsdp1-full-shard": FSDP1_LIMIT,
+    "fsdp1-config-file-shard-grad-op": FSDP1_LIMIT,
 }
+#: How the XLA family reports its distributed type.
+FAMILY_TYPES = {"xla": {"MULTI_GPU": "XLA"}, "npu": {"MULTI_GPU": "MULTI_NPU"}}
 
 
-@pytest.mark.parametrize("package", ["accelerate", "accelerate_ref"])
-@pytest.mark.parametrize("setup", [pytest.param(name, marks=[pytest.mark.xfail(strict=True, reason=LIMITS[name])] if name in LIMITS else [])
-                                   for name in SETUPS])
-def test_setup_dry_runs_on_mock_gpus(tmp_path, setup, package):
-    accelerator, ranks, machines = SETUPS[setup]
-    (tmp_path / "train.py").write_text(SCRIPT.format(package=package, accelerator=accelerator))
+def _cases():
+    for name, setup in SETUPS.items():
+        marks = [pytest.mark.xfail(strict=True, reason=LIMITS[name])] if name in LIMITS else []
+        for family in setup.families:
+            yield pytest.param(name, family, marks=marks, id=f"{name}-{family}")
+
+
+def dry_run_setup(tmp_path, name: str, family: str, package: str) -> subprocess.CompletedProcess:
+    """Dry-run setup ``name`` of the matrix for ``package`` on ``family``'s mock devices; check it trained."""
+    setup = SETUPS[name]
+    (tmp_path / "train.py").write_text(SCRIPT.format(package=package, accelerator=setup.accelerator))
+    config = []
+    if setup.config is not None:
+        (tmp_path / "config.yaml").write_text(yaml.safe_dump({**setup.config, "num_processes": setup.ranks,
+                                                              "num_machines": setup.machines}))
+        config = ["--config_file", "config.yaml"]
     done = subprocess.run(
-        [sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", "launch", "--simulate", "cuda",
-         "--num_processes", str(ranks), "--num_machines", str(machines), "--timeout", "240", "train.py"],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**os.environ},
+        [sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", "launch", *config, "--simulate", family,
+         "--num_processes", str(setup.ranks), "--num_machines", str(setup.machines), "--timeout", "240", "train.py"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**os.environ, "HF_HOME": str(tmp_path / "hf_home")},
     )
-    assert done.returncode == 0, f"{setup} ({package}):\n{done.stdout[-3000:]}{done.stderr[-2000:]}"
-    for rank in range(ranks):
-        assert f"[rank {rank}] trained" in done.stdout, done.stdout[-3000:]
+    assert done.returncode == 0, f"{name} ({package} on {family}):\n{done.stdout[-3000:]}{done.stderr[-2000:]}"
+    distributed_type = FAMILY_TYPES.get(family, {}).get(setup.distributed_type, setup.distributed_type)
+    for rank in range(setup.ranks):
+        assert f"[rank {rank}] trained DistributedType.{distributed_type}" in done.stdout, done.stdout[-3000:]
     assert "-- memory per rank" in done.stdout
+    return done
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("package", ["accelerate", "accelerate_ref"])
+@pytest.mark.parametrize("name, family", list(_cases()))
+def test_setup_dry_runs_on_mock_devices(tmp_path, name, family, package):
+    dry_run_setup(tmp_path, name, family, package)

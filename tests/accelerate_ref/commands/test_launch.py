@@ -706,3 +706,47 @@ def test_the_launch_command_refuses_hfs_combinations_in_one_line(tmp_path, argv,
     script.write_text("")
     assert run(["launch", *argv, str(script)]) == 2
     assert capsys.readouterr().err == f"accelerate-ref launch: error: {message}\n"
+
+
+#: The variables that carry FSDP and ParallelismConfig options to the ranks.
+_PARADIGM_PREFIXES = ("FSDP_", "ACCELERATE_USE_FSDP", "PARALLELISM_CONFIG_", "ACCELERATE_USE_PARALLELISM_CONFIG")
+
+
+def _paradigm_env(env: dict[str, str]) -> dict[str, str]:
+    return {name: value for name, value in env.items() if name.startswith(_PARADIGM_PREFIXES)}
+
+
+@pytest.mark.parametrize("fsdp_config, flags", [
+    ({"fsdp_version": 2, "fsdp_reshard_after_forward": False, "offload_params": True, "fsdp_auto_wrap_policy": "SIZE_BASED_WRAP",
+      "min_num_params": 64, "fsdp_state_dict_type": "SHARDED_STATE_DICT"}, []),
+    ({"fsdp_version": 1, "fsdp_sharding_strategy": "SHARD_GRAD_OP"}, ["--fsdp_activation_checkpointing", "true"]),
+], ids=["fsdp2-config", "fsdp1-config-and-flag"])
+def test_an_fsdp_config_reaches_the_ranks_as_from_hfs_launch(tmp_path, monkeypatch, fsdp_config, flags):
+    """A config whose ``distributed_type`` is FSDP (its ``fsdp_config`` and ``parallelism_config``, flags first) gives
+    the ranks the variables 🤗 Accelerate's ``prepare_multi_gpu_env`` gives them; no FSDP option was lost, as when
+    the launch ran such a config as plain DDP (catalog launch.cli)."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    parallelism = {"parallelism_config_dp_replicate_size": 1, "parallelism_config_dp_shard_size": 2} if fsdp_config["fsdp_version"] == 2 else {}
+    config = _write(tmp_path / "fsdp.yaml", {"compute_environment": "LOCAL_MACHINE", "distributed_type": "FSDP", "mixed_precision": "no",
+                                             "num_processes": 2, "num_machines": 1, "use_cpu": False, "debug": False,
+                                             "fsdp_config": fsdp_config, "parallelism_config": parallelism})
+    argv = ["--config_file", config, *flags, "train.py"]
+    ours = ref_launch_command.launch_command_parser().parse_args(argv)
+    ref_launch_command._apply_config(ours)
+    theirs, _, _ = hf_launch_command._validate_launch_command(hf_launch_command.launch_command_parser().parse_args(argv))
+    theirs.main_process_port = 0
+    expected = _paradigm_env(hf_launch.prepare_multi_gpu_env(theirs))
+    assert ours.use_fsdp and expected["ACCELERATE_USE_FSDP"] == "true"
+    assert _paradigm_env(ref_launch.launch_env(ours, base={})) == expected
+
+
+def test_fsdp_cpu_ram_efficient_loading_without_sync_is_refused_as_in_hf(configs):
+    argv = ["--config_file", configs["fsdp"], "train.py"]
+    ours = ref_launch_command.launch_command_parser().parse_args(argv)
+    ref_launch_command._apply_config(ours)
+    theirs, _, _ = hf_launch_command._validate_launch_command(hf_launch_command.launch_command_parser().parse_args(argv))
+    theirs.main_process_port = 0
+    with pytest.raises(ValueError) as hf_error:
+        hf_launch.prepare_multi_gpu_env(theirs)
+    with pytest.raises(ValueError, match=str(hf_error.value).replace("`", ".")):
+        ref_launch.launch_env(ours, base={})
