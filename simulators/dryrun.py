@@ -26,6 +26,11 @@ from simulators.topology import World
 
 #: Seconds a dry run may take when ``--timeout`` is not given.
 DEFAULT_TIMEOUT = 600.0
+#: Seconds without a rank exiting after which a dry run reads the ranks' Flight Recorders, so that ranks in
+#: different collectives stop it then (``simulators.launcher.launch``'s ``watch``); this variable sets
+#: another interval, 0 turns the watch off (``benchmarks/preflight.py`` measures its cost).
+WATCH_ENV = "SIMULATORS_WATCH_INTERVAL"
+WATCH_INTERVAL_S = 1.0
 MIXING = re.compile(r"Expected all tensors to be on the same device[^\n]*")
 #: torch's check of the collectives every rank enters (TORCH_DISTRIBUTED_DEBUG=DETAIL, the user's): op, sequence number, shapes.
 MISMATCH = re.compile(r"Detected mismatch between collectives on ranks\. Rank (\d+) is running collective: (CollectiveFingerPrint\(.*?\)\)), "
@@ -56,6 +61,11 @@ def family_env(family: str) -> dict[str, str]:
     return env
 
 
+def watch_interval() -> float | None:
+    """The Flight Recorder watch's interval for a dry run (None: off); see ``WATCH_ENV``."""
+    return float(os.environ.get(WATCH_ENV, WATCH_INTERVAL_S)) or None
+
+
 def _user_frame(traceback_text: str, script: str, after: str = "") -> str:
     """``file:line`` of the last traceback frame in the user's script (else the last frame outside packages).
 
@@ -74,7 +84,7 @@ def _user_frame(traceback_text: str, script: str, after: str = "") -> str:
 
 def _state(result: LaunchResult, rank: int) -> str:
     if rank in result.running:
-        return "still running at the timeout (stopped)"
+        return "stopped in a collective mismatch" if result.status == "mismatch" else "still running at the timeout (stopped)"
     if rank in result.exit_codes:
         code = result.exit_codes[rank]
         return "exit 0" if code == 0 else (f"signal {-code}" if code < 0 else f"exit {code}")
@@ -104,8 +114,16 @@ def _fingerprint(text: str) -> str:
 
 
 def _collective_findings(result: LaunchResult, rank: int, tail: str, script: str) -> list[str]:
-    """Collectives that cannot complete, as the rank's output shows them: ranks in different collectives (or
-    the same with other shapes), or a rank left waiting in one after others had finished."""
+    """Collectives that cannot complete: ranks in different collectives (or the same with other shapes), as the
+    launch's Flight Recorder watch or torch's DETAIL check in the rank's output found them, or a rank left waiting
+    in one after others had finished."""
+    if result.status == "mismatch" and rank in result.running and result.collectives:
+        last = result.collectives.last
+        if last.get(rank) is None:
+            return []
+        where = _user_frame("\n".join(reversed(result.stacks.get(rank, "").splitlines())), script)
+        others = [f"rank {other} in {call.describe()}" for other, call in sorted(last.items()) if other != rank and call]
+        return [f"collective mismatch at {where}: in {last[rank].describe()}; " + ", ".join(others)]
     mismatch = MISMATCH.search(tail)
     if mismatch:
         mine, theirs = (mismatch.group(1), mismatch.group(2)), (mismatch.group(3), mismatch.group(4))

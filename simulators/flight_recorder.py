@@ -8,7 +8,9 @@ input shapes and dtypes. From one dump per rank, taken at a hang,
 target started and, per process group, the furthest collective any rank
 entered and the ranks that never joined it (they are behind it, or in no
 collective of that group at all). Ranks that entered the same sequence
-number with a different op or shapes are named as a mismatch.
+number with a different op are named as a mismatch, and so are ranks with
+other shapes or dtypes in an op every rank calls with equal ones
+(``SAME_SHAPES``; an all-to-all or a gather may take different shapes).
 
 Members of a group: the whole world for the default group (``default_pg``);
 for another group, the ranks that entered any of its collectives.
@@ -19,6 +21,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 DEFAULT_GROUP = "default_pg"
+#: Ops (the name after the backend's prefix, ``gloo:all_reduce``) whose inputs have one shape and dtype on every rank.
+SAME_SHAPES = frozenset({"all_reduce", "allreduce", "broadcast", "reduce", "barrier", "_allgather_base",
+                         "all_gather_into_tensor", "_reduce_scatter_base", "reduce_scatter_tensor"})
 #: ``--debug-collectives``: torch checks every collective's op and shapes across ranks before running it,
 #: so a mismatch fails at once with torch's own error naming the ranks, instead of hanging.
 DEBUG_ENV = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
@@ -112,10 +117,16 @@ def diagnose(records: dict[int, dict], world_size: int, since_ns: int = 0) -> Di
             call=reference,
             entered=sorted(at_top),
             never_joined=[rank for rank in members if rank not in at_top],
-            mismatched=sorted(rank for rank, call in at_top.items()
-                              if (call.op, call.sizes, call.dtypes) != (reference.op, reference.sizes, reference.dtypes)),
+            mismatched=sorted(rank for rank, call in at_top.items() if _mismatch(call, reference)),
         ))
     return Diagnosis(last, verdicts, [rank for rank in range(world_size) if rank not in records])
+
+
+def _mismatch(call: CollectiveCall, reference: CollectiveCall) -> bool:
+    """Whether two ranks' calls at one sequence number of a group cannot be the same collective."""
+    if call.op != reference.op:
+        return True
+    return call.op.split(":")[-1] in SAME_SHAPES and (call.sizes, call.dtypes) != (reference.sizes, reference.dtypes)
 
 
 def _calls(dump: dict, since_ns: int) -> list[CollectiveCall]:

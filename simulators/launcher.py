@@ -50,7 +50,7 @@ class LaunchResult:
     or function before it died (an abort at interpreter exit, say).
     """
 
-    status: Literal["ok", "failed", "timeout"]
+    status: Literal["ok", "failed", "timeout", "mismatch"]
     exit_code: int
     failed_rank: int | None = None
     exit_codes: dict[int, int] = field(default_factory=dict)
@@ -60,7 +60,7 @@ class LaunchResult:
     duration_s: float = 0.0
     message: str = ""
     failed_at_exit: bool = False
-    #: At a timeout: the collective each rank was in, from torch's Flight Recorder.
+    #: At a timeout or a mismatch: the collective each rank was in, from torch's Flight Recorder.
     collectives: Diagnosis | None = None
     #: Per rank, its mock devices' memory report (see simulators.devices.peaks); ranks without a mock device have none.
     memory: dict[int, dict] = field(default_factory=dict)
@@ -90,12 +90,18 @@ def launch(
     env: Mapping[str, str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
     pythonpath: Sequence[str] = (),
+    watch: float | None = None,
 ) -> LaunchResult:
     """Run a Python script (``"train.py"`` or ``["train.py", *args]``) on every rank of ``world``.
 
     The script path is relative to ``cwd``; a missing script raises
     FileNotFoundError before any rank starts. ``pythonpath`` goes first on
-    every rank's import path (a mock device's stand-in package). A run that
+    every rank's import path (a mock device's stand-in package). With
+    ``watch``, each time no rank has exited for that many seconds the ranks'
+    Flight Recorders are read, and ranks that entered different collectives
+    (or one that takes equal shapes with other shapes) at the same sequence
+    number of a group end the launch at once (status ``mismatch``, with the
+    diagnosis and every rank's stack) instead of at the timeout. A run that
     does not succeed prints its report to stderr.
     """
     argv = [os.fspath(script_or_argv)] if isinstance(script_or_argv, (str, os.PathLike)) else list(script_or_argv)
@@ -109,7 +115,7 @@ def launch(
         reports.mkdir()
         result = _execute(
             [*_BOOTSTRAP, *argv], world, timeout=timeout, env={**(env or {}), MEMORY_REPORTS_ENV: str(reports)},
-            cwd=cwd, workdir=Path(workdir), pythonpath=pythonpath,
+            cwd=cwd, workdir=Path(workdir), pythonpath=pythonpath, watch=watch,
         )
         result.memory = read_memory_reports(reports, world.size)
     if result.status != "ok":
@@ -175,12 +181,13 @@ def _execute(
     cwd: str | os.PathLike[str] | None,
     workdir: Path,
     pythonpath: Sequence[str] = (),
+    watch: float | None = None,
 ) -> LaunchResult:
     started = time.monotonic()
     ranks = spawn_world(argv, world, master_port=free_port(), workdir=workdir, env=env, cwd=cwd, pythonpath=pythonpath)
     output = _RankOutput(ranks)
     try:
-        result = _watch(ranks, timeout)
+        result = _watch(ranks, timeout, watch)
     finally:
         kill_all(ranks)
         tails = output.join()
@@ -192,14 +199,22 @@ def _execute(
     return result
 
 
-def _watch(ranks: Sequence[RankProcess], timeout: float | None) -> LaunchResult:
-    """Wait for every rank to exit; stop at the first failure or at the timeout."""
+def _watch(ranks: Sequence[RankProcess], timeout: float | None, watch: float | None = None) -> LaunchResult:
+    """Wait for every rank to exit; stop at the first failure, at a collective mismatch (with ``watch``, see
+    :func:`launch`) or at the timeout."""
     deadline = None if timeout is None else time.monotonic() + timeout
     pending = list(ranks)
     exit_codes: dict[int, int] = {}
     while pending:
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-        ready = sorted(wait(pending, timeout=remaining), key=lambda rank: rank.rank)
+        waited = remaining if watch is None or (remaining is not None and remaining <= watch) else watch
+        ready = sorted(wait(pending, timeout=waited), key=lambda rank: rank.rank)
+        if not ready and waited != remaining:
+            collectives = diagnose(dump_flight_records(ranks), len(ranks))
+            if any(verdict.mismatched for verdict in collectives.groups):
+                return LaunchResult("mismatch", 1, exit_codes=exit_codes, running=[rank.rank for rank in pending],
+                                    stacks=dump_stacks(pending), collectives=collectives)
+            continue
         if not ready:
             stacks = dump_stacks(pending)
             collectives = diagnose(dump_flight_records(ranks), len(ranks))
@@ -229,6 +244,9 @@ def _report(result: LaunchResult, timeout: float | None) -> str:
     if result.status == "timeout":
         found = f"\n{result.collectives.text()}" if result.collectives and result.collectives.groups else ""
         return _timeout_message(timeout, result.running, result.stacks) + found
+    if result.status == "mismatch":
+        return (f"simulators: ranks entered different collectives (or one collective with other shapes); stopped every rank "
+                f"at once\n{result.collectives.text()}")
     rank = result.failed_rank
     when = " at interpreter exit, after its script returned," if result.failed_at_exit else ""
     return (

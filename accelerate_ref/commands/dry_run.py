@@ -7,7 +7,9 @@ simulator's for the family (:func:`simulators.dryrun.family_env`) and each
 mock device's memory budget (``--device-memory`` or a ``--gpu`` preset); then
 the simulator's run summary is printed (with each rank's peak device memory
 and its verdict against the budget; as JSON too with ``--summary-json``) and
-the launch's exit status returned. A budget that does not parse, an unknown
+the launch's exit status returned. Ranks that enter different collectives
+stop the run within about a second (the simulator's Flight Recorder watch),
+each rank's collective and line named. A budget that does not parse, an unknown
 preset, or a budget without a mock device family is a ValueError (one line,
 exit 2) before any rank starts.
 The simulator knows no implementation: it takes argv, world, environment and
@@ -39,7 +41,7 @@ def _budget(args: argparse.Namespace) -> tuple[str | None, str]:
 def dry_run(args: argparse.Namespace) -> int:
     """Run ``args.training_script`` on the simulator and print the summary; return the launcher's exit status."""
     from simulators.devices.machine import machine_env, parse_size
-    from simulators.dryrun import DEFAULT_TIMEOUT, family_env, record, summary
+    from simulators.dryrun import DEFAULT_TIMEOUT, family_env, record, summary, watch_interval
     from simulators.launcher import launch
     from simulators.topology import World
 
@@ -50,7 +52,7 @@ def dry_run(args: argparse.Namespace) -> int:
     env = {**launch_env(args, base={}), "ACCELERATE_USE_CPU": str(args.simulate == "cpu" or bool(args.cpu)),
            **family_env(args.simulate), **machine_env(args.simulate, memory=memory)}
     result = launch([args.training_script, *args.training_script_args], world,
-                    timeout=args.timeout or DEFAULT_TIMEOUT, env=env)
+                    timeout=args.timeout or DEFAULT_TIMEOUT, env=env, watch=watch_interval())
     budget = parse_size(memory) if memory else None
     print(summary(result, world, args.training_script, budget, preset), flush=True)
     if getattr(args, "summary_json", None):

@@ -121,7 +121,27 @@ def _register_kernels(tensor_class: type[DeviceTensor], keys: Sequence[str]) -> 
         library.impl("empty.memory_format", empty, key)
         library.impl("empty_strided", empty_strided, key)
     library.impl("_copy_from", copy_from, "PrivateUse1")
+    library.impl("scaled_dot_product_attention", _attention_as_on_cpu, "AutogradPrivateUse1")
     _libraries.append(library)
+
+
+def _attention_as_on_cpu(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """``scaled_dot_product_attention`` with the kernel the CPU would pick for the payloads (values as on CPU).
+
+    torch's C++ ``scaled_dot_product_attention`` asks a device's ``_fused_sdp_choice`` stub, which a
+    Python backend cannot register, and falls back to the math kernel: the CPU picks its flash kernel
+    for most inputs, whose results differ from the math kernel's in the last bits. Here the CPU's choice
+    is asked of the payloads, and its kernel runs (as ``attention.cpp`` does for the CPU: a boolean mask
+    becomes 0 / -inf first); both are differentiable aten ops, so autograd records them as usual."""
+    choice = torch._fused_sdp_choice(
+        _payload(query), _payload(key), _payload(value), attn_mask=None if attn_mask is None else _payload(attn_mask),
+        dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+    )
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        attn_mask = torch.where(attn_mask.logical_not(), float("-inf"), torch.zeros((), dtype=query.dtype, device=attn_mask.device))
+    if choice == 1:  # sdp::SDPBackend::flash_attention
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
+    return torch.ops.aten._scaled_dot_product_attention_math(query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa)[0]
 
 
 def _made_by_ddp_reducer() -> bool:

@@ -244,7 +244,10 @@ class DeviceTensor(torch.Tensor):
         if func in PAYLOAD_ADAPTERS:
             payload_args = PAYLOAD_ADAPTERS[func](payload_args)
         out = func(*payload_args, **payload_kwargs)
-        return return_and_correct_aliasing(func, args, kwargs, tree_map(_rewrapper(type(first), index, on_device), out))
+        wrapped = tree_map(_rewrapper(type(first), index, on_device), out)
+        if torch.Tag.inplace_view in func.tags:  # resize_, t_, set_...: the rewrap gave ``self`` its payload's new shape
+            return args[0]
+        return return_and_correct_aliasing(func, args, kwargs, wrapped)
 
 
 class _MoveBetweenIndices(torch.autograd.Function):
@@ -289,9 +292,32 @@ def _rewrapper(cls: type[DeviceTensor], index: int, inputs: list[DeviceTensor]) 
         if known is None:
             return cls.wrap(value, index)
         cls.memory.resized(value, known.device_index)  # an out= or in-place op may have resized its storage
+        _follow_payload(known)
         return known
 
     return rewrap
+
+
+def _follow_payload(tensor: DeviceTensor) -> None:
+    """Give ``tensor`` (the wrapper) its payload's sizes, strides and offset if an op changed them.
+
+    An ``out=`` op resizes its output's payload (``torch.arange(n, device=...)`` fills a 0-element
+    ``empty``), and an inplace-view op (``resize_``, ``t_``, ``set_``) reshapes it; torch's C++ side
+    (vmap's batching rules, autograd, ``.shape``) reads the wrapper's own metadata. It is set as
+    ``return_and_correct_aliasing`` sets an inplace-view op's (no dispatch, the Meta kernel), through
+    ``set_`` on the wrapper's own empty storage: the Meta ``resize_`` takes only meta tensors."""
+    payload = tensor._payload
+    if (tensor.shape, tensor.stride(), tensor.storage_offset()) == (payload.shape, payload.stride(), payload.storage_offset()):
+        return
+    with torch.utils._mode_utils.no_dispatch():
+        meta_in_tls = torch._C._meta_in_tls_dispatch_include()
+        torch._C._set_meta_in_tls_dispatch_include(True)
+        try:
+            torch.ops.aten.set_.source_Storage_storage_offset(
+                tensor, torch._C.TensorBase.untyped_storage(tensor), payload.storage_offset(), payload.shape, payload.stride()
+            )
+        finally:
+            torch._C._set_meta_in_tls_dispatch_include(meta_in_tls)
 
 
 def _check_one_device(func: Any, on_device: list[DeviceTensor], leaves: list[Any]) -> None:

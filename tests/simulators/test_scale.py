@@ -84,6 +84,20 @@ def test_diagnosis_names_mismatches_and_ignores_earlier_targets():
     assert "rank 3: no record" in found.text()
 
 
+@pytest.mark.parametrize("ops, sizes, mismatched", [
+    (("gloo:all_reduce", "gloo:broadcast"), ([[4]], [[4]]), [1]),
+    (("gloo:all_reduce", "gloo:all_reduce"), ([[4]], [[4]]), []),
+    (("gloo:barrier", "gloo:barrier"), ([[1]], [[2]]), [1]),
+    (("gloo:all_to_all", "gloo:all_to_all"), ([[3]], [[5]]), []),
+    (("gloo:gather", "gloo:gather"), ([[2], [2]], [[2]]), []),
+], ids=["other-op", "same", "same-shapes-op", "all-to-all-uneven", "gather-root"])
+def test_a_mismatch_is_another_op_or_other_shapes_where_every_rank_has_one(ops, sizes, mismatched):
+    """Ranks at one sequence number mismatch when their ops differ, or when an op every rank calls with one shape
+    (all-reduce, broadcast, barrier, ...) has other shapes; an all-to-all or a gather may take different ones."""
+    records = {rank: {"entries": [_entry(1, op, size)]} for rank, (op, size) in enumerate(zip(ops, sizes))}
+    assert diagnose(records, world_size=2).groups[0].mismatched == mismatched
+
+
 def test_worlds_beyond_the_machine_name_the_limit():
     with pytest.raises(CapacityError, match="memory"):
         check_world(World.of(1000))

@@ -259,6 +259,35 @@ def test_summary_names_collective_findings_from_the_ranks_output():
     assert "rank 2: collective mismatch at /x/train.py:7: rank 0 in BROADCAST #3 [4, 2] Float, rank 1 in ALLREDUCE #3 [4] Float" in text
 
 
+MISMATCHED = textwrap.dedent("""\
+    import torch
+    from accelerate import Accelerator
+
+    accelerator = Accelerator()
+    value = torch.ones(4, device=accelerator.device)
+    if accelerator.is_main_process:
+        torch.distributed.broadcast(value, src=0)
+    else:
+        accelerator.reduce(value)
+    print("never", flush=True)
+    """)
+
+
+def test_ranks_in_different_collectives_stop_the_dry_run_at_once(tmp_path):
+    """Issue 22 item 3: rank 0 broadcasts while rank 1 reduces (both wait for ever on a GPU): the Flight Recorder
+    watch ends the run as a mismatch, not at --timeout, naming each rank's collective and line."""
+    (tmp_path / "train.py").write_text(MISMATCHED)
+    done = _launch(tmp_path, "--simulate", "cuda", "--num_processes", "2", "--timeout", "200", "--summary-json", "summary.json",
+                   "train.py")
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    found = json.loads((tmp_path / "summary.json").read_text())
+    assert found["status"] == "mismatch" and [rank["state"] for rank in found["ranks"]] == ["stopped in a collective mismatch"] * 2
+    [zero], [one] = (rank["collectives"] for rank in found["ranks"])
+    assert zero.startswith("collective mismatch at train.py:7: in #1 gloo:broadcast shapes [4]"), zero
+    assert one.startswith("collective mismatch at train.py:9: in #1 gloo:all_reduce shapes [4]"), one
+    assert "rank 0 in #1 gloo:broadcast" in one and "never" not in done.stdout
+
+
 PROFILED = textwrap.dedent("""\
     import torch
     from accelerate import Accelerator

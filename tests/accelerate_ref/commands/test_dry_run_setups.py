@@ -5,7 +5,9 @@ sharding) until it ends well.
 A setup is given as the script's ``Accelerator`` arguments, or as an ``accelerate config`` file for
 ``accelerate-ref launch --config_file`` with a plain ``Accelerator()``. A family runs the setups its real hardware
 runs (XLA: no torch FSDP, fp16 or torch.compile through accelerate). A setup a GPU would run but the mock cannot is a
-strict xfail naming torch's mechanism that refuses it (and a limit in the README), never a silent pass.
+strict xfail naming torch's mechanism that refuses it (and a limit in the README), never a silent pass. Each run
+starts its ranks (about 10 s): ``make test`` runs every setup once and every family once per implementation
+(``_diagonal``), ``make extended`` the whole product.
 
 Elsewhere: ``save_state``/``load_state`` and resuming, ``torch.load``/safetensors onto the device, out-of-memory and
 collectives and ``torch.profiler`` (under ``make extended``) in ``test_dry_run.py``.
@@ -106,11 +108,28 @@ LIMITS = {
 FAMILY_TYPES = {"xla": {"MULTI_GPU": "XLA"}, "npu": {"MULTI_GPU": "MULTI_NPU"}}
 
 
+PACKAGES = ("accelerate", "accelerate_ref")
+
+
+def _diagonal() -> set[tuple[str, str, str]]:
+    """The runs ``make test`` makes: every setup once on its first family, HF's script and the twin taking turns,
+    and every other family once for each implementation (its first setup); ``make extended`` runs the rest."""
+    runs = {(name, setup.families[0], PACKAGES[index % 2]) for index, name in enumerate(SETUPS) for setup in [SETUPS[name]]}
+    for family in ("npu", "xla"):
+        first = next(name for name, setup in SETUPS.items() if family in setup.families)
+        runs |= {(first, family, package) for package in PACKAGES}
+    return runs
+
+
 def _cases():
+    diagonal = _diagonal()
     for name, setup in SETUPS.items():
-        marks = [pytest.mark.xfail(strict=True, reason=LIMITS[name])] if name in LIMITS else []
         for family in setup.families:
-            yield pytest.param(name, family, marks=marks, id=f"{name}-{family}")
+            for package in PACKAGES:
+                marks = [pytest.mark.xfail(strict=True, reason=LIMITS[name])] if name in LIMITS else []
+                if (name, family, package) not in diagonal:
+                    marks.append(pytest.mark.extended)
+                yield pytest.param(name, family, package, marks=marks, id=f"{name}-{family}-{package}")
 
 
 def dry_run_setup(tmp_path, name: str, family: str, package: str) -> subprocess.CompletedProcess:
@@ -135,8 +154,6 @@ def dry_run_setup(tmp_path, name: str, family: str, package: str) -> subprocess.
     return done
 
 
-@pytest.mark.extended
-@pytest.mark.parametrize("package", ["accelerate", "accelerate_ref"])
-@pytest.mark.parametrize("name, family", list(_cases()))
+@pytest.mark.parametrize("name, family, package", list(_cases()))
 def test_setup_dry_runs_on_mock_devices(tmp_path, name, family, package):
     dry_run_setup(tmp_path, name, family, package)

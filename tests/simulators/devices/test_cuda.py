@@ -104,6 +104,41 @@ def nccl_and_ddp():
         dist.destroy_process_group()
 
 
+def out_ops_views_vmap_and_attention():
+    """Ops that resize their ``out=`` tensor or view ``self`` in place, vmap, attention and a transformers GPT-2,
+    on the GPU against the CPU (the wrapper kept a 0-element size after ``torch.arange``: vmap failed, and
+    transformers' mask silently vanished)."""
+    import torch
+    import transformers
+
+    arange = torch.arange(4, device="cuda")
+    resized = torch.empty(0, device="cuda").resize_(2, 3)
+    transposed = torch.ones(2, 3, device="cuda").t_()
+    queries, keys = torch.arange(3, device="cuda"), torch.arange(5, device="cuda")
+    mask = torch.vmap(torch.vmap(lambda q, k: k <= q, in_dims=(None, 0)), in_dims=(0, None))(queries, keys)
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 8, 16) for _ in range(3))
+    attention = {device: torch.nn.functional.scaled_dot_product_attention(q.to(device), k.to(device), v.to(device), is_causal=True)
+                 for device in ("cpu", "cuda")}
+    losses = {}
+    for device in ("cpu", "cuda"):
+        torch.manual_seed(0)
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=100, n_positions=32))
+        tokens = torch.randint(0, 100, (2, 16))
+        padding = torch.ones(2, 16, dtype=torch.long)
+        padding[1, 12:] = 0
+        model.to(device)
+        loss = model(input_ids=tokens.to(device), attention_mask=padding.to(device), labels=tokens.to(device)).loss
+        loss.backward()
+        losses[device] = [loss.item(), model.lm_head.weight.grad.norm().item()]
+    return {
+        "shapes": [list(arange.shape), arange.tolist(), list(resized.shape), list(transposed.shape), list(transposed.stride())],
+        "mask": mask.tolist() == (keys.cpu()[None, :] <= queries.cpu()[:, None]).tolist(),
+        "attention equal": torch.equal(attention["cpu"], attention["cuda"].cpu()),
+        "losses": losses,
+    }
+
+
 # -- tests (run in pytest) -------------------------------------------------------------------
 
 
@@ -131,3 +166,10 @@ def test_nccl_the_default_and_named_is_gloo_on_cuda_tensors_and_reports_its_name
     for got in ranks:
         assert got["backend"] == "nccl" and got["sum"] == ["cuda", [3.0]]
     assert ranks[0]["grad"] == ranks[1]["grad"]
+
+
+def test_out_ops_inplace_views_vmap_and_attention_keep_shapes_and_cpu_values(cuda2):
+    for got in cuda2.run(out_ops_views_vmap_and_attention):
+        assert got["shapes"] == [[4], [0, 1, 2, 3], [2, 3], [3, 2], [1, 3]], got["shapes"]
+        assert got["mask"] and got["attention equal"]
+        assert got["losses"]["cuda"] == got["losses"]["cpu"], got["losses"]
