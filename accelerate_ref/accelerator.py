@@ -27,7 +27,7 @@ from ._accelerator.process_control import ProcessControlMixin
 from ._accelerator.checkpointing import CheckpointingMixin
 from .scheduler import AcceleratedScheduler
 from .parallelism_config import ParallelismConfig
-from .state import AcceleratorState, GradientState
+from .state import ACCELERATOR_WORLD_TYPES, AcceleratorState, GradientState
 from .tracking import LOGGER_TYPE_TO_CLASS, TrackingMixin  # noqa: F401  (HF's accelerator module exposes LOGGER_TYPE_TO_CLASS)
 from .utils.constants import DTENSOR_PYTORCH_VERSION, PROFILE_PATTERN_NAME  # noqa: F401  (HF's module exposes DTENSOR_...)
 from .utils.constants import FSDP2_PYTORCH_VERSION, FSDP_PYTORCH_VERSION  # noqa: F401  (HF's accelerator module exposes them)
@@ -310,11 +310,7 @@ class Accelerator(ProcessControlMixin, CheckpointingMixin, TrackingMixin, Engine
     @property
     def multi_device(self) -> bool:
         """Whether this run is distributed over several accelerator devices (not CPU or XLA ranks), as HF 1.15."""
-        multi_device_types = {
-            DistributedType.MULTI_GPU, DistributedType.MULTI_MLU, DistributedType.MULTI_SDAA, DistributedType.MULTI_MUSA,
-            DistributedType.MULTI_NPU, DistributedType.MULTI_XPU, DistributedType.MULTI_HPU, DistributedType.MULTI_NEURON,
-        }
-        return self.use_distributed and self.distributed_type in multi_device_types
+        return self.use_distributed and self.distributed_type in ACCELERATOR_WORLD_TYPES
 
     @property
     def should_save_model(self) -> bool:

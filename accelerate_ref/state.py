@@ -25,6 +25,12 @@ from .utils.dataclasses import DistributedType, DynamoBackend, GradientAccumulat
 from .utils.environment import parse_flag_from_env
 from .utils.imports import is_fp8_available
 
+#: Distributed types of one process per accelerator (what HF calls multi-device; FSDP takes their place).
+ACCELERATOR_WORLD_TYPES = (
+    DistributedType.MULTI_GPU, DistributedType.MULTI_MLU, DistributedType.MULTI_SDAA, DistributedType.MULTI_MUSA,
+    DistributedType.MULTI_NPU, DistributedType.MULTI_XPU, DistributedType.MULTI_HPU, DistributedType.MULTI_NEURON,
+)
+
 F = TypeVar("F", bound=Callable[..., Any])
 Splittable = TypeVar("Splittable", list, tuple, dict, torch.Tensor)
 
@@ -414,7 +420,10 @@ class AcceleratorState(_SharedState):
     without an FP8 engine is HF's ValueError. Once built, ``cpu=True`` on a
     state that is not on the CPU, or another precision, is HF's ValueError.
     ``fsdp_plugin`` and ``megatron_lm_plugin`` are attributes only when
-    given; reading a missing one is HF's AttributeError. The dynamo plugin
+    given; reading a missing one is HF's AttributeError. With an
+    ``fsdp_plugin`` on several accelerators (``MULTI_GPU``, ``MULTI_NPU``,
+    ...) the ``distributed_type`` is ``FSDP``, the `PartialState`'s too;
+    CPU and XLA ranks keep theirs, as in HF. The dynamo plugin
     is required (without one, reading its backend is HF's AttributeError);
     with a compiling backend, an fp32 run on CUDA turns TF32 matmuls on.
     """
@@ -441,6 +450,7 @@ class AcceleratorState(_SharedState):
             PartialState(cpu, **kwargs)
         self.__dict__.update(PartialState._shared_state)
         if self.initialized:
+            self._take_engine_type()
             self._check_unchanged(mixed_precision, cpu)
             return
         self.deepspeed_plugins = deepspeed_plugin
@@ -459,10 +469,16 @@ class AcceleratorState(_SharedState):
         self._mixed_precision = mixed_precision
         if fsdp_plugin is not None:
             self.fsdp_plugin = fsdp_plugin
+            self._take_engine_type()
         if megatron_lm_plugin is not None:
             self.megatron_lm_plugin = megatron_lm_plugin
         if self.dynamo_plugin.backend != DynamoBackend.NO and mixed_precision == "no" and self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True  # HF 1.15: compiled fp32 runs take TF32 matmuls
+
+    def _take_engine_type(self) -> None:
+        """``FSDP`` for a sharded run on accelerators, the `PartialState`'s too (HF's rule; CPU ranks keep theirs)."""
+        if self.__dict__.get("fsdp_plugin") is not None and self.distributed_type in ACCELERATOR_WORLD_TYPES:
+            self.distributed_type = PartialState._shared_state["distributed_type"] = DistributedType.FSDP
 
     @property
     def initialized(self) -> bool:

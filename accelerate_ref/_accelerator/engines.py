@@ -84,8 +84,13 @@ def resolve_engines(
     without its package (HF's words), NotImplementedError with it (the
     module docstring); ``mixed_precision="fp8"`` with an FP8 recipe handler
     is refused naming its backend's package, a recipe handler without fp8
-    (and without FSDP or DeepSpeed) is HF's ValueError.
-    Catalog: plugin.unavailable_engines, plugin.dynamo.
+    (and without FSDP or DeepSpeed) is HF's ValueError. Without an engine
+    plugin, ``ACCELERATE_USE_FSDP=true`` (what ``launch --use_fsdp`` or a
+    config's FSDP sets) makes a `FullyShardedDataParallelPlugin` from the
+    ``FSDP_*`` variables, as HF does; unlike HF, a given plugin does not set
+    ``ACCELERATE_USE_FSDP`` in this process's environment (HF's write leaks
+    FSDP into every later `Accelerator` of the process).
+    Catalog: plugin.unavailable_engines, plugin.dynamo, plugin.fsdp.
     """
     unknown = [name for name in engines if name not in ENGINE_ARGUMENTS]
     if unknown:
@@ -113,6 +118,8 @@ def resolve_engines(
     if dynamo_plugin is None:
         dynamo_plugin = TorchDynamoPlugin(backend=dynamo_backend)
     fsdp_plugin = given.get("fsdp_plugin")
+    if fsdp_plugin is None and not exclusive and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
+        fsdp_plugin = FullyShardedDataParallelPlugin()  # a launch's FSDP options (its FSDP_* variables), as HF builds it
     if fsdp_plugin is not None and precision in MIXED_PRECISION_DTYPES:  # HF's rule: any precision but "no" (fp8: bf16)
         fsdp_plugin.set_mixed_precision(precision)
     deepspeed_plugins = _deepspeed_plugins(given, mixed_precision)

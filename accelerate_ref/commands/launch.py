@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from ..state import ACCELERATOR_WORLD_TYPES
 from ..utils.dataclasses import ComputeEnvironment, DistributedType
 from ..utils.environment import convert_dict_to_env_variables, get_int_from_env, patch_environment
 from ..utils.imports import (
@@ -268,10 +269,7 @@ HF_ONLY_FLAG_DEFAULTS = {
 }
 
 #: Config ``distributed_type``s that mean one process per accelerator (``--multi_gpu``).
-MULTI_DEVICE_TYPES = (
-    DistributedType.MULTI_GPU, DistributedType.MULTI_NPU, DistributedType.MULTI_MLU, DistributedType.MULTI_SDAA,
-    DistributedType.MULTI_MUSA, DistributedType.MULTI_XPU, DistributedType.MULTI_HPU, DistributedType.MULTI_NEURON,
-)
+MULTI_DEVICE_TYPES = ACCELERATOR_WORLD_TYPES
 
 #: Accelerator families other than CUDA, as ``(torch attribute, availability check)``, in the order HF asks them.
 DEVICE_FAMILIES = (

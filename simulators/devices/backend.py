@@ -21,6 +21,13 @@ one PrivateUse1 device):
   the mock saved comes back on its device, other tensors stay on the CPU,
   and ``Optimizer.load_state_dict`` moves its state to the parameters' device
   as it always does;
+- sends ``variable.data = other`` across the CPU and the device to
+  :func:`simulators.devices.tensor.swap_in` (FSDP moves and reshards so);
+- makes ``Tensor.record_stream`` a no-op for the family's tensors (the mock's
+  ops finish at once) and lets FSDP1's ``sync_module_states`` broadcast them
+  whole (not their CPU payloads), so that torch's FSDP1 runs;
+- runs ``scaled_dot_product_attention`` with the kernel the CPU would pick
+  (torch's C++ side gives a Python backend only the math kernel);
 
 :func:`register_process_group_backend` adds a torch.distributed backend name
 (``"xla"``, ``"hccl"``) for the CPU and the device, served by gloo: the
@@ -30,9 +37,12 @@ Catalog: xla.distributed_type, npu.distributed_type.
 """
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import sys
 from datetime import timedelta
-from typing import Any, Sequence
+from types import ModuleType
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -77,6 +87,8 @@ def install(
     loading.install(tensor_class.device_type, hidden_name)
     peaks.install(tensor_class.memory)
     SwappingData().__enter__()
+    torch.Tensor.record_stream = _recording_on_mock_streams(torch.Tensor.record_stream)
+    _after_import("torch.distributed.fsdp._init_utils", _sync_mock_tensors_whole)
     _installed.append(tensor_class)
 
 
@@ -142,6 +154,57 @@ def _attention_as_on_cpu(query, key, value, attn_mask=None, dropout_p=0.0, is_ca
     if choice == 1:  # sdp::SDPBackend::flash_attention
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
     return torch.ops.aten._scaled_dot_product_attention_math(query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa)[0]
+
+
+def _recording_on_mock_streams(record_stream: Any) -> Any:
+    """``Tensor.record_stream``, a no-op for a mock tensor: the mock's ops finish at once, so no stream's pending
+    work keeps its memory (torch's would refuse the mock's stream objects; FSDP1 records its gradients so)."""
+
+    def recorded(tensor: torch.Tensor, stream: Any) -> None:
+        if isinstance(tensor, DeviceTensor):
+            return None
+        return record_stream(tensor, stream)
+
+    return recorded
+
+
+def _sync_mock_tensors_whole(init_utils: ModuleType) -> None:
+    """FSDP1's ``sync_module_states`` broadcasts a mock tensor itself, as a GPU's tensor.
+
+    torch flattens a traceable wrapper subclass into its inner tensors there (for DTensor-like
+    parameters), and a mock tensor's inner tensor is its CPU payload, which FSDP1 then refuses as
+    "CPU parameters or buffers"; the mock's collectives take mock tensors as they are."""
+    flattened = init_utils.is_traceable_wrapper_subclass
+    init_utils.is_traceable_wrapper_subclass = lambda tensor: not isinstance(tensor, DeviceTensor) and flattened(tensor)
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``patch(module)`` once the module ``name`` is imported (torch's FSDP1 costs a second to import: only
+    the ranks that use it pay)."""
+
+    def __init__(self, name: str, patch: Callable[[ModuleType], None]) -> None:
+        self.name, self.patch = name, patch
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        loaded = spec.loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            loaded(module)
+            self.patch(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _after_import(name: str, patch: Callable[[ModuleType], None]) -> None:
+    if name in sys.modules:
+        patch(sys.modules[name])
+    else:
+        sys.meta_path.insert(0, _AfterImport(name, patch))
 
 
 def _made_by_ddp_reducer() -> bool:

@@ -90,19 +90,14 @@ SETUPS = {
         config=_fsdp_config({"fsdp_version": 2, "fsdp_auto_wrap_policy": "SIZE_BASED_WRAP", "fsdp_min_num_params": 64},
                             parallelism_config={"parallelism_config_dp_replicate_size": 2, "parallelism_config_dp_shard_size": 2}),
         ranks=4, machines=2, distributed_type="FSDP"),
-    "fsdp1-full-shard": Setup(FSDP1.format(""), distributed_type="FSDP"),
+    "fsdp1-full-shard": Setup(FSDP1.format(""), families=GPUS, distributed_type="FSDP"),
     "fsdp1-config-file-shard-grad-op": Setup(config=_fsdp_config({"fsdp_version": 1, "fsdp_sharding_strategy": "SHARD_GRAD_OP"}),
                                              distributed_type="FSDP"),
 }
 #: Setups a GPU runs and the mock cannot, with torch's mechanism that refuses them (README, "Limits").
-FSDP1_LIMIT = ("torch's FSDP1 runs its forward on streams of its own; in backward, autograd's engine restores a node's "
-               "stream through the Python backend's device guard, which has no streams: the exchange throws in a destructor "
-               "(c10::impl::InlineStreamGuard) and the rank aborts (C++ terminate)")
 LIMITS = {
     "ddp-compile": "torch.compile traces with fake tensors on the meta device; dynamo then sets a mock tensor's "
                    "storage to a meta storage, which torch refuses ('the devices must match')",
-    "fsdp1-full-shard": FSDP1_LIMIT,
-    "fsdp1-config-file-shard-grad-op": FSDP1_LIMIT,
 }
 #: How the XLA family reports its distributed type.
 FAMILY_TYPES = {"xla": {"MULTI_GPU": "XLA"}, "npu": {"MULTI_GPU": "MULTI_NPU"}}

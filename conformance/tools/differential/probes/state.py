@@ -287,3 +287,25 @@ def thread_local_shared_dict(api: Api) -> None:
     api.observe("assigned on an instance", setattr, second, "store", {"b": 2})
     api.observe("seen by the other", lambda: first.store)
     api.observe("thread_local argument", lambda: shared_class(thread_local=True).__get__(None))
+
+
+def _engine_types(api: Api, accelerator) -> None:
+    api.observe("Accelerator.distributed_type", getattr, accelerator, "distributed_type")
+    api.observe("AcceleratorState.distributed_type", lambda: api.get("state.AcceleratorState")().distributed_type)
+    api.observe("PartialState.distributed_type", lambda: api.get("PartialState")().distributed_type)
+    api.observe("is_fsdp2", lambda: accelerator.state.is_fsdp2)
+    api.observe("fsdp_plugin version", lambda: accelerator.state.fsdp_plugin.fsdp_version)
+
+
+@probe(AREA, worlds=(2,), families=("cpu", "cuda"))
+def accelerator_state_under_an_fsdp_plugin(api: Api) -> None:
+    """FSDP is a distributed type of accelerators: a plugin makes it the state's on GPUs (the PartialState keeps
+    MULTI_GPU; CPU ranks keep MULTI_CPU)."""
+    plugin = api.get("utils.FullyShardedDataParallelPlugin")(fsdp_version=2)
+    _engine_types(api, api.accelerator(fsdp_plugin=plugin))
+
+
+@probe(AREA, worlds=(2,), families=("cpu", "cuda"), env={"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"})
+def accelerator_state_under_a_launchs_fsdp(api: Api) -> None:
+    """What ``launch --use_fsdp`` (or a config's FSDP) sets makes the plugin from the environment."""
+    _engine_types(api, api.accelerator())
