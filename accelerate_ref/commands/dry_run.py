@@ -10,8 +10,9 @@ and its verdict against the budget; as JSON too with ``--summary-json``) and
 the launch's exit status returned. Ranks that enter different collectives
 stop the run within about a second (the simulator's Flight Recorder watch),
 each rank's collective and line named. A budget that does not parse, an unknown
-preset, or a budget without a mock device family is a ValueError (one line,
-exit 2) before any rank starts.
+preset, a budget without a mock device family, or a setup the family's
+hardware does not run (FSDP or fp16 on XLA) is a ValueError (one line, exit
+2) before any rank starts.
 The simulator knows no implementation: it takes argv, world, environment and
 timeout.
 """
@@ -38,6 +39,22 @@ def _budget(args: argparse.Namespace) -> tuple[str | None, str]:
     return memory, name
 
 
+#: Launch settings a family's hardware does not run, with why (a dry run refuses them before any rank starts).
+UNSUPPORTED = {
+    ("xla", "use_fsdp"): "torch's FSDP does not run on XLA devices (TPUs shard with torch_xla's own FSDP): "
+                         "dry-run FSDP with --simulate cuda or npu",
+    ("xla", "fp16"): "fp16 mixed precision is not a TPU setup (HF accelerate refuses it on XLA): use bf16",
+}
+
+
+def _check_family_runs(args: argparse.Namespace) -> None:
+    """Refuse a setup the simulated family's hardware cannot run (ValueError, one line)."""
+    for (family, setting), why in UNSUPPORTED.items():
+        asked = getattr(args, setting, False) or getattr(args, "mixed_precision", None) == setting
+        if args.simulate == family and asked:
+            raise ValueError(f"--simulate {family}: {why}")
+
+
 def dry_run(args: argparse.Namespace) -> int:
     """Run ``args.training_script`` on the simulator and print the summary; return the launcher's exit status."""
     from simulators.devices.machine import machine_env, parse_size
@@ -47,6 +64,7 @@ def dry_run(args: argparse.Namespace) -> int:
 
     if args.module or args.no_python:
         raise ValueError("--simulate runs a script file; -m and --no_python are not supported with it")
+    _check_family_runs(args)
     memory, preset = _budget(args)
     world = World.of(args.num_processes, machines=args.num_machines)
     env = {**launch_env(args, base={}), "ACCELERATE_USE_CPU": str(args.simulate == "cpu" or bool(args.cpu)),

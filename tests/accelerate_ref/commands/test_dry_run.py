@@ -197,11 +197,17 @@ def test_cuda_dry_run_past_the_budget_names_the_out_of_memory_line(tmp_path):
     (["--simulate", "cuda", "--gpu", "l4-24gb", "--device-memory", "1GB"], "--gpu and --device-memory both set a budget"),
     (["--simulate", "cpu", "--device-memory", "1GB"], "a memory budget needs a mock device"),
     (["--gpu", "l4-24gb"], "--gpu: only for a dry run"),
+    (["--simulate", "xla", "--num_processes", "2", "--use_fsdp"], "--simulate xla: torch's FSDP does not run on XLA devices"),
+    (["--simulate", "xla", "--mixed_precision", "fp16"], "--simulate xla: fp16 mixed precision is not a TPU setup"),
 ])
-def test_bad_budgets_are_one_line_and_exit_2(tmp_path, argv, message):
+def test_bad_budgets_and_setups_are_one_line_and_exit_2(tmp_path, monkeypatch, capsys, argv, message):
+    from accelerate_ref.commands.accelerate_cli import run  # the command's exit status, without a process to start
+
     (tmp_path / "train.py").write_text("raise SystemExit('never run')\n")
-    done = _launch(tmp_path, *argv, "train.py", timeout=60)
-    assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    monkeypatch.chdir(tmp_path)
+    assert run(["launch", *argv, "train.py"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
 
 
 ONE_SIDED = textwrap.dedent("""\

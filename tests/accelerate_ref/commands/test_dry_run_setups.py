@@ -16,13 +16,12 @@ collectives and ``torch.profiler`` (under ``make extended``) in ``test_dry_run.p
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import yaml
+
+from accelerate_ref.commands.accelerate_cli import run
 
 SCRIPT = textwrap.dedent("""\
     import torch
@@ -127,8 +126,9 @@ def _cases():
                 yield pytest.param(name, family, package, marks=marks, id=f"{name}-{family}-{package}")
 
 
-def dry_run_setup(tmp_path, name: str, family: str, package: str) -> subprocess.CompletedProcess:
-    """Dry-run setup ``name`` of the matrix for ``package`` on ``family``'s mock devices; check it trained."""
+def dry_run_setup(tmp_path, monkeypatch, capsys, name: str, family: str, package: str) -> str:
+    """Dry-run setup ``name`` of the matrix for ``package`` on ``family``'s mock devices (the launcher in this
+    process: its start would cost as much as a rank's); check every rank trained; return the output."""
     setup = SETUPS[name]
     (tmp_path / "train.py").write_text(SCRIPT.format(package=package, accelerator=setup.accelerator))
     config = []
@@ -136,19 +136,19 @@ def dry_run_setup(tmp_path, name: str, family: str, package: str) -> subprocess.
         (tmp_path / "config.yaml").write_text(yaml.safe_dump({**setup.config, "num_processes": setup.ranks,
                                                               "num_machines": setup.machines}))
         config = ["--config_file", "config.yaml"]
-    done = subprocess.run(
-        [sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", "launch", *config, "--simulate", family,
-         "--num_processes", str(setup.ranks), "--num_machines", str(setup.machines), "--timeout", "240", "train.py"],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**os.environ, "HF_HOME": str(tmp_path / "hf_home")},
-    )
-    assert done.returncode == 0, f"{name} ({package} on {family}):\n{done.stdout[-3000:]}{done.stderr[-2000:]}"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    status = run(["launch", *config, "--simulate", family, "--num_processes", str(setup.ranks),
+                  "--num_machines", str(setup.machines), "--timeout", "240", "train.py"])
+    output = capsys.readouterr()
+    assert status == 0, f"{name} ({package} on {family}):\n{output.out[-3000:]}{output.err[-2000:]}"
     distributed_type = FAMILY_TYPES.get(family, {}).get(setup.distributed_type, setup.distributed_type)
     for rank in range(setup.ranks):
-        assert f"[rank {rank}] trained DistributedType.{distributed_type}" in done.stdout, done.stdout[-3000:]
-    assert "-- memory per rank" in done.stdout
-    return done
+        assert f"[rank {rank}] trained DistributedType.{distributed_type}" in output.out, output.out[-3000:]
+    assert "-- memory per rank" in output.out
+    return output.out
 
 
 @pytest.mark.parametrize("name, family, package", list(_cases()))
-def test_setup_dry_runs_on_mock_devices(tmp_path, name, family, package):
-    dry_run_setup(tmp_path, name, family, package)
+def test_setup_dry_runs_on_mock_devices(tmp_path, monkeypatch, capsys, name, family, package):
+    dry_run_setup(tmp_path, monkeypatch, capsys, name, family, package)
