@@ -27,7 +27,7 @@ from ._accelerator.process_control import ProcessControlMixin
 from ._accelerator.checkpointing import CheckpointingMixin
 from .scheduler import AcceleratedScheduler
 from .parallelism_config import ParallelismConfig
-from .state import ACCELERATOR_WORLD_TYPES, AcceleratorState, GradientState
+from .state import AcceleratorState, GradientState
 from .tracking import LOGGER_TYPE_TO_CLASS, TrackingMixin  # noqa: F401  (HF's accelerator module exposes LOGGER_TYPE_TO_CLASS)
 from .utils.constants import DTENSOR_PYTORCH_VERSION, PROFILE_PATTERN_NAME  # noqa: F401  (HF's module exposes DTENSOR_...)
 from .utils.constants import FSDP2_PYTORCH_VERSION, FSDP_PYTORCH_VERSION  # noqa: F401  (HF's accelerator module exposes them)
@@ -42,6 +42,7 @@ from .utils.constants import (  # noqa: F401  (HF's accelerator module exposes t
     WEIGHTS_PATTERN_NAME,
 )
 from .utils.dataclasses import (
+    ACCELERATOR_WORLD_TYPES,
     AutocastKwargs,
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,

@@ -21,15 +21,9 @@ from typing import Any, Callable, Iterator, TypeVar
 import torch
 
 from .families import FAMILIES, DeviceFamily, LaunchEnv, detect
-from .utils.dataclasses import DistributedType, DynamoBackend, GradientAccumulationPlugin
+from .utils.dataclasses import ACCELERATOR_WORLD_TYPES, DistributedType, DynamoBackend, GradientAccumulationPlugin
 from .utils.environment import parse_flag_from_env
 from .utils.imports import is_fp8_available
-
-#: Distributed types of one process per accelerator (what HF calls multi-device; FSDP takes their place).
-ACCELERATOR_WORLD_TYPES = (
-    DistributedType.MULTI_GPU, DistributedType.MULTI_MLU, DistributedType.MULTI_SDAA, DistributedType.MULTI_MUSA,
-    DistributedType.MULTI_NPU, DistributedType.MULTI_XPU, DistributedType.MULTI_HPU, DistributedType.MULTI_NEURON,
-)
 
 F = TypeVar("F", bound=Callable[..., Any])
 Splittable = TypeVar("Splittable", list, tuple, dict, torch.Tensor)

@@ -110,6 +110,12 @@ def _exit_handle(pid: int) -> int:
         return read
 
 
+def ready_path(fr_file: str | os.PathLike[str]) -> str:
+    """The file a rank creates once it answers Flight Recorder requests
+    (:func:`simulators.watchdog.install_flight_recorder_dumper`; before it, SIGUSR2 would end the rank)."""
+    return f"{os.fspath(fr_file)}.ready"
+
+
 def returned_path(workdir: Path, rank: int) -> Path:
     """The file rank ``rank`` creates when its script or function has returned (see `RETURNED_FILE_ENV`)."""
     return workdir / f"rank{rank}.returned"
@@ -213,6 +219,7 @@ def _spawn_rank(
     stack_file.touch()
     fr_file = workdir / "flight_recorder" / f"rank_{rank}"
     fr_file.parent.mkdir(exist_ok=True)
+    Path(ready_path(fr_file)).unlink(missing_ok=True)  # a rank started again answers once its own dumper waits
     scratch = workdir / "tmp"
     scratch.mkdir(exist_ok=True)
     full_env = {

@@ -28,7 +28,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from simulators.spawn import FR_FILE_ENV, STACK_FILE_ENV, RankProcess
+from simulators.spawn import FR_FILE_ENV, STACK_FILE_ENV, RankProcess, ready_path
 
 _POLL_S = 0.02
 _SETTLE_S = 0.1
@@ -92,7 +92,9 @@ def install_flight_recorder_dumper() -> None:
     SIGUSR2 is blocked in the calling thread (call it from the main thread
     before any other thread starts, so every thread inherits the mask) and
     taken by a daemon thread with ``sigwait``. The dump is written to a
-    temporary name and renamed, so a reader never sees half a file.
+    temporary name and renamed, so a reader never sees half a file. Once the
+    thread waits, :func:`ready_path` exists: before it, SIGUSR2 would end the
+    process, so :func:`dump_flight_records` asks only ranks that made it.
     """
     path = os.environ.get(FR_FILE_ENV)
     if not path:
@@ -108,6 +110,7 @@ def install_flight_recorder_dumper() -> None:
             os.replace(partial, path)
 
     threading.Thread(target=serve, name="simulators-flight-recorder", daemon=True).start()
+    open(ready_path(path), "w").close()
 
 
 def _flight_recorder_dump() -> bytes:
@@ -145,7 +148,7 @@ def dump_flight_records(ranks: Sequence[RankProcess], timeout: float = 2.0) -> d
     Ranks without a record file, and dumps that do not arrive within
     ``timeout`` seconds in all, are left out.
     """
-    live = [rank for rank in ranks if rank.alive() and rank.fr_file is not None]
+    live = [rank for rank in ranks if rank.alive() and rank.fr_file is not None and os.path.exists(ready_path(rank.fr_file))]
     for rank in live:
         rank.fr_file.unlink(missing_ok=True)
         try:

@@ -30,8 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from ..state import ACCELERATOR_WORLD_TYPES
-from ..utils.dataclasses import ComputeEnvironment, DistributedType
+from ..utils.dataclasses import ACCELERATOR_WORLD_TYPES, ComputeEnvironment, DistributedType
 from ..utils.environment import convert_dict_to_env_variables, get_int_from_env, patch_environment
 from ..utils.imports import (
     is_bf16_available,

@@ -95,6 +95,13 @@ class DistributedType(str, enum.Enum):
     MULTI_NEURON = "MULTI_NEURON"
 
 
+#: Distributed types of one process per accelerator (what HF calls multi-device; FSDP takes their place).
+ACCELERATOR_WORLD_TYPES = (
+    DistributedType.MULTI_GPU, DistributedType.MULTI_MLU, DistributedType.MULTI_SDAA, DistributedType.MULTI_MUSA,
+    DistributedType.MULTI_NPU, DistributedType.MULTI_XPU, DistributedType.MULTI_HPU, DistributedType.MULTI_NEURON,
+)
+
+
 class SageMakerDistributedType(str, enum.Enum):
     """Distributed mode on Amazon SageMaker: NO, DATA_PARALLEL, MODEL_PARALLEL.
 

@@ -6,8 +6,7 @@ A setup is given as the script's ``Accelerator`` arguments, or as an ``accelerat
 ``accelerate-ref launch --config_file`` with a plain ``Accelerator()``. A family runs the setups its real hardware
 runs (XLA: no torch FSDP, fp16 or torch.compile through accelerate). A setup a GPU would run but the mock cannot is a
 strict xfail naming torch's mechanism that refuses it (and a limit in the README), never a silent pass. Each run
-starts its ranks (about 10 s): ``make test`` runs every setup once and every family once per implementation
-(``_diagonal``), ``make extended`` the whole product.
+starts its ranks (about 10 s): ``make test`` runs ``SMOKE`` (every setup once), ``make extended`` the whole product.
 
 Elsewhere: ``save_state``/``load_state`` and resuming, ``torch.load``/safetensors onto the device, out-of-memory and
 collectives and ``torch.profiler`` (under ``make extended``) in ``test_dry_run.py``.
@@ -105,23 +104,26 @@ FAMILY_TYPES = {"xla": {"MULTI_GPU": "XLA"}, "npu": {"MULTI_GPU": "MULTI_NPU"}}
 PACKAGES = ("accelerate", "accelerate_ref")
 
 
-def _diagonal() -> set[tuple[str, str, str]]:
-    """The runs ``make test`` makes: every setup once on its first family, HF's script and the twin taking turns,
-    and every other family once for each implementation (its first setup); ``make extended`` runs the rest."""
-    runs = {(name, setup.families[0], PACKAGES[index % 2]) for index, name in enumerate(SETUPS) for setup in [SETUPS[name]]}
-    for family in ("npu", "xla"):
-        first = next(name for name, setup in SETUPS.items() if family in setup.families)
-        runs |= {(first, family, package) for package in PACKAGES}
-    return runs
+#: The runs ``make test`` makes, (setup, family, implementation): every setup once but the limit (its strict xfail runs
+#: under ``make extended``), HF's script and the accelerate_ref twin in turn, every family and both implementations
+#: on each family; ``make extended`` runs the whole product.
+SMOKE = {
+    ("ddp", "cuda", "accelerate"), ("ddp-bf16", "npu", "accelerate_ref"), ("ddp-fp16", "cuda", "accelerate"),
+    ("ddp-accumulation", "xla", "accelerate_ref"), ("ddp-bf16", "xla", "accelerate"),
+    ("fsdp2-full-shard", "cuda", "accelerate_ref"), ("fsdp2-shard-grad-op", "cuda", "accelerate"),
+    ("fsdp2-bf16", "npu", "accelerate"), ("fsdp2-cpu-offload", "cuda", "accelerate_ref"),
+    ("fsdp2-hybrid-2-machines", "cuda", "accelerate_ref"), ("fsdp2-activation-checkpointing", "cuda", "accelerate"),
+    ("fsdp2-config-file", "cuda", "accelerate_ref"), ("fsdp2-config-file-hybrid-2-machines", "cuda", "accelerate"),
+    ("fsdp1-full-shard", "npu", "accelerate_ref"), ("fsdp1-config-file-shard-grad-op", "cuda", "accelerate"),
+}
 
 
 def _cases():
-    diagonal = _diagonal()
     for name, setup in SETUPS.items():
         for family in setup.families:
             for package in PACKAGES:
                 marks = [pytest.mark.xfail(strict=True, reason=LIMITS[name])] if name in LIMITS else []
-                if (name, family, package) not in diagonal:
+                if (name, family, package) not in SMOKE:
                     marks.append(pytest.mark.extended)
                 yield pytest.param(name, family, package, marks=marks, id=f"{name}-{family}-{package}")
 
