@@ -96,7 +96,7 @@ def _tracked(output: str) -> int:
 def accuracy(models: list[str], worlds: list[int], setups: list[str]) -> None:
     """Per model, world and setup: rank 0's dry-run peak on a mock GPU against MemTracker's peak for the same
     script on the same mock GPU, and on the CPU (where FSDP2 runs without streams: a different program)."""
-    print(f"{'model':<11}{'setup':<7}{'ranks':>6}{'dry run':>15}{'MemTracker, mock':>18}{'ratio':>8}{'MemTracker, CPU':>17}{'ratio':>8}")
+    print(f"{'model':<13}{'setup':<7}{'ranks':>6}{'dry run':>15}{'MemTracker, mock':>18}{'ratio':>8}{'MemTracker, CPU':>17}{'ratio':>8}")
     for model in models:
         for world in worlds:
             for setup in (["none"] if world == 1 else setups):
@@ -108,7 +108,7 @@ def accuracy(models: list[str], worlds: list[int], setups: list[str]) -> None:
                         dry = max(device["peak"] for device in json.load(handle)["ranks"][0]["memory"].values())
                 mock = _tracked(_launch("cuda", world, [*arguments, "--memtracker"]))
                 cpu = _tracked(_launch("cpu", world, [*arguments, "--memtracker"]))
-                print(f"{model:<11}{setup:<7}{world:>6}{dry:>15,}{mock:>18,}{dry / mock:>8.4f}{cpu:>17,}{dry / cpu:>8.4f}", flush=True)
+                print(f"{model:<13}{setup:<7}{world:>6}{dry:>15,}{mock:>18,}{dry / mock:>8.4f}{cpu:>17,}{dry / cpu:>8.4f}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

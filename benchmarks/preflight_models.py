@@ -7,12 +7,11 @@ Run plainly on a GPU (``python benchmarks/preflight_models.py mlp``) it prints
 GPU in a dry run), else on the CPU; dry-run on mock GPUs
 (``accelerate-ref launch --simulate cuda --summary-json out.json benchmarks/preflight_models.py mlp``) the
 summary gives the peak the simulator predicts for the same step. The models: an MLP, a convolutional net, a
-small GPT-2 built from a ``transformers`` config (eager attention, as the CPU computes it; it does not dry-run
-yet: transformers builds its attention mask with ``torch.vmap``, which the mock devices do not take), the same
+small GPT-2 built from a ``transformers`` config (eager attention, as the CPU computes it), the same
 size of transformer from torch's own layers (``encoder``), and an embedding-heavy model.
 
 With ``--distributed ddp`` or ``fsdp2`` the model is wrapped in torch's DDP or sharded with torch's FSDP2
-(``fully_shard`` on each child with parameters, then the root) over the ranks a launcher started (gloo on the CPU,
+(``fully_shard`` on each transformer block, or each child with parameters, then the root) over the ranks a launcher started (gloo on the CPU,
 nccl on GPUs); each rank prints its own peak. Under MemTracker the wrapping happens inside the tracker, so the
 buffers DDP and FSDP2 allocate count as they do on a device.
 
@@ -110,10 +109,18 @@ def distribute(model: nn.Module, how: str, device: torch.device) -> nn.Module:
     from torch.distributed.fsdp import fully_shard
 
     mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
-    for child in model.children():
-        if any(True for _ in child.parameters()):
-            fully_shard(child, mesh=mesh)
+    for unit in _units(model):
+        fully_shard(unit, mesh=mesh)
     return fully_shard(model, mesh=mesh)
+
+
+def _units(model: nn.Module) -> list[nn.Module]:
+    """What FSDP2 shards one by one before the root: a transformer's blocks (GPT-2's head shares the embedding's
+    weight, so it stays with the root), else each child with parameters."""
+    transformer = getattr(model, "transformer", None)
+    if transformer is not None:
+        return list(transformer.h)
+    return [child for child in model.children() if any(True for _ in child.parameters())]
 
 
 def _steps(model: nn.Module, loss_of: Callable, optimizer: torch.optim.Optimizer, device: torch.device,
