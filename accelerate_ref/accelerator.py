@@ -164,6 +164,7 @@ class Accelerator(ProcessControlMixin, CheckpointingMixin, TrackingMixin, Engine
             cpu=cpu,
             dynamo_plugin=self._engines.dynamo_plugin,
             fsdp_plugin=self._engines.fsdp_plugin,
+            deepspeed_plugin=self._engines.deepspeed_plugins,
             _from_accelerator=True,
             **(init_kwargs.to_kwargs() if init_kwargs else {}),
         )

@@ -416,8 +416,9 @@ class AcceleratorState(_SharedState):
     ``fsdp_plugin`` and ``megatron_lm_plugin`` are attributes only when
     given; reading a missing one is HF's AttributeError. With an
     ``fsdp_plugin`` on several accelerators (``MULTI_GPU``, ``MULTI_NPU``,
-    ...) the ``distributed_type`` is ``FSDP``, the `PartialState`'s too;
-    CPU and XLA ranks keep theirs, as in HF. The dynamo plugin
+    ...) the ``distributed_type`` is ``FSDP``, with DeepSpeed plugins
+    ``DEEPSPEED`` (unless ``cpu``), the `PartialState`'s too; CPU ranks keep
+    theirs under FSDP and XLA ranks under both, as in HF. The dynamo plugin
     is required (without one, reading its backend is HF's AttributeError);
     with a compiling backend, an fp32 run on CUDA turns TF32 matmuls on.
     """
@@ -463,16 +464,23 @@ class AcceleratorState(_SharedState):
         self._mixed_precision = mixed_precision
         if fsdp_plugin is not None:
             self.fsdp_plugin = fsdp_plugin
-            self._take_engine_type()
+        self._take_engine_type()
         if megatron_lm_plugin is not None:
             self.megatron_lm_plugin = megatron_lm_plugin
         if self.dynamo_plugin.backend != DynamoBackend.NO and mixed_precision == "no" and self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True  # HF 1.15: compiled fp32 runs take TF32 matmuls
 
     def _take_engine_type(self) -> None:
-        """``FSDP`` for a sharded run on accelerators, the `PartialState`'s too (HF's rule; CPU ranks keep theirs)."""
-        if self.__dict__.get("fsdp_plugin") is not None and self.distributed_type in ACCELERATOR_WORLD_TYPES:
-            self.distributed_type = PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+        """The engine's distributed type, the `PartialState`'s too (HF's rules): ``DEEPSPEED`` with DeepSpeed
+        plugins unless the run is forced onto the CPU; ``FSDP`` for a sharded run on accelerators (CPU ranks
+        keep theirs)."""
+        engine = None
+        if self.__dict__.get("deepspeed_plugins") is not None and not self.__dict__.get("_cpu"):
+            engine = DistributedType.DEEPSPEED
+        elif self.__dict__.get("fsdp_plugin") is not None and self.distributed_type in ACCELERATOR_WORLD_TYPES:
+            engine = DistributedType.FSDP
+        if engine is not None and self.distributed_type != DistributedType.XLA:
+            self.distributed_type = PartialState._shared_state["distributed_type"] = engine
 
     @property
     def initialized(self) -> bool:

@@ -93,10 +93,12 @@ def _tracked(output: str) -> int:
     return json.loads(line.split(" ", 2)[2])["peak"]
 
 
-def accuracy(models: list[str], worlds: list[int], setups: list[str]) -> None:
+def accuracy(models: list[str], worlds: list[int], setups: list[str], trackers: list[str]) -> None:
     """Per model, world and setup: rank 0's dry-run peak on a mock GPU against MemTracker's peak for the same
-    script on the same mock GPU, and on the CPU (where FSDP2 runs without streams: a different program)."""
-    print(f"{'model':<13}{'setup':<7}{'ranks':>6}{'dry run':>15}{'MemTracker, mock':>18}{'ratio':>8}{'MemTracker, CPU':>17}{'ratio':>8}")
+    script on the same mock GPU (``mock``), and on the CPU (``cpu``: FSDP2 runs there without streams, a
+    different program)."""
+    header = "".join(f"{f'MemTracker, {where}':>18}{'ratio':>8}" for where in trackers)
+    print(f"{'model':<13}{'setup':<7}{'ranks':>6}{'dry run':>15}{header}", flush=True)
     for model in models:
         for world in worlds:
             for setup in (["none"] if world == 1 else setups):
@@ -106,9 +108,11 @@ def accuracy(models: list[str], worlds: list[int], setups: list[str]) -> None:
                     _launch("cuda", world, arguments, summary)
                     with open(summary) as handle:
                         dry = max(device["peak"] for device in json.load(handle)["ranks"][0]["memory"].values())
-                mock = _tracked(_launch("cuda", world, [*arguments, "--memtracker"]))
-                cpu = _tracked(_launch("cpu", world, [*arguments, "--memtracker"]))
-                print(f"{model:<13}{setup:<7}{world:>6}{dry:>15,}{mock:>18,}{dry / mock:>8.4f}{cpu:>17,}{dry / cpu:>8.4f}", flush=True)
+                row = f"{model:<13}{setup:<7}{world:>6}{dry:>15,}"
+                for where in trackers:
+                    tracked = _tracked(_launch("cuda" if where == "mock" else "cpu", world, [*arguments, "--memtracker"]))
+                    row += f"{tracked:>18,}{dry / tracked:>8.4f}"
+                print(row, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,12 +121,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", default=["mlp", "conv", "transformer", "encoder", "embedding"])
     parser.add_argument("--worlds", nargs="+", type=int, default=[1, 2, 4])
     parser.add_argument("--setups", nargs="+", choices=["ddp", "fsdp2"], default=["ddp", "fsdp2"])
+    parser.add_argument("--trackers", nargs="+", choices=["mock", "cpu"], default=["mock", "cpu"])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--collectives", type=int, default=300)
     args = parser.parse_args(argv)
     if args.accuracy:
-        accuracy(args.models, args.worlds, args.setups)
+        accuracy(args.models, args.worlds, args.setups, args.trackers)
         return 0
     times: dict[str, list[float]] = {name: [] for name in VARIANTS}
     failed: dict[str, int] = {}

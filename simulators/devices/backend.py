@@ -49,7 +49,7 @@ import torch.distributed as dist
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
 from simulators.devices import autocast, loading, peaks
-from simulators.devices.tensor import PAYLOAD_ADAPTERS, DeviceTensor, SwappingData
+from simulators.devices.tensor import PAYLOAD_ADAPTERS, DeviceTensor, SwappingData, swap_tensors
 
 _installed: list[type[DeviceTensor]] = []
 # Kernels stay registered as long as their Library object lives.
@@ -87,6 +87,7 @@ def install(
     loading.install(tensor_class.device_type, hidden_name)
     peaks.install(tensor_class.memory)
     SwappingData().__enter__()
+    torch.utils.swap_tensors = swap_tensors  # Module._apply calls it through the module
     torch.Tensor.record_stream = _recording_on_mock_streams(torch.Tensor.record_stream)
     _after_import("torch.distributed.fsdp._init_utils", _sync_mock_tensors_whole)
     _installed.append(tensor_class)

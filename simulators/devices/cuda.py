@@ -110,6 +110,38 @@ class IndexedCuda(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+class _Nvtx:
+    """``torch._C._nvtx`` of the mock: ranges nest and end as NVTX's do, and mark nothing (no profiler sees them)."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.started = 0
+
+    def rangePushA(self, msg: str) -> int:
+        self.depth += 1
+        return self.depth - 1
+
+    def rangePop(self) -> int:
+        self.depth = max(self.depth - 1, 0)
+        return self.depth if self.depth else -1
+
+    def rangeStartA(self, msg: str) -> int:
+        self.started += 1
+        return self.started
+
+    def rangeEnd(self, range_id: int) -> None:
+        pass
+
+    def deviceRangeStart(self, msg: str, stream: Any) -> int:
+        return self.rangeStartA(msg)
+
+    def deviceRangeEnd(self, handle: int, stream: Any) -> None:
+        pass
+
+    def markA(self, msg: str) -> None:
+        pass
+
+
 def _cuda_accelerator() -> torch.device:
     """The accelerator a CUDA build of torch reports: ``cuda``."""
     return torch.device("cuda")
@@ -153,6 +185,9 @@ def install() -> None:
     # default device): a CUDA build says ``cuda``, not the PrivateUse1 name (which a mesh refuses: not alphabetic).
     torch._C._get_accelerator = torch._C._accelerator_getAccelerator = _cuda_accelerator
     torch.Tensor.pin_memory = _pinned
+    # DeepSpeed wraps its engine's forward, backward and step in NVTX ranges (torch.cuda.nvtx.range_push);
+    # a CPU build's NVTX stub raises "NVTX functions not installed": the mock's ranges mark nothing.
+    torch.cuda.nvtx._nvtx = _Nvtx()
     # torch.distributed's logging and torch.profiler ask for NCCL's version when the backend is nccl.
     torch.cuda.nccl.version = lambda: NCCL_VERSION
     backend.register_process_group_backend(NCCL_STAND_IN)
@@ -178,9 +213,19 @@ def _routing_nccl(function: Callable) -> Callable:
             kwargs["backend"] = _stand_in(kwargs["backend"])
         elif function.__name__ == "init_process_group":  # no backend: torch's default for CUDA, nccl
             kwargs["backend"] = NCCL_STAND_IN
+        if function.__name__ == "init_process_group" and _is_cuda(kwargs.get("device_id")):
+            # ``device_id=torch.device("cuda", i)`` (DeepSpeed passes it) binds the group to a CUDA device for
+            # NCCL's eager init and comm splitting; the stand-in is gloo, registered for the CPU and the
+            # PrivateUse1 name, not for device type ``cuda`` ("No backend type associated with device type
+            # cuda"): the group stays unbound, as on the CPU.
+            kwargs.pop("device_id")
         return function(*args, **kwargs)
 
     return routed
+
+
+def _is_cuda(device: Any) -> bool:
+    return isinstance(device, (str, torch.device)) and torch.device(device).type == "cuda"
 
 
 def _stand_in(backend_name: Any) -> Any:

@@ -48,6 +48,7 @@ means the process's current device (:meth:`DeviceTensor.index_of`).
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import torch
@@ -67,6 +68,7 @@ PAYLOAD_ADAPTERS: dict[Any, Callable[[tuple], tuple]] = {}
 #: ``tensor.data = other`` as torch-function modes see it (a new method-wrapper at each access: compare with ==), and torch's own setter.
 _SET_DATA = torch.Tensor.data.__set__
 _SET_DATA_OF = torch._C.TensorBase.data.__set__
+_GET_DATA_OF = torch._C.TensorBase.data.__get__
 
 
 class SwappingData(TorchFunctionMode):
@@ -97,7 +99,30 @@ def swap_in(variable: torch.Tensor, data: torch.Tensor) -> None:
         replacement = torch.nn.Parameter(replacement, requires_grad=variable.requires_grad)
     else:
         replacement.requires_grad_(variable.requires_grad)
-    torch.utils.swap_tensors(variable, replacement)
+    swap_tensors(variable, replacement)
+
+
+#: torch's ``swap_tensors``, and a copy of it that does not refuse tensors with weak references (see `swap_tensors`).
+_TORCH_SWAP_TENSORS = torch.utils.swap_tensors
+_SWAP_IGNORING_WEAKREFS = type(_TORCH_SWAP_TENSORS)(
+    _TORCH_SWAP_TENSORS.__code__,
+    {**_TORCH_SWAP_TENSORS.__globals__, "weakref": SimpleNamespace(getweakrefs=lambda obj: [])},
+    _TORCH_SWAP_TENSORS.__name__,
+)
+
+
+def swap_tensors(t1: torch.Tensor, t2: torch.Tensor) -> None:
+    """``torch.utils.swap_tensors``, which lets a parameter with weak references become a mock one.
+
+    On a GPU, ``Module.to("cuda")`` keeps each parameter object through ``param.data = ...``; a mock
+    tensor is a wrapper subclass, so torch swaps it in (``torch.utils.swap_tensors``), which refuses a
+    tensor that has weak references ("Cannot swap t1 because it has weakref associated with it").
+    DeepSpeed puts a ``weakref.finalize`` on every parameter (its name map, ``deepspeed.utils.debug``)
+    before it moves the module. The Python object survives a swap, so references to it stay right:
+    the check is skipped where a mock tensor takes part."""
+    if isinstance(t1, DeviceTensor) or isinstance(t2, DeviceTensor):
+        return _SWAP_IGNORING_WEAKREFS(t1, t2)
+    return _TORCH_SWAP_TENSORS(t1, t2)
 
 
 class DeviceTensor(torch.Tensor):
@@ -131,6 +156,19 @@ class DeviceTensor(torch.Tensor):
         return tensor
 
     __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @property
+    def data(self) -> torch.Tensor:
+        return _GET_DATA_OF(self)
+
+    @data.setter
+    def data(self, value: torch.Tensor) -> None:
+        # ``variable.data = other`` on a mock tensor, in any thread. `SwappingData` is a mode, and torch keeps
+        # modes per thread: autograd runs a mock device's backward in its own device thread, where none is
+        # entered, so DeepSpeed's hooks there (ZeRO-3 gathering a parameter before its module's backward,
+        # ZeRO-2 moving gradients into its buckets) would reach torch's setter, which takes the new sizes
+        # and leaves the payload behind (a (1, 64) weight computing on a (0,) payload: "mat2 must be a matrix").
+        swap_in(self, value)
 
     @property
     def device(self) -> torch.device:

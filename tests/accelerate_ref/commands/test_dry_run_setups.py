@@ -15,6 +15,7 @@ collectives and ``torch.profiler`` (under ``make extended``) in ``test_dry_run.p
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import textwrap
 
 import pytest
@@ -26,15 +27,16 @@ SCRIPT = textwrap.dedent("""\
     import torch
     from {package} import Accelerator
     from {package}.parallelism_config import ParallelismConfig  # noqa: F401
-    from {package}.utils import FullyShardedDataParallelPlugin, TorchDynamoPlugin  # noqa: F401
+    from {package}.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin, TorchDynamoPlugin  # noqa: F401
 
     accelerator = Accelerator({accelerator})
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    model, optimizer = accelerator.prepare(model, optimizer)
-    for step in range(4):
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(32, 8)), batch_size=4)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    for (batch,) in loader:
         with accelerator.accumulate(model):
-            loss = model(torch.randn(4, 8, device=accelerator.device)).float().pow(2).mean()
+            loss = model(batch).float().pow(2).mean()
             accelerator.backward(loss)
             optimizer.step()
             optimizer.zero_grad()
@@ -53,6 +55,8 @@ class Setup:
     families: tuple[str, ...] = ("cuda",)
     #: The distributed type the ranks must report (a config that ran as plain DDP would pass otherwise).
     distributed_type: str = "MULTI_GPU"
+    #: The engine package the setup needs (absent: the run is skipped naming it).
+    needs: str | None = None
 
 
 FSDP2 = "fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2{})"
@@ -91,6 +95,8 @@ SETUPS = {
     "fsdp1-full-shard": Setup(FSDP1.format(""), families=GPUS, distributed_type="FSDP"),
     "fsdp1-config-file-shard-grad-op": Setup(config=_fsdp_config({"fsdp_version": 1, "fsdp_sharding_strategy": "SHARD_GRAD_OP"}),
                                              distributed_type="FSDP"),
+    **{f"deepspeed-zero{stage}": Setup(f"deepspeed_plugin=DeepSpeedPlugin(zero_stage={stage}, gradient_accumulation_steps=1)",
+                                       distributed_type="DEEPSPEED", needs="deepspeed") for stage in (1, 2, 3)},
 }
 #: Setups a GPU runs and the mock cannot, with torch's mechanism that refuses them (README, "Limits").
 LIMITS = {
@@ -115,6 +121,7 @@ SMOKE = {
     ("fsdp2-hybrid-2-machines", "cuda", "accelerate_ref"), ("fsdp2-activation-checkpointing", "cuda", "accelerate"),
     ("fsdp2-config-file", "cuda", "accelerate_ref"), ("fsdp2-config-file-hybrid-2-machines", "cuda", "accelerate"),
     ("fsdp1-full-shard", "npu", "accelerate_ref"), ("fsdp1-config-file-shard-grad-op", "cuda", "accelerate"),
+    ("deepspeed-zero1", "cuda", "accelerate"), ("deepspeed-zero2", "cuda", "accelerate_ref"), ("deepspeed-zero3", "cuda", "accelerate"),
 }
 
 
@@ -123,6 +130,8 @@ def _cases():
         for family in setup.families:
             for package in PACKAGES:
                 marks = [pytest.mark.xfail(strict=True, reason=LIMITS[name])] if name in LIMITS else []
+                if setup.needs and importlib.util.find_spec(setup.needs) is None:
+                    marks.append(pytest.mark.skip(reason=f"{setup.needs} is not installed (the {setup.needs} extra)"))
                 if (name, family, package) not in SMOKE:
                     marks.append(pytest.mark.extended)
                 yield pytest.param(name, family, package, marks=marks, id=f"{name}-{family}-{package}")
