@@ -157,10 +157,12 @@ def dump_flight_records(ranks: Sequence[RankProcess], timeout: float = 2.0) -> d
             pass
     records: dict[int, dict] = {}
     deadline = time.monotonic() + timeout
-    while len(records) < len(live) and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
         for rank in live:
             if rank.rank not in records and rank.fr_file.exists():
                 with open(rank.fr_file, "rb") as stream:
                     records[rank.rank] = pickle.load(stream)
+        if all(rank.rank in records or not rank.alive() for rank in live):  # a rank that exited sends nothing
+            break
         time.sleep(_POLL_S)
     return records
