@@ -207,9 +207,9 @@ def _watch(ranks: Sequence[RankProcess], timeout: float | None, watch: float | N
     exit_codes: dict[int, int] = {}
     while pending:
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-        waited = remaining if watch is None or (remaining is not None and remaining <= watch) else watch
-        ready = sorted(wait(pending, timeout=waited), key=lambda rank: rank.rank)
-        if not ready and waited != remaining:
+        watching = watch is not None and (remaining is None or remaining > watch)
+        ready = sorted(wait(pending, timeout=watch if watching else remaining), key=lambda rank: rank.rank)
+        if not ready and watching:
             collectives = diagnose(dump_flight_records(ranks), len(ranks))
             if any(verdict.mismatched for verdict in collectives.groups):
                 return LaunchResult("mismatch", 1, exit_codes=exit_codes, running=[rank.rank for rank in pending],

@@ -39,19 +39,18 @@ def _budget(args: argparse.Namespace) -> tuple[str | None, str]:
     return memory, name
 
 
-#: Launch settings a family's hardware does not run, with why (a dry run refuses them before any rank starts).
+#: (family, launch option, value) a family's hardware does not run, with why (refused before any rank starts).
 UNSUPPORTED = {
-    ("xla", "use_fsdp"): "torch's FSDP does not run on XLA devices (TPUs shard with torch_xla's own FSDP): "
-                         "dry-run FSDP with --simulate cuda or npu",
-    ("xla", "fp16"): "fp16 mixed precision is not a TPU setup (HF accelerate refuses it on XLA): use bf16",
+    ("xla", "use_fsdp", True): "torch's FSDP does not run on XLA devices (TPUs shard with torch_xla's own FSDP): "
+                               "dry-run FSDP with --simulate cuda or npu",
+    ("xla", "mixed_precision", "fp16"): "fp16 mixed precision is not a TPU setup (HF accelerate refuses it on XLA): use bf16",
 }
 
 
 def _check_family_runs(args: argparse.Namespace) -> None:
     """Refuse a setup the simulated family's hardware cannot run (ValueError, one line)."""
-    for (family, setting), why in UNSUPPORTED.items():
-        asked = getattr(args, setting, False) or getattr(args, "mixed_precision", None) == setting
-        if args.simulate == family and asked:
+    for (family, option, value), why in UNSUPPORTED.items():
+        if args.simulate == family and getattr(args, option, None) == value:
             raise ValueError(f"--simulate {family}: {why}")
 
 
