@@ -13,7 +13,10 @@ size of transformer from torch's own layers (``encoder``), and an embedding-heav
 With ``--distributed ddp`` or ``fsdp2`` the model is wrapped in torch's DDP or sharded with torch's FSDP2
 (``fully_shard`` on each transformer block, or each child with parameters, then the root) over the ranks a launcher started (gloo on the CPU,
 nccl on GPUs); each rank prints its own peak. Under MemTracker the wrapping happens inside the tracker, so the
-buffers DDP and FSDP2 allocate count as they do on a device.
+buffers DDP and FSDP2 allocate count as they do on a device. The tracker does not see what gloo (the CPU's
+backend, and the mock GPUs' stand-in for NCCL) allocates inside a collective, its reduce-scatter working on copies
+of the whole input: NCCL's buffers do not come from torch's allocator, so ``torch.cuda.max_memory_allocated()``
+never counts them either.
 
     python benchmarks/preflight_models.py {mlp,conv,transformer,encoder,embedding} [--batch 16] [--distributed ddp]
 """
@@ -79,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.memtracker:
         from torch.distributed._tools.mem_tracker import MemTracker
 
+        _untracked_collectives()
+
         tracker = MemTracker()
         tracker.track_external(model)
         with tracker:
@@ -112,6 +117,30 @@ def distribute(model: nn.Module, how: str, device: torch.device) -> nn.Module:
     for unit in _units(model):
         fully_shard(unit, mesh=mesh)
     return fully_shard(model, mesh=mesh)
+
+
+#: The collectives DDP and FSDP2 call from Python (their outputs are allocated before the call, by the caller).
+COLLECTIVES = ("all_gather_into_tensor", "all_gather_single", "reduce_scatter_tensor", "reduce_scatter_single",
+               "all_reduce", "broadcast")
+
+
+def _untracked_collectives() -> None:
+    """Run the collectives with no dispatch mode active, so that MemTracker does not count the working copies
+    gloo makes inside them (a GPU's NCCL takes none from torch's allocator)."""
+    from torch.distributed import distributed_c10d
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    def untracked(collective: Callable) -> Callable:
+        def call(*args, **kwargs):
+            with _disable_current_modes():
+                return collective(*args, **kwargs)
+
+        return call
+
+    for name in COLLECTIVES:
+        if hasattr(distributed_c10d, name):  # callers reach them through either module
+            for module in (distributed_c10d, torch.distributed):
+                setattr(module, name, untracked(getattr(distributed_c10d, name)))
 
 
 def _units(model: nn.Module) -> list[nn.Module]:

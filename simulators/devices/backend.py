@@ -23,6 +23,8 @@ one PrivateUse1 device):
   as it always does;
 - sends ``variable.data = other`` across the CPU and the device to
   :func:`simulators.devices.tensor.swap_in` (FSDP moves and reshards so);
+- tells the memory books of a storage resized in place (FSDP2 frees and
+  re-allocates its unsharded parameters with ``UntypedStorage.resize_``);
 - makes ``Tensor.record_stream`` a no-op for the family's tensors (the mock's
   ops finish at once) and lets FSDP1's ``sync_module_states`` broadcast them
   whole (not their CPU payloads), so that torch's FSDP1 runs;
@@ -89,6 +91,7 @@ def install(
     SwappingData().__enter__()
     torch.utils.swap_tensors = swap_tensors  # Module._apply calls it through the module
     torch.Tensor.record_stream = _recording_on_mock_streams(torch.Tensor.record_stream)
+    torch.UntypedStorage.resize_ = _counting_resizes(torch.UntypedStorage.resize_, tensor_class.memory)
     _after_import("torch.distributed.fsdp._init_utils", _sync_mock_tensors_whole)
     _installed.append(tensor_class)
 
@@ -155,6 +158,16 @@ def _attention_as_on_cpu(query, key, value, attn_mask=None, dropout_p=0.0, is_ca
     if choice == 1:  # sdp::SDPBackend::flash_attention
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
     return torch.ops.aten._scaled_dot_product_attention_math(query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa)[0]
+
+
+def _counting_resizes(resize: Any, memory: Any) -> Any:
+    """``UntypedStorage.resize_`` that tells the books first (see ``DeviceMemory.storage_resizing``)."""
+
+    def resized(storage: torch.UntypedStorage, size: int) -> Any:
+        memory.storage_resizing(storage, int(size))
+        return resize(storage, size)
+
+    return resized
 
 
 def _recording_on_mock_streams(record_stream: Any) -> Any:

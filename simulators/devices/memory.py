@@ -7,7 +7,9 @@ Rules (the budget is :func:`simulators.devices.machine.device_memory`):
   ``.data``) share it, from when a tensor on the device first wraps it until
   the last of them dies (autograd's saved tensors keep theirs alive, as on
   hardware); an op that resizes it (``out=``, ``resize_``, the factories
-  that fill an empty tensor) changes its size in the books;
+  that fill an empty tensor) changes its size in the books, and so does a
+  resize of the storage itself (``tensor.untyped_storage().resize_(0)``, how
+  FSDP2 frees an unsharded parameter it still references);
 - a new storage (or a resize) that would take a device past its budget raises torch's
   ``torch.OutOfMemoryError`` (what ``torch.cuda`` raises) naming the device,
   the size asked for, the budget, what is allocated and what is free; nothing
@@ -101,6 +103,19 @@ class DeviceMemory:
             self._grow(device, index, growth)
             known.size += growth
 
+    def storage_resizing(self, storage: torch.UntypedStorage, nbytes: int) -> None:
+        """Count ``storage`` (a mock tensor's payload storage, when the books know it) at ``nbytes`` before torch
+        resizes it: FSDP2 frees its unsharded parameters with ``untyped_storage().resize_(0)`` and allocates
+        them again so. OutOfMemoryError past the budget (nothing is resized then)."""
+        key = storage._cdata
+        with self._lock:
+            for index, device in self._devices.items():
+                known = device.storages.get(key)
+                if known is not None:
+                    self._grow(device, index, nbytes - known.size)
+                    known.size = nbytes
+                    return
+
     def _grow(self, device: _Device, index: int, size: int) -> None:
         """Add ``size`` bytes (which may be negative) to ``device``; OutOfMemoryError past its budget."""
         if size > 0:
@@ -110,6 +125,11 @@ class DeviceMemory:
             device.peak = device.allocated
             if self.recorder is not None:
                 self.recorder.on_peak(self, index, device)
+
+    def held(self) -> dict[int, dict[int, _Storage]]:
+        """Per device: a copy of the storages it holds now, by key."""
+        with self._lock:
+            return {index: dict(device.storages) for index, device in self._devices.items()}
 
     def allocated(self, index: int) -> int:
         """Bytes device ``index`` holds now."""

@@ -18,6 +18,9 @@ Rules (:class:`simulators.devices.memory.DeviceMemory` calls :func:`on_peak` and
   peak has grown by 1% since the last one (taking it costs a walk over the
   optimizers' tensors), so the model-state parts are those of a moment within
   1% of the peak and the rest is the peak minus them;
+- the model states of a device are those three parts as they stand when an
+  optimizer step ends (the gradients not yet zeroed), the most of each over
+  the steps: what the bytes-per-parameter arithmetic predicts (issue 22, item 4);
 - an allocation that would pass the budget is recorded (device, step, line and
   torch's message) before torch's ``OutOfMemoryError`` is raised;
 - the report (JSON) is written to :func:`simulators.spawn.memory_report_path` after every
@@ -55,6 +58,8 @@ class _Recorder:
         self.out_of_memory: dict[str, Any] | None = None
         #: The most steps any optimizer completed (kept when the optimizers are gone).
         self.completed = 0
+        #: Per device ("cuda:0"): the most bytes of each model-state part at the end of an optimizer step.
+        self.model_states: dict[str, dict[str, int]] = {}
 
     @property
     def step(self) -> int:
@@ -65,6 +70,11 @@ class _Recorder:
         self.optimizers.add(optimizer)
         self.steps[optimizer] = self.steps.get(optimizer, 0) + 1
         self.completed = max(self.completed, self.steps[optimizer])
+        for books in self.books:
+            for index, storages in books.held().items():
+                states = self.model_states.setdefault(f"{books.device_type}:{index}", dict.fromkeys(PARTS, 0))
+                for part, size in self.split(books.device_type, index, storages).items():
+                    states[part] = max(states[part], size)
         self.write()
 
     def storages(self, device_type: str, index: int) -> dict[str, set[int]]:
@@ -79,11 +89,17 @@ class _Recorder:
                         _add_key(keys["optimizer_state"], value, device_type, index)
         return keys
 
+    def split(self, device_type: str, index: int, storages: dict[int, Any]) -> dict[str, int]:
+        """Bytes of each model-state part among ``storages`` (the books' storages of device ``index``)."""
+        keys = self.storages(device_type, index)
+        return {part: sum(storage.size for key, storage in storages.items() if key in keys[part]) for part in PARTS}
+
     def report(self) -> dict[str, Any]:
         devices = {}
         for books in self.books:
             for index, summary in books.summaries().items():
-                devices[f"{books.device_type}:{index}"] = summary
+                name = f"{books.device_type}:{index}"
+                devices[name] = {**summary, "model_states": self.model_states.get(name, dict.fromkeys(PARTS, 0))}
         return {"steps": self.completed, "devices": devices, "out_of_memory": self.out_of_memory}
 
     def write(self) -> None:
@@ -129,8 +145,7 @@ def on_peak(books: Any, index: int, device: Any) -> None:
     device.peak_step = RECORDER.step
     device.peak_at = user_line()
     if device.peak >= device.split_at * SPLIT_GROWTH:
-        keys = RECORDER.storages(books.device_type, index)
-        device.split = {part: sum(s.size for k, s in device.storages.items() if k in keys[part]) for part in PARTS}
+        device.split = RECORDER.split(books.device_type, index, device.storages)
         device.split_at = device.peak
 
 

@@ -1,6 +1,7 @@
 """The setup matrix of issue 22 item 1 (setup x implementation x device family): one training script per setup,
 written for HF accelerate and switched to accelerate_ref, dry-run on 2 mock devices (4 as 2 machines for hybrid
-sharding) until it ends well.
+sharding) until it ends well, with the model states the arithmetic gives (item 4: parameters, gradients and AdamW's
+two moments at 4 bytes a parameter, divided by the shard count for FSDP and ZeRO, none on the device with CPU offload).
 
 A setup is given as the script's ``Accelerator`` arguments, or as an ``accelerate config`` file for
 ``accelerate-ref launch --config_file`` with a plain ``Accelerator()``. A family runs the setups its real hardware
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import textwrap
 
 import pytest
@@ -57,8 +59,24 @@ class Setup:
     distributed_type: str = "MULTI_GPU"
     #: The engine package the setup needs (absent: the run is skipped naming it).
     needs: str | None = None
+    #: The model states live on the CPU (CPU offload): none on the device.
+    offloaded: bool = False
+
+    @property
+    def shards(self) -> int:
+        """How many ways the optimizer's parameters, their gradients and its state are split: FSDP and ZeRO shard
+        over 2 ranks here (hybrid sharding: 2 shards, each held by 2 machines)."""
+        return 2 if self.distributed_type in ("FSDP", "DEEPSPEED") else 1
+
+    def model_states(self) -> dict[str, int]:
+        """Bytes of each model-state part a device holds after a step: fp32 parameters and gradients, AdamW's
+        two fp32 moments (its step count stays on the CPU)."""
+        size = 0 if self.offloaded else PARAMETERS * 4 // self.shards
+        return {"parameters": size, "gradients": size, "optimizer_state": 2 * size}
 
 
+#: The script's model: two Linear layers (8 -> 16 -> 4) with biases; every dimension splits evenly in two.
+PARAMETERS = 8 * 16 + 16 + 16 * 4 + 4
 FSDP2 = "fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2{})"
 FSDP1 = "fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=1{})"
 ALL = ("cuda", "npu", "xla")
@@ -79,7 +97,7 @@ SETUPS = {
     "fsdp2-full-shard": Setup(FSDP2.format(""), families=GPUS, distributed_type="FSDP"),
     "fsdp2-shard-grad-op": Setup(FSDP2.format(", reshard_after_forward=False"), distributed_type="FSDP"),
     "fsdp2-bf16": Setup(FSDP2.format("") + ', mixed_precision="bf16"', families=GPUS, distributed_type="FSDP"),
-    "fsdp2-cpu-offload": Setup(FSDP2.format(", cpu_offload=True"), distributed_type="FSDP"),
+    "fsdp2-cpu-offload": Setup(FSDP2.format(", cpu_offload=True"), distributed_type="FSDP", offloaded=True),
     "fsdp2-hybrid-2-machines": Setup(FSDP2.format("") + ", parallelism_config=ParallelismConfig(dp_replicate_size=2, dp_shard_size=2)",
                                      ranks=4, machines=2, distributed_type="FSDP"),
     # HF 1.15 checkpoints the layers its wrap policy picks, and fails without one (on a GPU too).
@@ -150,13 +168,20 @@ def dry_run_setup(tmp_path, monkeypatch, capsys, name: str, family: str, package
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
     status = run(["launch", *config, "--simulate", family, "--num_processes", str(setup.ranks),
-                  "--num_machines", str(setup.machines), "--timeout", "240", "train.py"])
+                  "--num_machines", str(setup.machines), "--timeout", "240", "--summary-json", "summary.json", "train.py"])
     output = capsys.readouterr()
     assert status == 0, f"{name} ({package} on {family}):\n{output.out[-3000:]}{output.err[-2000:]}"
     distributed_type = FAMILY_TYPES.get(family, {}).get(setup.distributed_type, setup.distributed_type)
     for rank in range(setup.ranks):
         assert f"[rank {rank}] trained DistributedType.{distributed_type}" in output.out, output.out[-3000:]
     assert "-- memory per rank" in output.out
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    for rank in summary["ranks"]:
+        for device, books in rank["memory"].items():
+            assert books["model_states"] == setup.model_states(), (
+                f"{name} ({package} on {family}), rank {rank['rank']} on {device}: model states after a step "
+                f"{books['model_states']}, the arithmetic says {setup.model_states()} ({PARAMETERS} fp32 parameters, "
+                f"{setup.shards} shard(s){', offloaded' if setup.offloaded else ''})")
     return output.out
 
 

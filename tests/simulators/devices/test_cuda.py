@@ -139,6 +139,21 @@ def out_ops_views_vmap_and_attention():
     }
 
 
+def storage_resizes():
+    """FSDP2's way of freeing an unsharded parameter it keeps, and of allocating it again: the storage resized in
+    place (the books counted it until the tensor died: FSDP2's peaks were an unsharded layer too many)."""
+    import torch
+
+    held = torch.cuda.memory_allocated()
+    parameter = torch.empty(1024, device="cuda")
+    sizes = [torch.cuda.memory_allocated() - held]
+    parameter.untyped_storage().resize_(0)
+    sizes.append(torch.cuda.memory_allocated() - held)
+    parameter.untyped_storage().resize_(4096)
+    sizes.append(torch.cuda.memory_allocated() - held)
+    return sizes
+
+
 # -- tests (run in pytest) -------------------------------------------------------------------
 
 
@@ -159,6 +174,10 @@ def test_a_training_step_autocasts_seeds_and_counts_memory_on_the_gpu(cuda2):
             "autocast dtype": "torch.bfloat16", "grad device": device, "memory grew": True, "rng": True,
             "pinned batch": [device, [0.0, 1.0]], "properties": 9,
         }
+
+
+def test_a_storage_resized_in_place_is_counted_at_its_new_size(cuda2):
+    assert cuda2.run(storage_resizes) == [[4096, 0, 4096]] * 2
 
 
 def test_nccl_the_default_and_named_is_gloo_on_cuda_tensors_and_reports_its_name(cuda2):
