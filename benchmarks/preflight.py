@@ -9,8 +9,9 @@ step) and makes ``--collectives`` more small all-reduces, as a metrics loop woul
 
 With ``--accuracy`` it compares instead, for each model of ``benchmarks/preflight_models.py`` at world 1 and
 under DDP and FSDP2 at 2 and 4 ranks, rank 0's peak as a dry run on mock GPUs reports it with the peak torch's
-own MemTracker measures for the same two steps, on the same mock GPUs (the same program: goal within 10%) and on
-the CPU (torch's FSDP2 runs there without streams, so it frees its all-gather buffers sooner than on a GPU).
+own MemTracker measures for the same two steps, on the same mock GPUs (the same program: goal within 10%) and,
+independently of the mock, on the CPU with gloo (neither counts what gloo allocates inside a collective: NCCL's
+buffers are not torch's).
 
     python benchmarks/preflight.py [--repeat 3] [--steps 50] [--collectives 300]
     python benchmarks/preflight.py --accuracy [--models mlp conv transformer encoder embedding] [--worlds 1 2 4]
@@ -95,8 +96,7 @@ def _tracked(output: str) -> int:
 
 def accuracy(models: list[str], worlds: list[int], setups: list[str], trackers: list[str]) -> None:
     """Per model, world and setup: rank 0's dry-run peak on a mock GPU against MemTracker's peak for the same
-    script on the same mock GPU (``mock``), and on the CPU (``cpu``: FSDP2 runs there without streams, a
-    different program)."""
+    script on the same mock GPU (``mock``), and on the CPU (``cpu``, gloo's ranks)."""
     header = "".join(f"{f'MemTracker, {where}':>18}{'ratio':>8}" for where in trackers)
     print(f"{'model':<13}{'setup':<7}{'ranks':>6}{'dry run':>15}{header}", flush=True)
     for model in models:
