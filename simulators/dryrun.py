@@ -153,6 +153,7 @@ def record(result: LaunchResult, world: World, script: str, budget: int | None =
             "collectives": _collective_findings(result, rank, tail, script),
             "memory": report["devices"] if report else {},
             "steps": report["steps"] if report else None,
+            "placeholders": report.get("placeholders", []) if report else [],
             **_verdict(report, budget),
         })
     return {"world": {"ranks": world.size, "machines": world.machines}, "status": result.status,
@@ -173,6 +174,22 @@ def _memory_line(rank: dict) -> str | None:
     return f"rank {rank['rank']}: peak {human(peak['peak'])} on {device} {when}, {peak['at'] or '?'} ({parts}): {verdict}"
 
 
+def _placeholder_lines(ranks: list[dict]) -> list[str]:
+    """Each line of the script that read a value no-compute mode did not compute, once: what it asked for and on
+    which ranks (their results there are placeholders, zeros)."""
+    places: dict[tuple[str, str], list[int]] = {}
+    for rank in ranks:
+        for place in rank["placeholders"]:
+            places.setdefault((place["at"] or "?", place["what"]), []).append(rank["rank"])
+    if not places:
+        return []
+    lines = ["-- values not computed (--no-compute: these read zeros) --"]
+    for (at, what), on in sorted(places.items()):
+        who = "every rank" if len(on) == len(ranks) else f"rank(s) {', '.join(map(str, on))}"
+        lines.append(f"{at}: {what} on {who}")
+    return lines
+
+
 def summary(result: LaunchResult, world: World, script: str, budget: int | None = None, budget_name: str = "") -> str:
     """The run summary printed after a dry run (see :func:`record` for what it reports)."""
     found = record(result, world, script, budget)
@@ -185,6 +202,7 @@ def summary(result: LaunchResult, world: World, script: str, budget: int | None 
     if memory:
         of = f"budget {human(budget)} per device{f', {budget_name}' if budget_name else ''}" if budget else "no budget"
         lines += [f"-- memory per rank ({of}) --", *memory]
+    lines += _placeholder_lines(found["ranks"])
     for rank, stack in sorted(result.stacks.items()):
         lines.append(f"--- rank {rank} stack ---\n{stack.rstrip()}")
     return "\n".join(lines)

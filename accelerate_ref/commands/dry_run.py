@@ -4,7 +4,8 @@ Rule: the script runs on ``num_processes`` simulator ranks as
 ``num_machines`` machines with the environment ``launch`` would give it (HF
 accelerate's launch variables; ``ACCELERATE_USE_CPU`` for ``cpu``) plus the
 simulator's for the family (:func:`simulators.dryrun.family_env`) and each
-mock device's memory budget (``--device-memory`` or a ``--gpu`` preset); then
+mock device's memory budget (``--device-memory`` or a ``--gpu`` preset) and,
+with ``--no-compute``, tensors without values (:mod:`simulators.devices.machine`); then
 the simulator's run summary is printed (with each rank's peak device memory
 and its verdict against the budget; as JSON too with ``--summary-json``) and
 the launch's exit status returned. Ranks that enter different collectives
@@ -36,6 +37,8 @@ def _budget(args: argparse.Namespace) -> tuple[str | None, str]:
         memory, name = gpu_budget(args.gpu), args.gpu.lower()
     if memory is not None and args.simulate == "cpu":
         raise ValueError("a memory budget needs a mock device: --simulate cuda, xla or npu (not cpu)")
+    if getattr(args, "no_compute", False) and args.simulate == "cpu":
+        raise ValueError("--no-compute needs a mock device: --simulate cuda, xla or npu (not cpu)")
     return memory, name
 
 
@@ -56,7 +59,7 @@ def _check_family_runs(args: argparse.Namespace) -> None:
 
 def dry_run(args: argparse.Namespace) -> int:
     """Run ``args.training_script`` on the simulator and print the summary; return the launcher's exit status."""
-    from simulators.devices.machine import machine_env, parse_size
+    from simulators.devices.machine import NO_COMPUTE_ENV, machine_env, parse_size
     from simulators.dryrun import DEFAULT_TIMEOUT, family_env, record, summary, watch_interval
     from simulators.launcher import launch
     from simulators.topology import World
@@ -67,7 +70,8 @@ def dry_run(args: argparse.Namespace) -> int:
     memory, preset = _budget(args)
     world = World.of(args.num_processes, machines=args.num_machines)
     env = {**launch_env(args, base={}), "ACCELERATE_USE_CPU": str(args.simulate == "cpu" or bool(args.cpu)),
-           **family_env(args.simulate), **machine_env(args.simulate, memory=memory)}
+           **family_env(args.simulate), **machine_env(args.simulate, memory=memory),
+           **({NO_COMPUTE_ENV: "1"} if getattr(args, "no_compute", False) else {})}
     result = launch([args.training_script, *args.training_script_args], world,
                     timeout=args.timeout or DEFAULT_TIMEOUT, env=env, watch=watch_interval())
     budget = parse_size(memory) if memory else None

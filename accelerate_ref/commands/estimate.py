@@ -16,6 +16,9 @@ its ``config.json`` stands for the Hub's config metadata, and its library is
 ``--library_name``, else the model card's ``library_name``, else ``timm`` for
 a timm config (an ``architecture`` key), else ``transformers``. HF 1.15 sends
 every name to the Hub, so a local path fails there (``HFValidationError``).
+
+``--training`` (also this module's addition) estimates each GPU's peak while
+training on N GPUs instead: :mod:`accelerate_ref.commands.estimate_training`.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any, Optional
 import yaml
 
 from ..utils import convert_bytes, is_timm_available, is_transformers_available
+from .estimate_training import add_training_arguments, estimate_training
 from .utils import CustomArgumentParser
 
 #: dtype -> how many times smaller than float32 a parameter is.
@@ -249,6 +253,7 @@ def estimate_command_parser(subparsers=None):
         default=False,
         help="Run the model's own modeling code (a custom model); only for code you trust and have read.",
     )
+    add_training_arguments(parser)
     if subparsers is not None:
         parser.set_defaults(func=estimate_command)
     return parser
@@ -306,8 +311,11 @@ def _cell(item: Any) -> Any:
     return item
 
 
-def estimate_command(args: argparse.Namespace) -> None:
-    """Print the memory table of ``args.model_name`` (sizes in the largest unit under 1024, ``convert_bytes``)."""
+def estimate_command(args: argparse.Namespace) -> Optional[int]:
+    """Print the memory table of ``args.model_name`` (sizes in the largest unit under 1024, ``convert_bytes``); with
+    ``--training``, the per-rank training table instead (:mod:`.estimate_training`) and its exit status."""
+    if getattr(args, "training", False):
+        return estimate_training(args)
     rows = [[_cell(item) for item in row] for row in gather_data(args)]
     headers = ["dtype", "Largest Layer", "Total Size", "Training using Adam"]
     print(create_ascii_table(headers, rows, f"Memory Usage for loading `{args.model_name}`"))

@@ -33,6 +33,8 @@ COUNT_VARIABLES = {
 }
 #: The per-device memory budget variable (all families).
 MEMORY_VARIABLE = "SIMULATORS_DEVICE_MEMORY"
+#: Set (to 1) in a rank: mock-device tensors carry no values, only shapes, dtypes and memory (``--no-compute``).
+NO_COMPUTE_ENV = "SIMULATORS_NO_COMPUTE"
 #: What ``mem_get_info`` reports as the total of a device without a budget: 64 GiB.
 UNBUDGETED_TOTAL = 64 << 30
 

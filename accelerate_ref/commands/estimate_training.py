@@ -1,0 +1,170 @@
+"""``accelerate-ref estimate-memory MODEL --training``: what each GPU holds at the peak of training MODEL on N GPUs.
+
+This module's addition to HF 1.15's command (whose table counts the weights and
+Adam's states of one unsharded copy: no activations, no world size, no
+sharding). Rule: the model is built empty from its config (a local model
+folder or ``config.json``, offline: ``transformers``' ``AutoConfig`` and
+``AutoModelForCausalLM.from_config``), then a script trains it for two steps
+(the second is the steady state: the first's backward runs before the
+optimizer has state) with accelerate_ref's ``Accelerator`` on
+``--num_processes`` mock GPUs as ``--num_machines`` machines, dry-run in
+no-compute mode (``accelerate-ref launch --simulate cuda --no-compute``: shapes,
+dtypes and collectives, no values), with batches of ``--batch_size`` sequences
+of ``--seq_len`` random tokens. ``--distributed``: ``ddp`` (every rank holds the
+model), ``fsdp`` (FSDP2 full shard, each decoder layer then the root), ``zero2``
+and ``zero3`` (DeepSpeed, the ``deepspeed`` extra). The table gives per rank
+the peak, its parts (parameters, gradients, optimizer state: the optimizer's
+tensors; the rest: activations, temporaries, communication buffers) and where
+it was reached; ranks with the same figures share a row. With ``--gpu`` (or
+``--device-memory``) each row ends with the verdict against that budget.
+
+Refusals, one line each before anything runs (ValueError, exit 2): a model
+that is not a local folder or config file, a folder without ``config.json``,
+``--distributed zero2``/``zero3`` without ``deepspeed``, a world that does not
+divide into the machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+from ..utils import convert_bytes
+
+DISTRIBUTED = ("ddp", "fsdp", "zero2", "zero3")
+MIXED_PRECISION = ("no", "fp16", "bf16")
+
+#: The training script each rank runs; ``sys.argv``: model folder, distributed, batch size, sequence length.
+SCRIPT = textwrap.dedent("""\
+    import sys
+
+    import torch
+    import transformers
+
+    from accelerate_ref import Accelerator
+    from accelerate_ref.big_modeling import init_empty_weights
+    from accelerate_ref.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin
+
+    folder, distributed, batch, length = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    plugins = {
+        "ddp": {},
+        "fsdp": {"fsdp_plugin": FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap")},
+        "zero2": {"deepspeed_plugin": DeepSpeedPlugin(zero_stage=2, gradient_accumulation_steps=1)},
+        "zero3": {"deepspeed_plugin": DeepSpeedPlugin(zero_stage=3, gradient_accumulation_steps=1)},
+    }
+    accelerator = Accelerator(**plugins[distributed])
+    config = transformers.AutoConfig.from_pretrained(folder)
+    with init_empty_weights(include_buffers=False):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if distributed == "fsdp":  # sharded on the meta device, then only each rank's shards take device memory
+        model = accelerator.prepare(model, device_placement=[False])
+        model.to_empty(device=accelerator.device)
+    else:
+        model = accelerator.prepare(model.to_empty(device=accelerator.device))
+    optimizer = accelerator.prepare(torch.optim.AdamW(model.parameters(), lr=1e-5))
+    for step in range(2):
+        tokens = torch.randint(0, config.vocab_size, (batch, length), device=accelerator.device)
+        loss = model(input_ids=tokens, labels=tokens).loss
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+    """)
+
+
+def add_training_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``--training`` flags of ``estimate-memory``."""
+    group = parser.add_argument_group("training estimate (dry-run on mock GPUs, no compute)")
+    group.add_argument("--training", action="store_true", help="estimate each GPU's peak while training the model")
+    group.add_argument("--num_processes", type=int, default=1, help="GPUs in all (default 1)")
+    group.add_argument("--num_machines", type=int, default=1, help="machines they are spread over (default 1)")
+    group.add_argument("--distributed", default="ddp", help=f"how the model is spread: {', '.join(DISTRIBUTED)} (default ddp)")
+    group.add_argument("--mixed_precision", default="no", help=f"{', '.join(MIXED_PRECISION)} (default no)")
+    group.add_argument("--batch_size", type=int, default=1, help="sequences per GPU per step (default 1)")
+    group.add_argument("--seq_len", type=int, default=512, help="tokens per sequence (default 512)")
+    group.add_argument("--gpu", default=None, help="judge each rank against this GPU's memory (a100-40gb, h100-80gb, ...)")
+    group.add_argument("--device-memory", dest="device_memory", default=None, help="or against this budget (40GiB, ...)")
+    group.add_argument("--timeout", type=float, default=600, help="seconds before the dry run is stopped (default 600)")
+
+
+def check(args: argparse.Namespace) -> None:
+    """Refuse what cannot run, one line each (ValueError; see the module docstring)."""
+    if args.distributed not in DISTRIBUTED:
+        raise ValueError(f"--distributed {args.distributed!r} is not one of {', '.join(DISTRIBUTED)}")
+    if args.mixed_precision not in MIXED_PRECISION:
+        raise ValueError(f"--mixed_precision {args.mixed_precision!r} is not one of {', '.join(MIXED_PRECISION)}")
+    folder = args.model_name if os.path.isdir(args.model_name) else os.path.dirname(args.model_name) or "."
+    if not os.path.exists(args.model_name):
+        raise ValueError(f"--training reads a local model folder or config.json, offline; {args.model_name!r} is neither")
+    if not os.path.isfile(os.path.join(folder, "config.json")):
+        raise ValueError(f"{args.model_name!r} has no config.json: --training builds the model from its config")
+    if args.distributed.startswith("zero") and importlib.util.find_spec("deepspeed") is None:
+        raise ValueError(f"--distributed {args.distributed} needs deepspeed (pip install accelerate-ref[deepspeed])")
+    if min(args.num_processes, args.num_machines, args.batch_size, args.seq_len) < 1:
+        raise ValueError("--num_processes, --num_machines, --batch_size and --seq_len must be at least 1")
+    if args.num_processes % args.num_machines:
+        raise ValueError(f"--num_processes {args.num_processes} does not divide into {args.num_machines} machines")
+
+
+def estimate_training(args: argparse.Namespace) -> int:
+    """Dry-run the training script (see the module docstring) and print the per-rank table; the exit status."""
+    check(args)
+    folder = args.model_name if os.path.isdir(args.model_name) else os.path.dirname(args.model_name) or "."
+    with tempfile.TemporaryDirectory(prefix="estimate-training-") as work:
+        script, summary = os.path.join(work, "train.py"), os.path.join(work, "summary.json")
+        with open(script, "w", encoding="utf-8") as stream:
+            stream.write(SCRIPT)
+        budget = ["--gpu", args.gpu] if args.gpu else ["--device-memory", args.device_memory] if args.device_memory else []
+        command = [sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", "launch", "--simulate", "cuda", "--no-compute",
+                   "--num_processes", str(args.num_processes), "--num_machines", str(args.num_machines),
+                   "--mixed_precision", args.mixed_precision, "--timeout", str(args.timeout), "--summary-json", summary, *budget,
+                   script, os.path.abspath(folder), args.distributed, str(args.batch_size), str(args.seq_len)]
+        print(f"Dry-running two training steps of `{args.model_name}` on {args.num_processes} mock GPU(s) "
+              f"({args.distributed}, mixed precision {args.mixed_precision}), no compute...", flush=True)
+        done = subprocess.run(command, capture_output=True, text=True)
+        if not os.path.exists(summary):
+            print(done.stdout[-4000:] + done.stderr[-2000:], file=sys.stderr)
+            return done.returncode or 1
+        with open(summary, encoding="utf-8") as stream:
+            found = json.load(stream)
+    print(table(found, args))
+    if done.returncode:
+        print(done.stdout[-4000:], file=sys.stderr)
+    return done.returncode
+
+
+def rows(found: dict) -> list[list[str]]:
+    """One row per group of ranks with the same peak and parts: ranks, peak, the parts, where, the verdict."""
+    grouped: dict[tuple, list[int]] = {}
+    for rank in found["ranks"]:
+        if not rank["memory"]:
+            key = ("-", "-", "-", "-", "-", rank["state"], rank.get("reason", rank["verdict"]))
+        else:
+            device = max(rank["memory"].values(), key=lambda books: books["peak"])
+            parts = device["parts"]
+            verdict = {"fits": lambda: f"fits ({convert_bytes(rank['headroom'])} free)", "no_budget": lambda: "-",
+                       "out_of_memory": lambda: f"out of memory at {rank.get('at') or '?'}"}[rank["verdict"]]()
+            key = (convert_bytes(device["peak"]), convert_bytes(parts["parameters"]), convert_bytes(parts["gradients"]),
+                   convert_bytes(parts["optimizer_state"]), convert_bytes(parts["other"]),
+                   f"step {device['step']}, {device['at'] or '?'}", verdict)
+        grouped.setdefault(key, []).append(rank["rank"])
+    return [[_ranks(ranks), *key] for key, ranks in grouped.items()]
+
+
+def _ranks(ranks: list[int]) -> str:
+    return str(ranks[0]) if len(ranks) == 1 else f"{ranks[0]}-{ranks[-1]}" if ranks == list(range(ranks[0], ranks[-1] + 1)) else ",".join(map(str, ranks))
+
+
+def table(found: dict, args: argparse.Namespace) -> str:
+    """The per-rank table of a dry run's summary (``--summary-json``) for ``args``."""
+    from .estimate import create_ascii_table
+
+    headers = ["Ranks", "Peak", "Parameters", "Gradients", "Optimizer state", "Other", "Reached at", "Verdict"]
+    title = (f"Training `{args.model_name}`: {args.num_processes} GPU(s) on {args.num_machines} machine(s), {args.distributed}, "
+             f"mixed precision {args.mixed_precision}, batch {args.batch_size} x {args.seq_len} tokens per GPU")
+    return create_ascii_table(headers, rows(found), title)

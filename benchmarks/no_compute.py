@@ -1,0 +1,94 @@
+"""What no-compute mode costs and saves (issue 23): the same training steps dry-run on mock GPUs with values
+(compute) and without (``--no-compute``), side by side in one run, then the large models only no-compute reaches.
+
+The script is ``estimate-memory --training``'s (:mod:`accelerate_ref.commands.estimate_training`): a Llama built
+empty from a ``transformers`` config, sharded with accelerate_ref's FSDP2 (bf16 mixed precision), two AdamW steps
+on random tokens. Each rank prints its host memory (``ru_maxrss``) after the steps; the table gives the launch's
+wall time, the largest rank's host memory and rank 0's device peak, and for models that fit both ways the ratios
+(compute / no-compute) and whether the peaks agree.
+
+    python benchmarks/no_compute.py                       # a 0.1B Llama at 2 ranks, both modes (one run)
+    python benchmarks/no_compute.py --scale 7b            # 7B at 8 ranks and at 16 ranks as 2 machines
+    python benchmarks/no_compute.py --scale 70b           # 70B at 64 ranks as 8 machines
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+from accelerate_ref.commands.estimate_training import SCRIPT
+
+#: name -> LlamaConfig keyword arguments.
+MODELS = {
+    "0.1b": {"hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 8, "num_attention_heads": 12,
+             "num_key_value_heads": 12, "vocab_size": 32000},
+    "7b": {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
+           "num_key_value_heads": 32, "vocab_size": 32000},
+    "70b": {"hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80, "num_attention_heads": 64,
+            "num_key_value_heads": 8, "vocab_size": 32000},
+}
+#: --scale -> the (model, ranks, machines) runs it makes.
+SCALES = {"small": [("0.1b", 2, 1)], "7b": [("7b", 8, 1), ("7b", 16, 2)], "70b": [("70b", 64, 8)]}
+RSS = "print('host memory', __import__('resource').getrusage(__import__('resource').RUSAGE_SELF).ru_maxrss * 1024, flush=True)\n"
+
+
+def dry_run(folder: str, script: str, ranks: int, machines: int, no_compute: bool, batch: int, length: int) -> dict:
+    """One dry run of ``script`` on ``folder``'s model: wall seconds, the most host memory a rank used, rank 0's
+    device peak and model states, the exit status."""
+    with tempfile.TemporaryDirectory() as work:
+        summary = os.path.join(work, "summary.json")
+        command = [sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", "launch", "--simulate", "cuda",
+                   *(["--no-compute"] if no_compute else []), "--num_processes", str(ranks), "--num_machines", str(machines),
+                   "--mixed_precision", "bf16", "--timeout", "1800", "--summary-json", summary,
+                   script, folder, "fsdp", str(batch), str(length)]
+        started = time.perf_counter()
+        done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        seconds = time.perf_counter() - started
+        if done.returncode or not os.path.exists(summary):
+            raise SystemExit(f"{ranks} ranks, no_compute={no_compute} failed (exit {done.returncode}):\n{done.stdout[-3000:]}")
+        with open(summary) as stream:
+            rank0 = json.load(stream)["ranks"][0]
+    device = max(rank0["memory"].values(), key=lambda books: books["peak"])
+    host = max(int(found) for found in re.findall(r"host memory (\d+)", done.stdout))
+    return {"seconds": seconds, "host": host, "peak": device["peak"], "states": device["model_states"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scale", choices=list(SCALES), default="small")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--seq-len", type=int, default=512)
+    args = parser.parse_args(argv)
+    import transformers
+
+    with tempfile.TemporaryDirectory() as work:
+        script = os.path.join(work, "train.py")
+        with open(script, "w") as stream:
+            stream.write(SCRIPT + RSS)
+        print(f"{'model':<6}{'ranks':>6}{'machines':>9}{'mode':>12}{'wall s':>9}{'host MB/rank':>14}{'device peak MB':>16}", flush=True)
+        for name, ranks, machines in SCALES[args.scale]:
+            folder = os.path.join(work, name)
+            transformers.LlamaConfig(**MODELS[name], tie_word_embeddings=False).save_pretrained(folder)
+            modes = [False, True] if args.scale == "small" else [True]
+            found = {}
+            for no_compute in modes:
+                found[no_compute] = run = dry_run(folder, script, ranks, machines, no_compute, args.batch, args.seq_len)
+                mode = "no-compute" if no_compute else "compute"
+                print(f"{name:<6}{ranks:>6}{machines:>9}{mode:>12}{run['seconds']:>9.1f}{run['host'] / 2**20:>14.0f}"
+                      f"{run['peak'] / 2**20:>16.1f}", flush=True)
+            if len(found) == 2:
+                compute, none = found[False], found[True]
+                print(f"  compute / no-compute: wall {compute['seconds'] / none['seconds']:.2f}x, host memory "
+                      f"{compute['host'] / none['host']:.2f}x, device peak {compute['peak'] / none['peak']:.4f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
