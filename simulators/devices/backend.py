@@ -50,7 +50,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-from simulators.devices import autocast, loading, peaks
+from simulators.devices import autocast, loading, no_compute, peaks
 from simulators.devices.tensor import PAYLOAD_ADAPTERS, DeviceTensor, SwappingData, swap_tensors
 
 _installed: list[type[DeviceTensor]] = []
@@ -120,17 +120,22 @@ def _register_kernels(tensor_class: type[DeviceTensor], keys: Sequence[str]) -> 
     library = torch.library.Library("aten", "IMPL")
 
     def empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-        payload = torch.empty(size, dtype=dtype, layout=layout, memory_format=memory_format)
+        payload = torch.empty(size, dtype=dtype, layout=layout, memory_format=memory_format, device=no_compute.payload_device())
         if dtype == torch.int32 and _made_by_ddp_reducer():
             return payload
         return tensor_class.wrap(payload, tensor_class.index_of(device))
 
     def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
-        payload = torch.empty_strided(size, stride, dtype=dtype, layout=layout)
+        payload = torch.empty_strided(size, stride, dtype=dtype, layout=layout, device=no_compute.payload_device())
         return tensor_class.wrap(payload, tensor_class.index_of(device))
 
     def copy_from(source, destination, non_blocking=False):
-        _payload(destination).copy_(_payload(source))
+        target, payload = _payload(destination), _payload(source)
+        if payload.is_meta and not target.is_meta:  # no-compute mode: a copy to the host gets zeros
+            no_compute.record("cpu copy")
+            target.zero_()
+        else:
+            target.copy_(payload)
         return destination
 
     for key in keys:
