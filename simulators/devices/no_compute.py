@@ -34,6 +34,7 @@ import zlib
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.utils._pytree import tree_flatten
 
 from simulators.devices import peaks
@@ -158,14 +159,14 @@ def describe(name: str, payload_args: tuple) -> str:
 
 def _exchange(name: str, group: Any, mine: str) -> None:
     """All-gather the descriptors of ``group``'s ranks; RuntimeError naming each rank's op when they differ."""
-    size = group.size()
+    size, rank = _unboxed(group).size(), _unboxed(group).rank()
     gathered = torch.empty(size * DESCRIPTOR_BYTES, dtype=torch.uint8)
     torch.ops.c10d._allgather_base_(gathered, _encode(mine), group, False)[1].wait()
     sequence = _sequence.get(id(group), 0)
     _sequence[id(group)] = sequence + 1
     descriptors = [_decode(row) for row in gathered.view(size, DESCRIPTOR_BYTES)]
     if len({_compared(name, text) for text in descriptors}) > 1:
-        raise RuntimeError(_mismatch(sequence, group.rank(), descriptors))
+        raise RuntimeError(_mismatch(sequence, rank, descriptors))
 
 
 def _settle() -> None:
@@ -212,6 +213,11 @@ def _encode(text: str) -> torch.Tensor:
 
 def _decode(row: torch.Tensor) -> str:
     return bytes(row.tolist()).rstrip(b"\0").decode(errors="replace")
+
+
+def _unboxed(group: Any) -> dist.ProcessGroup:
+    """The ProcessGroup of a c10d op's argument (the dispatcher passes it as a script object)."""
+    return group if isinstance(group, dist.ProcessGroup) else dist.ProcessGroup.unbox(group)
 
 
 def _argument(func: Any, args: tuple, name: str) -> Any:
