@@ -25,17 +25,19 @@ With ``SIMULATORS_NO_COMPUTE=1`` in a rank's environment (issue 23, item 1):
   A send pushes its descriptor to the peer, and the Work of a send or
   receive is the descriptor's, so waiting on it waits for the peer; the
   receiver compares the descriptor once it has arrived (at its next
-  collective).
+  collective). DDP's check that the ranks have the same parameters is such an
+  exchange too (:func:`verifying_params`).
 """
 from __future__ import annotations
 
+import functools
 import os
 import zlib
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map
 
 from simulators.devices import peaks
 
@@ -52,8 +54,8 @@ POINT_TO_POINT = frozenset({"send", "recv_"})
 
 _META = torch.device("meta")
 _CPU = torch.device("cpu")
-#: Per process group (its id), the number of collectives it ran (torch's sequence numbers start at 0).
-_sequence: dict[int, int] = {}
+#: Per process group (its name), the number of collectives it ran (torch's sequence numbers start at 0).
+_sequence: dict[str, int] = {}
 #: Receives whose descriptor has not been compared yet: (work, buffer, own descriptor, peer rank).
 _pending: list[tuple[Any, torch.Tensor, str, int]] = []
 #: Values asked for per user line since the last optimizer step, and that step.
@@ -128,6 +130,21 @@ def value_of(func: Any, payload_args: tuple, payload_kwargs: dict) -> tuple[bool
 # -- collectives -------------------------------------------------------------------------------
 
 
+def collective(func: Any, payload_args: tuple, payload_kwargs: dict) -> Any:
+    """Run c10d op ``func`` on meta payloads: the ranks' descriptors are compared (:func:`check_collective`), then
+    the Meta kernel runs, and its Work is one already completed whose result is the op's output (its first
+    argument's payloads, as gloo's future carries them when the mock computes): DDP's reducer reads its buckets
+    from it."""
+    work = check_collective(func, payload_args)
+    if work is not None:
+        return work
+    out = func(*payload_args, **payload_kwargs)
+    done = torch.futures.Future()
+    done.set_result([leaf for leaf in tree_flatten(payload_args[0])[0] if isinstance(leaf, torch.Tensor)])
+    completed = torch._C._distributed_c10d._create_work_from_future(done).boxed()
+    return tree_map(lambda value: completed if isinstance(value, torch.ScriptObject) else value, out)
+
+
 def check_collective(func: Any, payload_args: tuple) -> Any:
     """Exchange ``func``'s descriptor with the ranks of its group and compare (see the module docstring).
 
@@ -149,6 +166,21 @@ def check_collective(func: Any, payload_args: tuple) -> Any:
     return None
 
 
+def verifying_params(verify: Callable) -> Callable:
+    """``dist._verify_params_across_processes`` (DDP's check that every rank has the same parameters), done by
+    descriptor for tensors with meta payloads: torch's broadcasts rank 0's shapes and reads them back."""
+
+    @functools.wraps(verify)
+    def verified(process_group: Any, params: Sequence[torch.Tensor], logger: Any = None) -> None:
+        payload = getattr(params[0], "_payload", None) if params else None
+        if payload is None or not payload.is_meta:
+            return verify(process_group, params, logger)
+        shapes = ",".join(f"{'x'.join(map(str, p.shape))}/{'x'.join(map(str, p.stride()))}" for p in params)
+        _exchange("verify_params", process_group, f"verify_params|{len(params)} parameters|{shapes}")
+
+    return verified
+
+
 def describe(name: str, payload_args: tuple) -> str:
     """``op|dtype|shapes`` of a collective's tensors (the Meta payloads it is given)."""
     leaves = [leaf for leaf in tree_flatten(payload_args)[0] if isinstance(leaf, torch.Tensor)]
@@ -159,11 +191,12 @@ def describe(name: str, payload_args: tuple) -> str:
 
 def _exchange(name: str, group: Any, mine: str) -> None:
     """All-gather the descriptors of ``group``'s ranks; RuntimeError naming each rank's op when they differ."""
-    size, rank = _unboxed(group).size(), _unboxed(group).rank()
+    unboxed = _unboxed(group)
+    size, rank = unboxed.size(), unboxed.rank()
     gathered = torch.empty(size * DESCRIPTOR_BYTES, dtype=torch.uint8)
-    torch.ops.c10d._allgather_base_(gathered, _encode(mine), group, False)[1].wait()
-    sequence = _sequence.get(id(group), 0)
-    _sequence[id(group)] = sequence + 1
+    torch.ops.c10d._allgather_base_(gathered, _encode(mine), unboxed.boxed(), False)[1].wait()
+    sequence = _sequence.get(unboxed.group_name, 0)
+    _sequence[unboxed.group_name] = sequence + 1
     descriptors = [_decode(row) for row in gathered.view(size, DESCRIPTOR_BYTES)]
     if len({_compared(name, text) for text in descriptors}) > 1:
         raise RuntimeError(_mismatch(sequence, rank, descriptors))

@@ -301,8 +301,10 @@ class DeviceTensor(torch.Tensor):
             payload_kwargs["device"] = no_compute.payload_device()
         if func in PAYLOAD_ADAPTERS:
             payload_args = PAYLOAD_ADAPTERS[func](payload_args)
-        work = no_compute.check_collective(func, payload_args) if first._payload.is_meta and func.namespace == "c10d" else None
-        out = func(*payload_args, **payload_kwargs) if work is None else work
+        if first._payload.is_meta and func.namespace == "c10d":
+            out = no_compute.collective(func, payload_args, payload_kwargs)
+        else:
+            out = func(*payload_args, **payload_kwargs)
         wrapped = tree_map(_rewrapper(type(first), index, on_device), out)
         if torch.Tag.inplace_view in func.tags:  # resize_, t_, set_...: the rewrap gave ``self`` its payload's new shape
             return args[0]
