@@ -129,7 +129,8 @@ def distribute(model: nn.Module, how: str, device: torch.device, replicas: int =
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     world = torch.distributed.get_world_size()
-    mesh = init_device_mesh(device.type, (replicas, world // replicas) if replicas > 1 else (world,))
+    mesh = (init_device_mesh(device.type, (replicas, world // replicas), mesh_dim_names=("replicate", "shard"))
+            if replicas > 1 else init_device_mesh(device.type, (world,)))
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
     for unit in _units(model):
         fully_shard(unit, mesh=mesh, mp_policy=policy)

@@ -7,7 +7,7 @@ With ``SIMULATORS_NO_COMPUTE=1`` in a rank's environment (issue 23, item 1):
   get no generator (a meta tensor draws nothing). The memory books count a
   meta storage at its size in bytes, as a CPU one, so the peaks are those of
   the same run computing;
-- where a script asks for a value (``.item()``, ``bool(t)``, ``.tolist()``,
+- where a script asks for a value (``.item()``, ``bool(t)``, ``.tolist()``, ``.numpy()``,
   a copy to the CPU, ``f"{t}"``) it gets a placeholder: zeros (a copy to the
   CPU is ``torch.zeros((), dtype).expand(shape)``, no host memory), and the
   place is recorded once per user line and kind of request, with a count
@@ -109,14 +109,13 @@ def host_copy(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
 
 
 def value_of(func: Any, payload_args: tuple, payload_kwargs: dict) -> tuple[bool, Any]:
-    """``(True, placeholder)`` when ``func`` on meta payloads asks for a value (recorded), else ``(False, None)``."""
+    """``(True, placeholder)`` when ``func`` on meta payloads asks for a value (recorded), else ``(False, None)``.
+
+    ``bool(t)`` and ``f"{t}"`` ask through ``.item()`` (``aten._local_scalar_dense``), recorded as "item"."""
     aten = torch.ops.aten
     if func is aten._local_scalar_dense.default:
         record("item")
         return True, scalar(payload_args[0].dtype)
-    if func is aten.is_nonzero.default:
-        record("bool")
-        return True, False
     if func is aten._to_copy.default and torch.device(payload_kwargs.get("device") or _META).type == "cpu":
         record("cpu copy")
         source = payload_args[0]

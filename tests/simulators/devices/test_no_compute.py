@@ -172,12 +172,9 @@ def test_a_training_step_without_compute_has_meta_payloads_and_the_same_books(cu
 def test_values_asked_for_are_placeholders_recorded_per_line_and_a_runaway_loop_stops(cuda2):
     for got in cuda2.run(placeholders_and_runaway):
         assert got["asked"] == [0.0, False, [0.0], "0.0", [[[0.0] * 3] * 2, 4]], got["asked"]
-        kinds = {}
-        for entry in got["placeholders"]:
-            kinds[entry["what"]] = kinds.get(entry["what"], 0) + entry["count"]
-        assert kinds["tolist"] == 1 and kinds.get("bool", 0) + kinds["item"] >= 3 + 3 and kinds["cpu copy"] == 1, got["placeholders"]
-        looped = [entry for entry in got["placeholders"] if entry["what"] == "item" and entry["count"] == 3]
-        assert len(looped) == 1, got["placeholders"]
+        asked = sorted((entry["what"], entry["count"]) for entry in got["placeholders"])
+        # item, bool and format on one line; the copy; a loop of 3; the runaway loop (stopped at the 6th)
+        assert asked == [("cpu copy", 1), ("item", 3), ("item", 3), ("item", 6), ("tolist", 1)], got["placeholders"]
         assert "test_no_compute.py:" in got["runaway"] and "--steps" in got["runaway"] and "5 times" in got["runaway"], got["runaway"]
 
 
