@@ -158,7 +158,7 @@ def check_collective(func: Any, payload_args: tuple) -> Any:
         buffer = torch.zeros(DESCRIPTOR_BYTES, dtype=torch.uint8)
         peer = _argument(func, payload_args, "src")
         work = torch.ops.c10d.recv_([buffer], group, peer, _argument(func, payload_args, "tag"))
-        _pending.append((work, buffer, mine, peer))
+        _pending.append((torch._C._distributed_c10d.Work.unbox(work), buffer, mine, peer))
         return work
     if name not in POINT_TO_POINT | {"recv_any_source_"}:
         _exchange(name, group, mine)
