@@ -36,11 +36,19 @@ def _train(wrap: str) -> dict:
     of the payloads of the parameters, gradients and optimizer state after the first step, and the last loss."""
     import gc
 
+    gc.collect()
+    gc.disable()  # the collector frees cycles (autograd's, FSDP2's) at moments that differ from run to run
+    try:
+        return _steps(wrap)
+    finally:
+        gc.enable()
+
+
+def _steps(wrap: str) -> dict:
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    gc.collect()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
     torch.manual_seed(0)
@@ -48,9 +56,10 @@ def _train(wrap: str) -> dict:
     if wrap == "ddp":
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[torch.cuda.current_device()])
     else:
-        mesh = init_device_mesh("cuda", (2,))
-        fully_shard(model[0], mesh=mesh)
-        fully_shard(model, mesh=mesh)
+        mesh = init_device_mesh("cuda", (2,))  # unsharded parameters kept: with reshard_after_forward, the compute
+        # mode's peak depends on when the collector frees a cycle holding one (64 KiB more with the collector off)
+        fully_shard(model[0], mesh=mesh, reshard_after_forward=False)
+        fully_shard(model, mesh=mesh, reshard_after_forward=False)
     optimizer = torch.optim.AdamW(model.parameters())
     payloads = set()
     for step in range(2):
@@ -160,7 +169,8 @@ def test_a_training_step_without_compute_has_meta_payloads_and_the_same_books(cu
         for wrap in ("ddp", "fsdp2"):
             computed, skipped = got[f"{wrap} compute"], got[f"{wrap} no-compute"]
             assert computed["payloads"] == ["cpu"] and skipped["payloads"] == ["meta"], (wrap, got)
-            assert skipped["peak"] == computed["peak"] > 0, (wrap, got)
+            # DDP's books agree to the byte; FSDP2's within 516 bytes of 328 KB here (issue 23's goal: 2%)
+            assert abs(skipped["peak"] - computed["peak"]) <= 0.01 * computed["peak"] and skipped["peak"] > 0, (wrap, got)
             assert skipped["loss"] == 0.0 != computed["loss"], (wrap, got)
 
 
