@@ -17,6 +17,12 @@ def cuda2():
     yield from device_world("cuda", "2")
 
 
+@pytest.fixture
+def fresh_cuda2():
+    """A world of its own: a second process group in the same ranks may meet the first one's store keys."""
+    yield from device_world("cuda", "2")
+
+
 # -- probes (run in the rank) ------------------------------------------------------------
 
 
@@ -183,8 +189,8 @@ def test_values_asked_for_are_placeholders_recorded_per_line_and_a_runaway_loop_
         assert "test_no_compute.py:" in got["runaway"] and "--steps" in got["runaway"] and "5 times" in got["runaway"], got["runaway"]
 
 
-def test_collectives_without_compute_move_nothing_and_name_ranks_that_disagree(cuda2):
-    for rank, got in enumerate(cuda2.run(collectives_checked)):
+def test_collectives_without_compute_move_nothing_and_name_ranks_that_disagree(fresh_cuda2):
+    for rank, got in enumerate(fresh_cuda2.run(collectives_checked)):
         assert got["payload"] == "meta"
         assert "Detected mismatch between collectives on ranks" in got["errors"]["shapes"], got["errors"]
         assert "rank 0: allreduce_|float32|4; rank 1: allreduce_|float32|5" in got["errors"]["shapes"], got["errors"]
