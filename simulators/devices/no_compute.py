@@ -194,9 +194,14 @@ def _exchange(name: str, group: Any, mine: str) -> None:
     size, rank = unboxed.size(), unboxed.rank()
     gathered = torch.empty(size * DESCRIPTOR_BYTES, dtype=torch.uint8)
     torch.ops.c10d._allgather_base_(gathered, _encode(mine), unboxed.boxed(), False)[1].wait()
-    sequence = _sequence.get(unboxed.group_name, 0)
-    _sequence[unboxed.group_name] = sequence + 1
-    descriptors = [_decode(row) for row in gathered.view(size, DESCRIPTOR_BYTES)]
+    compare(name, unboxed.group_name, rank, [_decode(row) for row in gathered.view(size, DESCRIPTOR_BYTES)])
+
+
+def compare(name: str, group: str, rank: int, descriptors: list[str]) -> None:
+    """RuntimeError naming each rank's op and shapes when the ``descriptors`` of ``group``'s ranks (this one is
+    ``rank``) for op ``name`` differ."""
+    sequence = _sequence.get(group, 0)
+    _sequence[group] = sequence + 1
     if len({_compared(name, text) for text in descriptors}) > 1:
         raise RuntimeError(_mismatch(sequence, rank, descriptors))
 
