@@ -49,8 +49,6 @@ RUNAWAY_LIMIT = 10_000
 DESCRIPTOR_BYTES = 256
 #: Collectives whose ranks may pass tensors of different shapes (split sizes, a root's lists).
 UNEVEN_SHAPES = frozenset({"alltoall_", "alltoall_base_", "gather_", "scatter_"})
-#: Point-to-point ops: the descriptor goes from the sender to the receiver.
-POINT_TO_POINT = frozenset({"send", "recv_"})
 
 _META = torch.device("meta")
 _CPU = torch.device("cpu")
@@ -160,7 +158,7 @@ def check_collective(func: Any, payload_args: tuple) -> Any:
         work = torch.ops.c10d.recv_([buffer], group, peer, _argument(func, payload_args, "tag"))
         _pending.append((torch._C._distributed_c10d.Work.unbox(work), buffer, mine, peer))
         return work
-    if name not in POINT_TO_POINT | {"recv_any_source_"}:
+    if name != "recv_any_source_":  # the sender is known only once the data arrives
         _exchange(name, group, mine)
     return None
 
