@@ -26,7 +26,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sys
+import time
 from typing import Callable
 
 import torch
@@ -70,6 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--memtracker", action="store_true", help="on the CPU, under torch's MemTracker")
     parser.add_argument("--distributed", choices=["none", "ddp", "fsdp2"], default="none")
+    parser.add_argument("--replicate", type=int, default=1,
+                        help="fsdp2: hybrid sharding, the ranks as this many replicas x (world / replicas) shards")
+    parser.add_argument("--bf16", action="store_true",
+                        help="bf16 mixed precision: FSDP2's MixedPrecisionPolicy (bf16 parameters, fp32 reduction), else autocast")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -79,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     model, loss_of = build(args.model, args.batch)
     parameters = sum(p.numel() for p in model.parameters())
     model = model.to(device)
+    started = time.perf_counter()
     if args.memtracker:
         from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -92,19 +99,25 @@ def main(argv: list[str] | None = None) -> int:
             _steps(model, loss_of, optimizer, device, between=tracker.reset_mod_stats)
         peak = sum(snapshot["Total"] for snapshot in tracker.get_tracker_snapshot("peak").values())
     else:
-        model = distribute(model, args.distributed, device)
+        model = distribute(model, args.distributed, device, args.replicate, args.bf16)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         torch.cuda.reset_peak_memory_stats()
-        _steps(model, loss_of, optimizer, device)
+        with torch.autocast(device.type, torch.bfloat16, enabled=args.bf16 and args.distributed != "fsdp2"):
+            _steps(model, loss_of, optimizer, device)
         peak = torch.cuda.max_memory_allocated()
-    print(json.dumps({"model": args.model, "parameters": parameters, "peak": peak}), flush=True)
+    seconds = time.perf_counter() - started  # wrapping (DDP, FSDP2) and the two steps
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    print(json.dumps({"model": args.model, "parameters": parameters, "peak": peak, "seconds": round(seconds, 3),
+                      "max_rss_kib": rss}), flush=True)
     if args.distributed != "none":
         torch.distributed.destroy_process_group()
     return 0
 
 
-def distribute(model: nn.Module, how: str, device: torch.device) -> nn.Module:
-    """``model`` as torch's DDP or FSDP2 (``how``) over the launcher's ranks, or unchanged (``none``)."""
+def distribute(model: nn.Module, how: str, device: torch.device, replicas: int = 1, bf16: bool = False) -> nn.Module:
+    """``model`` as torch's DDP or FSDP2 (``how``) over the launcher's ranks, or unchanged (``none``). FSDP2
+    shards over a 2-D mesh of ``replicas`` x (world / ``replicas``) ranks when ``replicas`` > 1 (hybrid), and
+    computes in bf16 with fp32 reductions when ``bf16``."""
     if how == "none":
         return model
     torch.distributed.init_process_group("gloo" if device.type == "cpu" else "nccl")
@@ -113,10 +126,15 @@ def distribute(model: nn.Module, how: str, device: torch.device) -> nn.Module:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    world = torch.distributed.get_world_size()
+    mesh = (init_device_mesh(device.type, (replicas, world // replicas), mesh_dim_names=("replicate", "shard"))
+            if replicas > 1 else init_device_mesh(device.type, (world,)))
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
     for unit in _units(model):
-        fully_shard(unit, mesh=mesh)
-    return fully_shard(model, mesh=mesh)
+        fully_shard(unit, mesh=mesh, mp_policy=policy)
+    return fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
 #: The collectives DDP and FSDP2 call from Python (their outputs are allocated before the call, by the caller).

@@ -140,7 +140,8 @@ def _collective_findings(result: LaunchResult, rank: int, tail: str, script: str
 
 def record(result: LaunchResult, world: World, script: str, budget: int | None = None) -> dict:
     """The dry run's findings, machine-readable (``--summary-json``): per rank its exit state, device
-    mixing, XLA recompilations and memory (peak per device, when and where, what it held, the verdict)."""
+    mixing, XLA recompilations, memory (peak per device, when and where, what it held, the verdict) and, without
+    computing, where the script got placeholders for values."""
     ranks = []
     for rank in range(world.size):
         tail = result.output_tail.get(rank, "")
@@ -153,7 +154,7 @@ def record(result: LaunchResult, world: World, script: str, budget: int | None =
             "collectives": _collective_findings(result, rank, tail, script),
             "memory": report["devices"] if report else {},
             "steps": report["steps"] if report else None,
-            "placeholders": report.get("placeholders", []) if report else [],
+            "placeholders": report.get("placeholders", []) if report else [],  # no-compute runs: values not computed
             **_verdict(report, budget),
         })
     return {"world": {"ranks": world.size, "machines": world.machines}, "status": result.status,

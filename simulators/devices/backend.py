@@ -50,7 +50,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-from simulators.devices import autocast, loading, peaks
+from simulators.devices import autocast, loading, no_compute, peaks
 from simulators.devices.tensor import PAYLOAD_ADAPTERS, DeviceTensor, SwappingData, swap_tensors
 
 _installed: list[type[DeviceTensor]] = []
@@ -101,12 +101,14 @@ def register_process_group_backend(name: str) -> None:
 
     ``all_gather_into_tensor`` takes any output of the right size (a flat one,
     as HF accelerate passes on accelerators), as nccl and hccl do; gloo wants
-    the input's shape stacked, so the output is viewed that way for it.
+    the input's shape stacked, so the output is viewed that way for it. DDP's check of
+    the parameters across ranks works on meta payloads (:mod:`simulators.devices.no_compute`).
     """
     if name in dist.Backend.backend_list:
         return
     dist.Backend.register_backend(name, _gloo, devices=["cpu", torch._C._get_privateuse1_backend_name()])
     PAYLOAD_ADAPTERS[torch.ops.c10d._allgather_base_.default] = _stacked_output
+    dist._verify_params_across_processes = no_compute.verifying_params(dist._verify_params_across_processes)
 
 
 def _stacked_output(args: tuple) -> tuple:
@@ -120,17 +122,22 @@ def _register_kernels(tensor_class: type[DeviceTensor], keys: Sequence[str]) -> 
     library = torch.library.Library("aten", "IMPL")
 
     def empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-        payload = torch.empty(size, dtype=dtype, layout=layout, memory_format=memory_format)
-        if dtype == torch.int32 and _made_by_ddp_reducer():
-            return payload
+        if dtype == torch.int32 and (_made_by_ddp_reducer() or no_compute.enabled() and _ddp_rebuilding_buckets()):
+            return torch.empty(size, dtype=dtype, layout=layout, memory_format=memory_format)
+        payload = torch.empty(size, dtype=dtype, layout=layout, memory_format=memory_format, device=no_compute.payload_device())
         return tensor_class.wrap(payload, tensor_class.index_of(device))
 
     def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
-        payload = torch.empty_strided(size, stride, dtype=dtype, layout=layout)
+        payload = torch.empty_strided(size, stride, dtype=dtype, layout=layout, device=no_compute.payload_device())
         return tensor_class.wrap(payload, tensor_class.index_of(device))
 
     def copy_from(source, destination, non_blocking=False):
-        _payload(destination).copy_(_payload(source))
+        target, payload = _payload(destination), _payload(source)
+        if payload.is_meta and not target.is_meta:  # no-compute mode: a copy to the host gets zeros
+            no_compute.record("cpu copy")
+            target.zero_()
+        else:
+            target.copy_(payload)
         return destination
 
     for key in keys:
@@ -221,6 +228,23 @@ def _after_import(name: str, patch: Callable[[ModuleType], None]) -> None:
         sys.meta_path.insert(0, _AfterImport(name, patch))
 
 
+def _ddp_rebuilding_buckets() -> bool:
+    """Whether DDP's Reducer is rebuilding its buckets (before the second forward), which broadcasts rank 0's
+    bucket indices and reads them back: in no-compute mode they stay in host memory so that gloo moves them
+    (a meta payload would read back as zeros: no buckets)."""
+    return _in_ddp("_pre_forward") or _in_ddp("main_hook")  # the second: a join's shadow forward
+
+
+def _in_ddp(function: str) -> bool:
+    """Whether DDP's ``function`` (in ``torch/nn/parallel``) is on this thread's stack."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == function and "torch/nn/parallel" in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _made_by_ddp_reducer() -> bool:
     """Whether DDP's Reducer is being built (it asks for its map of used parameters then).
 
@@ -231,12 +255,7 @@ def _made_by_ddp_reducer() -> bool:
     backward. On the mock devices the map stays in host memory instead; gloo
     reduces it there, as it would on CPU.
     """
-    frame = sys._getframe(2)
-    while frame is not None:
-        if frame.f_code.co_name == "_ddp_init_helper" and "torch/nn/parallel" in frame.f_code.co_filename:
-            return True
-        frame = frame.f_back
-    return False
+    return _in_ddp("_ddp_init_helper")
 
 
 def _payload(tensor: torch.Tensor) -> torch.Tensor:

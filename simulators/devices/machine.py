@@ -33,7 +33,7 @@ COUNT_VARIABLES = {
 }
 #: The per-device memory budget variable (all families).
 MEMORY_VARIABLE = "SIMULATORS_DEVICE_MEMORY"
-#: Set (to 1) in a rank: mock-device tensors carry no values, only shapes, dtypes and memory (``--no-compute``).
+#: Set (to 1; "" or "0": off) in a rank: mock-device tensors carry no values (``--no-compute``, :mod:`simulators.devices.no_compute`).
 NO_COMPUTE_ENV = "SIMULATORS_NO_COMPUTE"
 #: What ``mem_get_info`` reports as the total of a device without a budget: 64 GiB.
 UNBUDGETED_TOTAL = 64 << 30

@@ -33,6 +33,10 @@ import torch
 from simulators.devices import machine
 
 
+#: Where payloads live: the CPU, or nowhere (meta) in no-compute mode; a meta storage counts at its size as well.
+_PAYLOAD_DEVICES = ("cpu", "meta")
+
+
 def storage_key(payload: torch.Tensor) -> int:
     """How the books name the storage of ``payload`` (a mock tensor's CPU payload): the storage itself, not
     its data pointer, which a resize changes."""
@@ -74,9 +78,9 @@ class DeviceMemory:
     def track(self, payload: torch.Tensor, index: int) -> None:
         """Count ``payload``'s storage on device ``index`` while it lives; OutOfMemoryError past the budget.
 
-        ``payload`` is the CPU tensor a device tensor wraps (and the only one to hold it).
+        ``payload`` is the CPU (or meta) tensor a device tensor wraps (and the only one to hold it).
         """
-        if payload.layout is not torch.strided or not payload.is_cpu:
+        if payload.layout is not torch.strided or payload.device.type not in _PAYLOAD_DEVICES:
             return
         key, size = storage_key(payload), payload.untyped_storage().nbytes()
         with self._lock:
@@ -91,7 +95,7 @@ class DeviceMemory:
 
     def resized(self, payload: torch.Tensor, index: int) -> None:
         """Count the new size of ``payload``'s storage after an op wrote into it (``out=``, ``resize_``)."""
-        if payload.layout is not torch.strided or not payload.is_cpu:
+        if payload.layout is not torch.strided or payload.device.type not in _PAYLOAD_DEVICES:
             return
         storage = payload.untyped_storage()
         with self._lock:

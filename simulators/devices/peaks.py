@@ -23,6 +23,8 @@ Rules (:class:`simulators.devices.memory.DeviceMemory` calls :func:`on_peak` and
   the steps: what the bytes-per-parameter arithmetic predicts (issue 22, item 4);
 - an allocation that would pass the budget is recorded (device, step, line and
   torch's message) before torch's ``OutOfMemoryError`` is raised;
+- the places where a no-compute run (:mod:`simulators.devices.no_compute`) gave a
+  placeholder for a value are listed under ``placeholders`` (line, what was asked, how often);
 - the report (JSON) is written to :func:`simulators.spawn.memory_report_path` after every
   optimizer step, at an out-of-memory and when the process exits, so a rank
   stopped because another failed still tells what it knew.
@@ -60,6 +62,8 @@ class _Recorder:
         self.completed = 0
         #: Per device ("cuda:0"): the most bytes of each model-state part at the end of an optimizer step.
         self.model_states: dict[str, dict[str, int]] = {}
+        #: Per (user line, what was asked): how many values a no-compute run answered with placeholders there.
+        self.placeholders: dict[tuple[str, str], int] = {}
 
     @property
     def step(self) -> int:
@@ -100,7 +104,8 @@ class _Recorder:
             for index, summary in books.summaries().items():
                 name = f"{books.device_type}:{index}"
                 devices[name] = {**summary, "model_states": self.model_states.get(name, dict.fromkeys(PARTS, 0))}
-        return {"steps": self.completed, "devices": devices, "out_of_memory": self.out_of_memory}
+        placeholders = [{"at": at, "what": what, "count": count} for (at, what), count in self.placeholders.items()]
+        return {"steps": self.completed, "devices": devices, "out_of_memory": self.out_of_memory, "placeholders": placeholders}
 
     def write(self) -> None:
         if not self.books or not os.environ.get(REPORT_DIR_ENV):

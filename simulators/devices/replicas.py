@@ -12,7 +12,10 @@ Rules (the stand-in for torch-xla's PJRT runtime; catalog ``xla.collectives``):
   and that lives as long as the process;
 - :func:`store` is that store, shared with the ``xla://`` init method of
   ``torch_xla.distributed.xla_backend`` (a torch.distributed group an
-  implementation makes on XLA rendezvouses there, never on a second port).
+  implementation makes on XLA rendezvouses there, never on a second port);
+- in no-compute mode (meta payloads, :mod:`simulators.devices.no_compute`) a
+  collective moves nothing: the replicas exchange its descriptor (op, dtype,
+  shapes) and a mismatch raises, naming each replica's.
 """
 from __future__ import annotations
 
@@ -22,6 +25,8 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from simulators.devices import no_compute
 
 #: How long a collective or the store waits for the other replicas (XLA itself waits forever).
 TIMEOUT = timedelta(minutes=30)
@@ -99,6 +104,8 @@ def all_reduce(tensors: list[torch.Tensor], reduce_type: str) -> None:
         raise ValueError(f"unknown XLA reduce type {reduce_type!r}; choose one of {sorted(_REDUCE_OPS)}")
     if replicas().world_size == 1:
         return
+    if _checked_without_compute("all_reduce", tensors):
+        return
     options = dist.AllreduceOptions()
     options.reduceOp = _REDUCE_OPS[reduce_type]
     for tensor in tensors:
@@ -117,6 +124,8 @@ def all_gather(tensor: torch.Tensor) -> list[torch.Tensor]:
             + ", ".join(f"replica {ordinal}: {list(shape)}" for ordinal, shape in enumerate(shapes))
         )
     parts = [torch.empty_like(tensor) for _ in range(world_size)]
+    if tensor.is_meta:  # no-compute mode: the shapes were compared, nothing to move
+        return parts
     _group().allgather([parts], [tensor.contiguous()]).wait()
     return parts
 
@@ -125,9 +134,22 @@ def broadcast(tensor: torch.Tensor, root: int) -> None:
     """Overwrite CPU ``tensor`` in place with replica ``root``'s."""
     if replicas().world_size == 1:
         return
+    if _checked_without_compute("broadcast", [tensor]):
+        return
     options = dist.BroadcastOptions()
     options.rootRank = root
     _group().broadcast([tensor], options).wait()
+
+
+def _checked_without_compute(name: str, tensors: list[torch.Tensor]) -> bool:
+    """For meta ``tensors`` (no-compute mode): compare the replicas' descriptors of op ``name`` and move nothing
+    (True); False for CPU tensors."""
+    if not tensors or not tensors[0].is_meta:
+        return False
+    mine = no_compute.describe(name, (tensors,))
+    descriptors = [text.decode(errors="replace") for text in exchange(mine.encode())]
+    no_compute.compare(name, "xla replicas", replicas().ordinal, descriptors)
+    return True
 
 
 def exchange(payload: bytes) -> list[bytes]:

@@ -35,6 +35,9 @@ case that runs on ``sim-xla`` / ``sim-npu``):
   and reshards parameters so; torch's ``set_data`` refuses another tensor
   type) makes ``variable`` a tensor of ``other``'s device with its values:
   the same object, still a parameter (:func:`swap_in`);
+- with ``SIMULATORS_NO_COMPUTE=1`` the payload is a meta tensor: nothing is
+  computed, values asked for are placeholders, collectives only check that
+  the ranks agree (:mod:`simulators.devices.no_compute`);
 - :meth:`DeviceTensor.observe` sees every op first (XLA counts its step
   graphs there).
 
@@ -56,6 +59,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils._python_dispatch import return_and_correct_aliasing
 
+from simulators.devices import no_compute
 from simulators.devices.memory import DeviceMemory
 
 #: Ops allowed to take tensors of different devices: they are how data moves between them.
@@ -236,7 +240,16 @@ class DeviceTensor(torch.Tensor):
         """Called before every op on this family's tensors, with the device tensors it takes."""
 
     def tolist(self) -> Any:
+        if self._payload.is_meta:
+            no_compute.record("tolist")
+            return no_compute.host_copy(self.shape, self.dtype).tolist()
         return self._payload.tolist()
+
+    def __format__(self, format_spec: str) -> str:
+        """As a CUDA tensor formats: a 0-dimensional one as its value (torch formats only plain tensors so)."""
+        if self.dim() == 0:
+            return self.item().__format__(format_spec)
+        return object.__format__(self, format_spec)
 
     def untyped_storage(self) -> torch.UntypedStorage:
         return self._payload.untyped_storage()
@@ -245,6 +258,9 @@ class DeviceTensor(torch.Tensor):
         return self._payload.data_ptr()
 
     def numpy(self, *, force: bool = False) -> Any:
+        if force and self._payload.is_meta:
+            no_compute.record("numpy")
+            return no_compute.host_copy(self.shape, self.dtype).numpy()
         if force:
             return self._payload.numpy(force=True)
         raise TypeError(
@@ -258,7 +274,7 @@ class DeviceTensor(torch.Tensor):
         return torch._utils._rebuild_device_tensor_from_cpu_tensor, (cpu, self.dtype, str(self.device), self.requires_grad)
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:
-        text = repr(self._payload)
+        text = repr(self._payload).replace(", device='meta'", "")  # no-compute mode: "tensor(..., size=(2,))"
         return f"{text[:-1]}, device='{self.device}')"
 
     @classmethod
@@ -271,17 +287,24 @@ class DeviceTensor(torch.Tensor):
         first = on_device[0]
         first.observe(func, on_device)
         target = kwargs.get("device")
-        if target is not None and torch.device(target).type in ("cpu", "meta"):
-            return func(*tree_map(_payload_of, args), **kwargs)
-        index = first.device_index if target is None else first.index_of(target)
         payload_args, payload_kwargs = tree_map(_payload_of, (args, kwargs))
-        if _takes_generator(func) and payload_kwargs.get("generator") is None:
+        if first._payload.is_meta:
+            answered, value = no_compute.value_of(func, payload_args, payload_kwargs)
+            if answered:
+                return value
+        if target is not None and torch.device(target).type in ("cpu", "meta"):
+            return func(*payload_args, **payload_kwargs)
+        index = first.device_index if target is None else first.index_of(target)
+        if _takes_generator(func) and payload_kwargs.get("generator") is None and not first._payload.is_meta:
             payload_kwargs["generator"] = first.generator_for(index)
         if target is not None:
-            payload_kwargs["device"] = torch.device("cpu")
+            payload_kwargs["device"] = no_compute.payload_device()
         if func in PAYLOAD_ADAPTERS:
             payload_args = PAYLOAD_ADAPTERS[func](payload_args)
-        out = func(*payload_args, **payload_kwargs)
+        if first._payload.is_meta and func.namespace == "c10d":
+            out = no_compute.collective(func, payload_args, payload_kwargs)
+        else:
+            out = func(*payload_args, **payload_kwargs)
         wrapped = tree_map(_rewrapper(type(first), index, on_device), out)
         if torch.Tag.inplace_view in func.tags:  # resize_, t_, set_...: the rewrap gave ``self`` its payload's new shape
             return args[0]

@@ -240,6 +240,16 @@ def test_a_rank_left_waiting_alone_is_named_when_it_happens_not_at_the_timeout(t
     assert "rank 1: waited alone in barrier at train.py:4 after rank(s) 0 had finished: a collective not every rank calls" in done.stdout, done.stdout[-2000:]
 
 
+def test_a_rank_left_waiting_alone_is_named_without_compute(tmp_path):
+    """Issue 23 item 1: on mock GPUs without compute (meta payloads) the barrier's check of the ranks' descriptors
+    still waits for the other ranks, so the rank waiting alone is named as when computing."""
+    (tmp_path / "train.py").write_text(ONE_SIDED)
+    done = _launch(tmp_path, "--simulate", "cuda", "--num_processes", "2", "--timeout", "120", "train.py",
+                   env={"SIMULATORS_NO_COMPUTE": "1"})
+    assert done.returncode != 0 and "timeout" not in done.stdout.split("dry run summary")[1], done.stdout[-2000:]
+    assert "rank 1: waited alone in barrier at train.py:4 after rank(s) 0 had finished" in done.stdout, done.stdout[-2000:]
+
+
 @pytest.mark.extended  # an opt-in of the user's (TORCH_DISTRIBUTED_DEBUG); the summary's parsing of it is tested below
 def test_ranks_in_different_collectives_are_named_with_torchs_check(tmp_path):
     """Issue 22 item 3 (part): rank 0 broadcasts while rank 1 reduces; with torch's collective check on (the

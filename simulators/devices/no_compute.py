@@ -1,0 +1,260 @@
+"""No-compute mode of the mock devices: tensors carry meta payloads, values are placeholders, collectives are checked.
+
+With ``SIMULATORS_NO_COMPUTE=1`` in a rank's environment (issue 23, item 1):
+
+- a mock tensor's payload is a meta tensor (:func:`payload_device`): every op
+  runs its shape, dtype and device rules and computes nothing; random ops
+  get no generator (a meta tensor draws nothing). The memory books count a
+  meta storage at its size in bytes, as a CPU one, so the peaks are those of
+  the same run computing;
+- where a script asks for a value (``.item()``, ``bool(t)``, ``.tolist()``, ``.numpy()``,
+  a copy to the CPU, ``f"{t}"``) it gets a placeholder: zeros (a copy to the
+  CPU is ``torch.zeros((), dtype).expand(shape)``, no host memory), and the
+  place is recorded once per user line and kind of request, with a count
+  (:func:`record`; the rank's memory report lists them under
+  ``"placeholders"``). A line asking more than :data:`RUNAWAY_LIMIT` times
+  without an optimizer step in between raises a RuntimeError naming it: a
+  loop waiting on a value (a loss threshold) would never end on zeros;
+- a collective on mock tensors runs its Meta kernel (no data moves), after
+  the ranks of its group exchange a descriptor (op, dtype, shapes) through
+  the group itself, so they still wait for each other (a rank waiting alone
+  still hangs where it would, for the dry run's diagnosis) and a rank in
+  another op or with other shapes raises a RuntimeError naming each rank's
+  op and shapes, in torch's ``Detected mismatch between collectives`` words
+  (an all-to-all, gather or scatter may differ in shapes, as torch allows).
+  A send pushes its descriptor to the peer, and the Work of a send or
+  receive is the descriptor's, so waiting on it waits for the peer; the
+  receiver compares the descriptor once it has arrived (at its next
+  collective). DDP's check that the ranks have the same parameters is such an
+  exchange too (:func:`verifying_params`).
+"""
+from __future__ import annotations
+
+import functools
+import os
+import zlib
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch.utils._pytree import tree_flatten, tree_map
+
+from simulators.devices import peaks
+from simulators.devices.machine import NO_COMPUTE_ENV
+
+#: How many values one user line may ask for between two optimizer steps.
+RUNAWAY_LIMIT = 10_000
+#: Bytes of a collective's descriptor (longer text keeps its start and a checksum of the whole).
+DESCRIPTOR_BYTES = 256
+#: Collectives whose ranks may pass tensors of different shapes (split sizes, a root's lists).
+UNEVEN_SHAPES = frozenset({"alltoall_", "alltoall_base_", "gather_", "scatter_"})
+
+_META = torch.device("meta")
+_CPU = torch.device("cpu")
+#: Per process group (its name), the number of collectives it ran (torch's sequence numbers start at 0).
+_sequence: dict[str, int] = {}
+#: Receives whose descriptor has not been compared yet: (work, buffer, own descriptor, peer rank).
+_pending: list[tuple[Any, torch.Tensor, str, int]] = []
+#: Values asked for per user line since the last optimizer step, and that step.
+_asked: dict[str, int] = {}
+_asked_at_step = [0]
+
+
+def enabled() -> bool:
+    """Whether this rank runs without computing (``SIMULATORS_NO_COMPUTE`` set, not "0")."""
+    return os.environ.get(NO_COMPUTE_ENV, "") not in ("", "0")
+
+
+def payload_device() -> torch.device:
+    """The device of new payloads: meta in no-compute mode, else the CPU."""
+    return _META if enabled() else _CPU
+
+
+# -- placeholders ------------------------------------------------------------------------------
+
+
+def record(what: str) -> None:
+    """Note that the user line on the stack asked for a value (``what``: "item", "cpu copy", ...) and got a
+    placeholder; RuntimeError once that line asked :data:`RUNAWAY_LIMIT` times since the last optimizer step."""
+    at = peaks.user_line() or "?"
+    key = (at, what)
+    peaks.RECORDER.placeholders[key] = peaks.RECORDER.placeholders.get(key, 0) + 1
+    if _asked_at_step[0] != peaks.RECORDER.completed:
+        _asked.clear()
+        _asked_at_step[0] = peaks.RECORDER.completed
+    _asked[at] = _asked.get(at, 0) + 1
+    if _asked[at] > RUNAWAY_LIMIT:
+        raise RuntimeError(
+            f"simulators no-compute mode: {at} asked for a tensor's value ({what}) more than {RUNAWAY_LIMIT} times "
+            "without an optimizer step; values are placeholders (zeros) when nothing is computed, so a loop waiting "
+            "on one never ends: bound the run (--steps, a step count) or dry-run without " + NO_COMPUTE_ENV
+        )
+
+
+def scalar(dtype: torch.dtype) -> bool | int | float | complex:
+    """The placeholder of ``.item()`` for ``dtype``: a zero of its Python type."""
+    if dtype is torch.bool:
+        return False
+    if dtype.is_complex:
+        return 0j
+    return 0.0 if dtype.is_floating_point else 0
+
+
+def host_copy(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+    """The placeholder of a copy to the CPU: zeros of ``shape`` and ``dtype`` that take one element of host memory."""
+    return torch.zeros((), dtype=dtype).expand(shape)
+
+
+def value_of(func: Any, payload_args: tuple, payload_kwargs: dict) -> tuple[bool, Any]:
+    """``(True, placeholder)`` when ``func`` on meta payloads asks for a value (recorded), else ``(False, None)``.
+
+    ``bool(t)`` and ``f"{t}"`` ask through ``.item()`` (``aten._local_scalar_dense``), recorded as "item"."""
+    aten = torch.ops.aten
+    if func is aten._local_scalar_dense.default:
+        record("item")
+        return True, scalar(payload_args[0].dtype)
+    if func is aten._to_copy.default and torch.device(payload_kwargs.get("device") or _META).type == "cpu":
+        record("cpu copy")
+        source = payload_args[0]
+        return True, host_copy(source.shape, payload_kwargs.get("dtype") or source.dtype)
+    if func is aten.copy_.default and not payload_args[0].is_meta and payload_args[1].is_meta:
+        record("cpu copy")
+        return True, payload_args[0].zero_()
+    return False, None
+
+
+# -- collectives -------------------------------------------------------------------------------
+
+
+def collective(func: Any, payload_args: tuple, payload_kwargs: dict) -> Any:
+    """Run c10d op ``func`` on meta payloads: the ranks' descriptors are compared (:func:`check_collective`), then
+    the Meta kernel runs, and its Work is one already completed whose result is the op's output (its first
+    argument's payloads, as gloo's future carries them when the mock computes): DDP's reducer reads its buckets
+    from it."""
+    work = check_collective(func, payload_args)
+    if work is not None:
+        return work
+    out = func(*payload_args, **payload_kwargs)
+    done = torch.futures.Future()
+    done.set_result([leaf for leaf in tree_flatten(payload_args[0])[0] if isinstance(leaf, torch.Tensor)])
+    completed = torch._C._distributed_c10d._create_work_from_future(done).boxed()
+    return tree_map(lambda value: completed if isinstance(value, torch.ScriptObject) else value, out)
+
+
+def check_collective(func: Any, payload_args: tuple) -> Any:
+    """Exchange ``func``'s descriptor with the ranks of its group and compare (see the module docstring).
+
+    Returns the Work to return instead of the Meta kernel's (a point-to-point op's descriptor), or None."""
+    _settle()
+    name = func._schema.name.split("::")[-1]
+    group = _argument(func, payload_args, "process_group")
+    mine = describe(name, payload_args)
+    if name == "send":
+        return torch.ops.c10d.send([_encode(mine)], group, _argument(func, payload_args, "dst"), _argument(func, payload_args, "tag"))
+    if name == "recv_":
+        buffer = torch.zeros(DESCRIPTOR_BYTES, dtype=torch.uint8)
+        peer = _argument(func, payload_args, "src")
+        work = torch.ops.c10d.recv_([buffer], group, peer, _argument(func, payload_args, "tag"))
+        _pending.append((torch._C._distributed_c10d.Work.unbox(work), buffer, mine, peer))
+        return work
+    if name != "recv_any_source_":  # the sender is known only once the data arrives
+        _exchange(name, group, mine)
+    return None
+
+
+def verifying_params(verify: Callable) -> Callable:
+    """``dist._verify_params_across_processes`` (DDP's check that every rank has the same parameters), done by
+    descriptor for tensors with meta payloads: torch's broadcasts rank 0's shapes and reads them back."""
+
+    @functools.wraps(verify)
+    def verified(process_group: Any, params: Sequence[torch.Tensor], logger: Any = None) -> None:
+        payload = getattr(params[0], "_payload", None) if params else None
+        if payload is None or not payload.is_meta:
+            return verify(process_group, params, logger)
+        shapes = ",".join(f"{'x'.join(map(str, p.shape))}/{'x'.join(map(str, p.stride()))}" for p in params)
+        _exchange("verify_params", process_group, f"verify_params|{len(params)} parameters|{shapes}")
+
+    return verified
+
+
+def describe(name: str, payload_args: tuple) -> str:
+    """``op|dtype|shapes`` of a collective's tensors (the Meta payloads it is given)."""
+    leaves = [leaf for leaf in tree_flatten(payload_args)[0] if isinstance(leaf, torch.Tensor)]
+    dtype = str(leaves[0].dtype).removeprefix("torch.") if leaves else "-"
+    shapes = ",".join("x".join(map(str, leaf.shape)) or "scalar" for leaf in leaves)
+    return f"{name}|{dtype}|{shapes}"
+
+
+def _exchange(name: str, group: Any, mine: str) -> None:
+    """All-gather the descriptors of ``group``'s ranks; RuntimeError naming each rank's op when they differ."""
+    unboxed = _unboxed(group)
+    size, rank = unboxed.size(), unboxed.rank()
+    gathered = torch.empty(size * DESCRIPTOR_BYTES, dtype=torch.uint8)
+    torch.ops.c10d._allgather_base_(gathered, _encode(mine), unboxed.boxed(), False)[1].wait()
+    compare(name, unboxed.group_name, rank, [_decode(row) for row in gathered.view(size, DESCRIPTOR_BYTES)])
+
+
+def compare(name: str, group: str, rank: int, descriptors: list[str]) -> None:
+    """RuntimeError naming each rank's op and shapes when the ``descriptors`` of ``group``'s ranks (this one is
+    ``rank``) for op ``name`` differ."""
+    sequence = _sequence.get(group, 0)
+    _sequence[group] = sequence + 1
+    if len({_compared(name, text) for text in descriptors}) > 1:
+        raise RuntimeError(_mismatch(sequence, rank, descriptors))
+
+
+def _settle() -> None:
+    """Compare the descriptors of the receives that have arrived with what this rank expected."""
+    for entry in list(_pending):
+        work, buffer, mine, peer = entry
+        if not work.is_completed():
+            continue
+        _pending.remove(entry)
+        theirs = _decode(buffer)
+        if theirs.split("|")[1:] != mine.split("|")[1:]:
+            raise RuntimeError(f"simulators no-compute mode: point-to-point mismatch: this rank receives {mine}, "
+                               f"rank {peer} sent {theirs}")
+
+
+def _compared(name: str, descriptor: str) -> str:
+    """What must agree across ranks: op and dtype, and the shapes unless ``name`` allows them to differ."""
+    return "|".join(descriptor.split("|")[:2]) if name in UNEVEN_SHAPES else descriptor
+
+
+def _mismatch(sequence: int, rank: int, descriptors: list[str]) -> str:
+    """torch's words for ranks in different collectives (the dry run's summary reads them), then every rank's."""
+    other = next(index for index, text in enumerate(descriptors) if text != descriptors[rank])
+    return (f"Detected mismatch between collectives on ranks. Rank {rank} is running collective: "
+            f"{_fingerprint(sequence, descriptors[rank])}, but Rank {other} is running collective: "
+            f"{_fingerprint(sequence, descriptors[other])}. simulators no-compute check, per rank: "
+            + "; ".join(f"rank {index}: {text}" for index, text in enumerate(descriptors)))
+
+
+def _fingerprint(sequence: int, descriptor: str) -> str:
+    op, dtype, shapes = (descriptor.split("|") + ["", ""])[:3]
+    shape = "[" + shapes.split(",")[0].replace("x", ", ") + "]" if shapes else "[]"
+    return (f"CollectiveFingerPrint(SequenceNumber={sequence}, OpType={op.rstrip('_').upper()}, TensorShape={shape}, "
+            f"TensorDtypes={dtype.capitalize()}, TensorDeviceTypes=TensorOptions(device=meta))")
+
+
+def _encode(text: str) -> torch.Tensor:
+    """``text`` in :data:`DESCRIPTOR_BYTES` bytes (a long one: its start and a checksum of the whole)."""
+    data = text.encode()
+    if len(data) > DESCRIPTOR_BYTES:
+        data = data[: DESCRIPTOR_BYTES - 9] + b"#" + f"{zlib.crc32(data):08x}".encode()
+    return torch.frombuffer(bytearray(data.ljust(DESCRIPTOR_BYTES, b"\0")), dtype=torch.uint8)
+
+
+def _decode(row: torch.Tensor) -> str:
+    return bytes(row.tolist()).rstrip(b"\0").decode(errors="replace")
+
+
+def _unboxed(group: Any) -> dist.ProcessGroup:
+    """The ProcessGroup of a c10d op's argument (the dispatcher passes it as a script object)."""
+    return group if isinstance(group, dist.ProcessGroup) else dist.ProcessGroup.unbox(group)
+
+
+def _argument(func: Any, args: tuple, name: str) -> Any:
+    """The positional argument ``name`` of ``func``'s schema among ``args``."""
+    index = next(index for index, argument in enumerate(func._schema.arguments) if argument.name == name)
+    return args[index]
