@@ -5,7 +5,8 @@ Rule: the script runs on ``num_processes`` simulator ranks as
 accelerate's launch variables; ``ACCELERATE_USE_CPU`` for ``cpu``) plus the
 simulator's for the family (:func:`simulators.dryrun.family_env`) and each
 mock device's memory budget (``--device-memory`` or a ``--gpu`` preset) and,
-with ``--no-compute``, tensors without values (:mod:`simulators.devices.machine`); then
+with ``--no-compute``, tensors without values, with ``--steps N``, ranks that end after
+N optimizer steps (:mod:`simulators.devices.machine`); then
 the simulator's run summary is printed (with each rank's peak device memory
 and its verdict against the budget; as JSON too with ``--summary-json``) and
 the launch's exit status returned. Ranks that enter different collectives
@@ -37,8 +38,11 @@ def _budget(args: argparse.Namespace) -> tuple[str | None, str]:
         memory, name = gpu_budget(args.gpu), args.gpu.lower()
     if memory is not None and args.simulate == "cpu":
         raise ValueError("a memory budget needs a mock device: --simulate cuda, xla or npu (not cpu)")
-    if getattr(args, "no_compute", False) and args.simulate == "cpu":
-        raise ValueError("--no-compute needs a mock device: --simulate cuda, xla or npu (not cpu)")
+    for flag, value in (("--no-compute", getattr(args, "no_compute", False)), ("--steps", getattr(args, "steps", None))):
+        if value and args.simulate == "cpu":
+            raise ValueError(f"{flag} needs a mock device: --simulate cuda, xla or npu (not cpu)")
+    if getattr(args, "steps", None) is not None and args.steps < 1:
+        raise ValueError(f"--steps {args.steps}: give at least 1")
     return memory, name
 
 
@@ -59,7 +63,7 @@ def _check_family_runs(args: argparse.Namespace) -> None:
 
 def dry_run(args: argparse.Namespace) -> int:
     """Run ``args.training_script`` on the simulator and print the summary; return the launcher's exit status."""
-    from simulators.devices.machine import NO_COMPUTE_ENV, machine_env, parse_size
+    from simulators.devices.machine import NO_COMPUTE_ENV, STEPS_ENV, machine_env, parse_size
     from simulators.dryrun import DEFAULT_TIMEOUT, family_env, record, summary, watch_interval
     from simulators.launcher import launch
     from simulators.topology import World
@@ -71,7 +75,8 @@ def dry_run(args: argparse.Namespace) -> int:
     world = World.of(args.num_processes, machines=args.num_machines)
     env = {**launch_env(args, base={}), "ACCELERATE_USE_CPU": str(args.simulate == "cpu" or bool(args.cpu)),
            **family_env(args.simulate), **machine_env(args.simulate, memory=memory),
-           **({NO_COMPUTE_ENV: "1"} if getattr(args, "no_compute", False) else {})}
+           **({NO_COMPUTE_ENV: "1"} if getattr(args, "no_compute", False) else {}),
+           **({STEPS_ENV: str(args.steps)} if getattr(args, "steps", None) else {})}
     result = launch([args.training_script, *args.training_script_args], world,
                     timeout=args.timeout or DEFAULT_TIMEOUT, env=env, watch=watch_interval())
     budget = parse_size(memory) if memory else None

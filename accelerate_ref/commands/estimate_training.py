@@ -67,7 +67,7 @@ SCRIPT = textwrap.dedent("""\
         model.to_empty(device=accelerator.device)
     else:
         model = accelerator.prepare(model.to_empty(device=accelerator.device))
-    optimizer = accelerator.prepare(torch.optim.AdamW(model.parameters(), lr=1e-5))
+    optimizer = accelerator.prepare(torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True))
     for step in range(2):
         tokens = torch.randint(0, config.vocab_size, (batch, length), device=accelerator.device)
         loss = model(input_ids=tokens, labels=tokens).loss

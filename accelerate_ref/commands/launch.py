@@ -208,6 +208,7 @@ def launch_command_parser(subparsers=None):
     _flag(parser, "--summary-json", dest="summary_json", default=None, help="with --simulate: also write the summary as JSON here")
     _flag(parser, "--no-compute", dest="no_compute", action="store_true",
           help="with --simulate cuda|xla|npu: tensors carry no values (shapes, dtypes, memory and collectives only)")
+    _flag(parser, "--steps", type=int, default=None, help="with --simulate cuda|xla|npu: end each rank after this many optimizer steps")
     parser.add_argument("training_script", help="the script (or module, with -m) to run")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     if subparsers is not None:
@@ -459,7 +460,8 @@ def validate(args: argparse.Namespace) -> None:
         raise LaunchError(f"--machine_rank {args.machine_rank} is out of range for --num_machines {args.num_machines}")
     dry_run_only = [flag for flag, value in (("--device-memory", getattr(args, "device_memory", None)), ("--gpu", getattr(args, "gpu", None)),
                                              ("--summary-json", getattr(args, "summary_json", None)),
-                                             ("--no-compute", getattr(args, "no_compute", False))) if value]
+                                             ("--no-compute", getattr(args, "no_compute", False)),
+                                             ("--steps", getattr(args, "steps", None))) if value]
     if dry_run_only and not args.simulate:
         raise LaunchError(f"{', '.join(dry_run_only)}: only for a dry run (add --simulate cuda, xla or npu)")
     # A dry run puts every simulated machine on this host: no address to give.

@@ -157,7 +157,7 @@ def _attention_as_on_cpu(query, key, value, attn_mask=None, dropout_p=0.0, is_ca
     is asked of the payloads, and its kernel runs (as ``attention.cpp`` does for the CPU: a boolean mask
     becomes 0 / -inf first); both are differentiable aten ops, so autograd records them as usual."""
     choice = torch._fused_sdp_choice(
-        _payload(query), _payload(key), _payload(value), attn_mask=None if attn_mask is None else _payload(attn_mask),
+        _on_host(query), _on_host(key), _on_host(value), attn_mask=None if attn_mask is None else _on_host(attn_mask),
         dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
     )
     if attn_mask is not None and attn_mask.dtype == torch.bool:
@@ -165,6 +165,13 @@ def _attention_as_on_cpu(query, key, value, attn_mask=None, dropout_p=0.0, is_ca
     if choice == 1:  # sdp::SDPBackend::flash_attention
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
     return torch.ops.aten._scaled_dot_product_attention_math(query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa)[0]
+
+
+def _on_host(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``'s payload, or in no-compute mode (a meta payload, for which torch picks no kernel) an empty CPU
+    tensor of its sizes, strides and dtype: the CPU's kernel choice reads nothing else."""
+    payload = _payload(tensor)
+    return torch.empty_strided(payload.shape, payload.stride(), dtype=payload.dtype) if payload.is_meta else payload
 
 
 def _counting_resizes(resize: Any, memory: Any) -> Any:

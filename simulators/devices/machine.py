@@ -35,6 +35,8 @@ COUNT_VARIABLES = {
 MEMORY_VARIABLE = "SIMULATORS_DEVICE_MEMORY"
 #: Set (to 1; "" or "0": off) in a rank: mock-device tensors carry no values (``--no-compute``, :mod:`simulators.devices.no_compute`).
 NO_COMPUTE_ENV = "SIMULATORS_NO_COMPUTE"
+#: Set (to N) in a rank: it ends, exit 0, once an optimizer has made N steps (``--steps``).
+STEPS_ENV = "SIMULATORS_STEPS"
 #: What ``mem_get_info`` reports as the total of a device without a budget: 64 GiB.
 UNBUDGETED_TOTAL = 64 << 30
 

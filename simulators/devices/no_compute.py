@@ -87,7 +87,8 @@ def record(what: str) -> None:
         raise RuntimeError(
             f"simulators no-compute mode: {at} asked for a tensor's value ({what}) more than {RUNAWAY_LIMIT} times "
             "without an optimizer step; values are placeholders (zeros) when nothing is computed, so a loop waiting "
-            "on one never ends: bound the run (--steps, a step count) or dry-run without " + NO_COMPUTE_ENV
+            "on one never ends: bound the run with --steps N (each rank ends after N optimizer steps) or dry-run "
+            "without --no-compute"
         )
 
 

@@ -25,6 +25,9 @@ Rules (:class:`simulators.devices.memory.DeviceMemory` calls :func:`on_peak` and
   torch's message) before torch's ``OutOfMemoryError`` is raised;
 - the places where a no-compute run (:mod:`simulators.devices.no_compute`) gave a
   placeholder for a value are listed under ``placeholders`` (line, what was asked, how often);
+- with ``$SIMULATORS_STEPS`` set (``--steps N``), the rank ends (exit 0) once an
+  optimizer has made N steps, its report written: a dry run of a long
+  training loop stops after the steps that tell its memory;
 - the report (JSON) is written to :func:`simulators.spawn.memory_report_path` after every
   optimizer step, at an out-of-memory and when the process exits, so a rank
   stopped because another failed still tells what it knew.
@@ -41,6 +44,7 @@ from typing import Any
 
 import torch
 
+from simulators.devices.machine import STEPS_ENV
 from simulators.devices.memory import storage_key
 from simulators.spawn import MEMORY_REPORTS_ENV as REPORT_DIR_ENV
 from simulators.spawn import SCRIPT_ENV, memory_report_path
@@ -80,6 +84,10 @@ class _Recorder:
                 for part, size in self.split(books.device_type, index, storages).items():
                     states[part] = max(states[part], size)
         self.write()
+        if self.completed >= int(os.environ.get(STEPS_ENV) or 0) > 0:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)  # every rank stops at the same step; nothing of the script's runs after it
 
     def storages(self, device_type: str, index: int) -> dict[str, set[int]]:
         """The storage keys (as the books key them) of each model-state part on device ``index``."""

@@ -51,12 +51,12 @@ means the process's current device (:meth:`DeviceTensor.index_of`).
 """
 from __future__ import annotations
 
+import functools
 from types import SimpleNamespace
 from typing import Any, Callable
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils._python_dispatch import return_and_correct_aliasing
 
 from simulators.devices import no_compute
@@ -280,14 +280,14 @@ class DeviceTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        leaves, _ = tree_flatten((args, kwargs))
+        leaves = _leaves((args, kwargs))
         on_device = [leaf for leaf in leaves if isinstance(leaf, DeviceTensor)]
         if func not in _TRANSFERS:
             _check_one_device(func, on_device, leaves)
         first = on_device[0]
         first.observe(func, on_device)
         target = kwargs.get("device")
-        payload_args, payload_kwargs = tree_map(_payload_of, (args, kwargs))
+        payload_args, payload_kwargs = _map(_payload_of, (args, kwargs))
         if first._payload.is_meta:
             answered, value = no_compute.value_of(func, payload_args, payload_kwargs)
             if answered:
@@ -305,10 +305,10 @@ class DeviceTensor(torch.Tensor):
             out = no_compute.collective(func, payload_args, payload_kwargs)
         else:
             out = func(*payload_args, **payload_kwargs)
-        wrapped = tree_map(_rewrapper(type(first), index, on_device), out)
+        wrapped = _map(_rewrapper(type(first), index, on_device), out)
         if torch.Tag.inplace_view in func.tags:  # resize_, t_, set_...: the rewrap gave ``self`` its payload's new shape
             return args[0]
-        return return_and_correct_aliasing(func, args, kwargs, wrapped)
+        return return_and_correct_aliasing(func, args, kwargs, wrapped) if _aliases(func) else wrapped
 
 
 class _MoveBetweenIndices(torch.autograd.Function):
@@ -331,6 +331,37 @@ def _moved(tensor: DeviceTensor, index: int, dtype: torch.dtype, memory_format: 
     return type(tensor).wrap(tensor._payload.to(dtype, copy=True, **options), index)
 
 
+def _leaves(value: Any) -> list[Any]:
+    """The leaves of an op's arguments (tuples, lists and dicts of them), as ``tree_flatten`` gives them: the
+    dispatch of every op walks them, and torch's generic pytree costs several times more for these three."""
+    if type(value) in _CONTAINERS:
+        return [leaf for item in value for leaf in _leaves(item)]
+    if type(value) is dict:
+        return [leaf for item in value.values() for leaf in _leaves(item)]
+    return [value]
+
+
+def _map(function: Callable[[Any], Any], value: Any) -> Any:
+    """``tree_map(function, value)`` for the tuples, lists and dicts ops take and return (see `_leaves`)."""
+    if type(value) in _CONTAINERS:
+        return type(value)(_map(function, item) for item in value)
+    if type(value) is dict:
+        return {key: _map(function, item) for key, item in value.items()}
+    return function(value)
+
+
+_CONTAINERS = (tuple, list)
+
+
+@functools.cache
+def _aliases(func: Any) -> bool:
+    """Whether ``func``'s schema has an argument or result that aliases or mutates (views, in-place and ``out=``
+    ops): only those need ``return_and_correct_aliasing``, which leaves the others' results as they are."""
+    schema = func._schema
+    return any(item.alias_info is not None for item in (*schema.arguments, *schema.returns))
+
+
+@functools.cache
 def _takes_generator(func: Any) -> bool:
     """Whether ``func`` is a random op that takes a ``generator`` (dropout, for one, does not)."""
     return torch.Tag.nondeterministic_seeded in func.tags and any(
