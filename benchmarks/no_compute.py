@@ -4,7 +4,7 @@
 The script is ``estimate-memory --training``'s (:mod:`accelerate_ref.commands.estimate_training`): a Llama built
 empty from a ``transformers`` config, sharded with accelerate_ref's FSDP2 (bf16 mixed precision), two AdamW steps
 on random tokens. Each rank prints its host memory (``ru_maxrss``) after the steps; the table gives the launch's
-wall time, the largest rank's host memory and rank 0's device peak, and for models that fit both ways the ratios
+wall time, the largest rank's host memory (peak RSS, and PSS at the end) and rank 0's device peak, and for models that fit both ways the ratios
 (compute / no-compute) and whether the peaks agree.
 
     python benchmarks/no_compute.py                       # a 0.1B Llama at 2 ranks, both modes (one run)
@@ -21,6 +21,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 
 from accelerate_ref.commands.estimate_training import SCRIPT
@@ -36,7 +37,13 @@ MODELS = {
 }
 #: --scale -> the (model, ranks, machines) runs it makes.
 SCALES = {"small": [("0.1b", 2, 1)], "7b": [("7b", 8, 1), ("7b", 16, 2)], "70b": [("70b", 64, 8)]}
-RSS = "print('host memory', __import__('resource').getrusage(__import__('resource').RUSAGE_SELF).ru_maxrss * 1024, flush=True)\n"
+#: Appended to the script: each rank's peak resident memory and, at the end, its proportional share (PSS: pages it
+#: shares with other processes, torch's libraries, divided among them), in bytes.
+RSS = textwrap.dedent("""\
+    import resource
+    pss = [line.split()[1] for line in open("/proc/self/smaps_rollup") if line.startswith("Pss:")][0]
+    print("host memory", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, int(pss) * 1024, flush=True)
+    """)
 
 
 def dry_run(folder: str, script: str, ranks: int, machines: int, no_compute: bool, batch: int, length: int) -> dict:
@@ -56,8 +63,9 @@ def dry_run(folder: str, script: str, ranks: int, machines: int, no_compute: boo
         with open(summary) as stream:
             rank0 = json.load(stream)["ranks"][0]
     device = max(rank0["memory"].values(), key=lambda books: books["peak"])
-    host = max(int(found) for found in re.findall(r"host memory (\d+)", done.stdout))
-    return {"seconds": seconds, "host": host, "peak": device["peak"], "states": device["model_states"]}
+    host = [(int(rss), int(pss)) for rss, pss in re.findall(r"host memory (\d+) (\d+)", done.stdout)]
+    return {"seconds": seconds, "host": max(rss for rss, _ in host), "pss": max(pss for _, pss in host),
+            "peak": device["peak"], "states": device["model_states"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         script = os.path.join(work, "train.py")
         with open(script, "w") as stream:
             stream.write(SCRIPT + RSS)
-        print(f"{'model':<6}{'ranks':>6}{'machines':>9}{'mode':>12}{'wall s':>9}{'host MB/rank':>14}{'device peak MB':>16}", flush=True)
+        print(f"{'model':<6}{'ranks':>6}{'machines':>9}{'mode':>12}{'wall s':>9}{'RSS MB/rank':>13}{'PSS MB/rank':>13}{'device peak MB':>16}", flush=True)
         for name, ranks, machines in SCALES[args.scale]:
             folder = os.path.join(work, name)
             transformers.LlamaConfig(**MODELS[name], tie_word_embeddings=False).save_pretrained(folder)
@@ -81,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             for no_compute in modes:
                 found[no_compute] = run = dry_run(folder, script, ranks, machines, no_compute, args.batch, args.seq_len)
                 mode = "no-compute" if no_compute else "compute"
-                print(f"{name:<6}{ranks:>6}{machines:>9}{mode:>12}{run['seconds']:>9.1f}{run['host'] / 2**20:>14.0f}"
+                print(f"{name:<6}{ranks:>6}{machines:>9}{mode:>12}{run['seconds']:>9.1f}{run['host'] / 2**20:>13.0f}{run['pss'] / 2**20:>13.0f}"
                       f"{run['peak'] / 2**20:>16.1f}", flush=True)
             if len(found) == 2:
                 compute, none = found[False], found[True]
