@@ -240,6 +240,7 @@ def test_a_rank_left_waiting_alone_is_named_when_it_happens_not_at_the_timeout(t
     assert "rank 1: waited alone in barrier at train.py:4 after rank(s) 0 had finished: a collective not every rank calls" in done.stdout, done.stdout[-2000:]
 
 
+@pytest.mark.extended  # the computing twin above runs in make test; the descriptor exchange's own checks in test_no_compute
 def test_a_rank_left_waiting_alone_is_named_without_compute(tmp_path):
     """Issue 23 item 1: on mock GPUs without compute (meta payloads) the barrier's check of the ranks' descriptors
     still waits for the other ranks, so the rank waiting alone is named as when computing."""
