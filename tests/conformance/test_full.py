@@ -5,8 +5,9 @@ must pass except for the deviations its bundled manifest lists, and every
 listed deviation must still happen (strict: no unexpected pass).
 
 `make test` runs HF at worlds 1, 2 and 2x2 (one process, several, several
-machines), which keeps it within its time budget (issue 14); the `extended`
-variant runs HF at all five default worlds.
+machines), and the reference at those and 4 (the largest), which keeps it within
+its time budget (issue 14); the `extended` variants run both at all five default
+worlds (3 adds an uneven world).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ CASE_TIMEOUT = 20.0
 
 #: HF's worlds in `make test`: a single process, several processes, several machines.
 HF_FAST_WORLDS = ("1", "2", "2x2")
+#: The reference's in `make test`: HF's and the largest default world.
+REFERENCE_FAST_WORLDS = (*HF_FAST_WORLDS, "4")
 
 
 def run_suite(impl: str, capsys, worlds: tuple[str, ...] = DEFAULT_WORLDS) -> tuple:
@@ -42,8 +45,11 @@ def run_suite(impl: str, capsys, worlds: tuple[str, ...] = DEFAULT_WORLDS) -> tu
     return run, manifest, output, problems
 
 
-def test_reference_passes_every_case(capsys):
-    run, _, output, problems = run_suite("accelerate_ref", capsys)
+@pytest.mark.parametrize(
+    "worlds", [REFERENCE_FAST_WORLDS, pytest.param(DEFAULT_WORLDS, marks=pytest.mark.extended)], ids=["fast-worlds", "all-worlds"]
+)
+def test_reference_passes_every_case(capsys, worlds):
+    run, _, output, problems = run_suite("accelerate_ref", capsys, worlds)
     assert run.results, "no case ran"
     assert problems == [], output
     unsupported = [
