@@ -59,15 +59,18 @@ SCRIPT = textwrap.dedent("""\
         "zero3": {"deepspeed_plugin": DeepSpeedPlugin(zero_stage=3, gradient_accumulation_steps=1)},
     }
     accelerator = Accelerator(**plugins[distributed])
+    if distributed.startswith("zero"):  # DeepSpeed's batch size is read from its config (no data loader here)
+        accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = batch
     config = transformers.AutoConfig.from_pretrained(folder)
     with init_empty_weights(include_buffers=False):
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     if distributed == "fsdp":  # sharded on the meta device, then only each rank's shards take device memory
         model = accelerator.prepare(model, device_placement=[False])
         model.to_empty(device=accelerator.device)
-    else:
-        model = accelerator.prepare(model.to_empty(device=accelerator.device))
-    optimizer = accelerator.prepare(torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True))
+        optimizer = accelerator.prepare(torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True))
+    else:  # DeepSpeed takes the model and its optimizer in one call
+        model = model.to_empty(device=accelerator.device)
+        model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True))
     for step in range(2):
         tokens = torch.randint(0, config.vocab_size, (batch, length), device=accelerator.device)
         loss = model(input_ids=tokens, labels=tokens).loss
@@ -133,8 +136,8 @@ def estimate_training(args: argparse.Namespace) -> int:
         with open(summary, encoding="utf-8") as stream:
             found = json.load(stream)
     print(table(found, args))
-    if done.returncode:
-        print(done.stdout[-4000:], file=sys.stderr)
+    if done.returncode:  # the ranks' errors (the launcher's report) and the dry run's summary
+        print(done.stderr[-4000:] + done.stdout[-4000:], file=sys.stderr)
     return done.returncode
 
 
@@ -149,6 +152,8 @@ def rows(found: dict) -> list[list[str]]:
             parts = device["parts"]
             verdict = {"fits": lambda: f"fits ({convert_bytes(rank['headroom'])} free)", "no_budget": lambda: "-",
                        "out_of_memory": lambda: f"out of memory at {rank.get('at') or '?'}"}[rank["verdict"]]()
+            if rank["verdict"] != "out_of_memory" and rank["state"] != "exit 0":
+                verdict = f"failed: {rank['state']} (see below)"
             key = (convert_bytes(device["peak"]), convert_bytes(parts["parameters"]), convert_bytes(parts["gradients"]),
                    convert_bytes(parts["optimizer_state"]), convert_bytes(parts["other"]),
                    f"step {device['step']}, {device['at'] or '?'}", verdict)
