@@ -2,16 +2,29 @@
 from __future__ import annotations
 
 import socket
+import threading
 
 from simulators.topology import LOOPBACK
 
+#: Ports this process has handed out: the kernel may offer a port again as soon as it is released.
+_given: set[int] = set()
+_lock = threading.Lock()
+
 
 def free_port() -> int:
-    """A TCP port that is free on 127.0.0.1 right now (the kernel picks it; never a fixed port).
+    """A TCP port that is free on 127.0.0.1 right now (the kernel picks it; never a fixed port), and one this
+    process has not handed out before.
 
     The port is released before returning, so another process could take it
-    in between; the kernel hands out ports in rotation, which makes that rare.
+    in between; the kernel hands out ports in rotation, which makes that rare,
+    but it may offer a just-released port again (two worlds of one process
+    would then meet at one rendezvous): such a port is skipped.
     """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return sock.getsockname()[1]
+    with _lock:
+        while True:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind((LOOPBACK, 0))
+                port = sock.getsockname()[1]
+            if port not in _given:
+                _given.add(port)
+                return port
