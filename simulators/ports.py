@@ -8,6 +8,8 @@ from simulators.topology import LOOPBACK
 
 #: Ports this process has handed out: the kernel may offer a port again as soon as it is released.
 _given: set[int] = set()
+#: How many offers of already-given ports to skip before taking one anyway (a process that used up the range).
+_TRIES = 64
 _lock = threading.Lock()
 
 
@@ -18,13 +20,14 @@ def free_port() -> int:
     The port is released before returning, so another process could take it
     in between; the kernel hands out ports in rotation, which makes that rare,
     but it may offer a just-released port again (two worlds of one process
-    would then meet at one rendezvous): such a port is skipped.
+    would then meet at one rendezvous): such a port is skipped, up to ``_TRIES`` times.
     """
     with _lock:
-        while True:
+        for _ in range(_TRIES):
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
                 sock.bind((LOOPBACK, 0))
                 port = sock.getsockname()[1]
             if port not in _given:
-                _given.add(port)
-                return port
+                break
+        _given.add(port)
+        return port
