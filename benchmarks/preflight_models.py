@@ -90,19 +90,19 @@ def main(argv: list[str] | None = None) -> int:
         from torch.distributed._tools.mem_tracker import MemTracker
 
         _untracked_collectives()
-
         tracker = MemTracker()
         tracker.track_external(model)
         with tracker:
-            model = distribute(model, args.distributed, device)
+            model = distribute(model, args.distributed, device, args.replicate, args.bf16)
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-            _steps(model, loss_of, optimizer, device, between=tracker.reset_mod_stats)
+            with _autocast(device, args):
+                _steps(model, loss_of, optimizer, device, between=tracker.reset_mod_stats)
         peak = sum(snapshot["Total"] for snapshot in tracker.get_tracker_snapshot("peak").values())
     else:
         model = distribute(model, args.distributed, device, args.replicate, args.bf16)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         torch.cuda.reset_peak_memory_stats()
-        with torch.autocast(device.type, torch.bfloat16, enabled=args.bf16 and args.distributed != "fsdp2"):
+        with _autocast(device, args):
             _steps(model, loss_of, optimizer, device)
         peak = torch.cuda.max_memory_allocated()
     seconds = time.perf_counter() - started  # wrapping (DDP, FSDP2) and the two steps
@@ -112,6 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.distributed != "none":
         torch.distributed.destroy_process_group()
     return 0
+
+
+def _autocast(device: torch.device, args: argparse.Namespace) -> torch.autocast:
+    """bf16 autocast for ``--bf16`` without FSDP2 (whose MixedPrecisionPolicy casts instead), else a no-op."""
+    return torch.autocast(device.type, torch.bfloat16, enabled=args.bf16 and args.distributed != "fsdp2")
 
 
 def distribute(model: nn.Module, how: str, device: torch.device, replicas: int = 1, bf16: bool = False) -> nn.Module:
@@ -124,9 +129,7 @@ def distribute(model: nn.Module, how: str, device: torch.device, replicas: int =
     if how == "ddp":
         return nn.parallel.DistributedDataParallel(model, device_ids=None if device.type == "cpu" else [device.index])
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     world = torch.distributed.get_world_size()
     mesh = (init_device_mesh(device.type, (replicas, world // replicas), mesh_dim_names=("replicate", "shard"))
