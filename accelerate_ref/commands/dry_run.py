@@ -36,14 +36,19 @@ def _budget(args: argparse.Namespace) -> tuple[str | None, str]:
         if memory:
             raise ValueError("--gpu and --device-memory both set a budget: give one")
         memory, name = gpu_budget(args.gpu), args.gpu.lower()
-    if memory is not None and args.simulate == "cpu":
-        raise ValueError("a memory budget needs a mock device: --simulate cuda, xla or npu (not cpu)")
-    for flag, value in (("--no-compute", getattr(args, "no_compute", False)), ("--steps", getattr(args, "steps", None))):
-        if value and args.simulate == "cpu":
-            raise ValueError(f"{flag} needs a mock device: --simulate cuda, xla or npu (not cpu)")
+    return memory, name
+
+
+def _check_mock_device_flags(args: argparse.Namespace, memory: str | None) -> None:
+    """Refuse what only a mock device family has (a budget, no-compute mode, a step limit) on ``--simulate cpu``,
+    and a step limit below 1 (ValueError, one line)."""
+    asked = (("a memory budget", memory is not None), ("--no-compute", getattr(args, "no_compute", False)),
+             ("--steps", getattr(args, "steps", None) is not None))
+    for what, given in asked:
+        if given and args.simulate == "cpu":
+            raise ValueError(f"{what} needs a mock device: --simulate cuda, xla or npu (not cpu)")
     if getattr(args, "steps", None) is not None and args.steps < 1:
         raise ValueError(f"--steps {args.steps}: give at least 1")
-    return memory, name
 
 
 #: (family, launch option, value) a family's hardware does not run, with why (refused before any rank starts).
@@ -72,6 +77,7 @@ def dry_run(args: argparse.Namespace) -> int:
         raise ValueError("--simulate runs a script file; -m and --no_python are not supported with it")
     _check_family_runs(args)
     memory, preset = _budget(args)
+    _check_mock_device_flags(args, memory)
     world = World.of(args.num_processes, machines=args.num_machines)
     env = {**launch_env(args, base={}), "ACCELERATE_USE_CPU": str(args.simulate == "cpu" or bool(args.cpu)),
            **family_env(args.simulate), **machine_env(args.simulate, memory=memory),
