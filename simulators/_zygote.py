@@ -1,15 +1,18 @@
 """A warmed fork server for pool ranks: ``python -m simulators._zygote``.
 
 The zygote imports ``torch`` and the modules named in
-``$SIMULATORS_ZYGOTE_PRELOAD`` (comma-separated) once, freezes the garbage
+``$SIMULATORS_ZYGOTE_PRELOAD`` (comma-separated; one that fails to import is skipped, and the rank that
+needs it meets the error itself) once, freezes the garbage
 collector's view of them (so children do not dirty those pages), then
 forks one child per request. Ranks forked from it share the imported
 modules' memory copy-on-write and skip the imports, which is what lets
 64 ranks start on a 2-core machine.
 
 Protocol (one JSON object or one text line per line):
-- stdin, a request: ``{"module": "simulators._worker", "env": {...},
-  "log": "/path/rankN.log", "cwd": null}``;
+- stdin, a request: ``{"module": "simulators._worker", "args": [...], "env": {...},
+  "log": "/path/rankN.log", "errors": "/path/rankN.err", "cwd": null, "finalize": false}``
+  (``args`` follow the module on ``sys.argv``; stderr goes to ``errors`` when given, else to
+  ``log``; ``finalize``: see :func:`_become_rank`);
 - stdout, replies in order: ``started PID`` after each fork, and
   ``exit PID CODE`` when a child ends (CODE negative: the signal), since only
   the zygote, the children's parent, can reap them.
@@ -41,7 +44,10 @@ PRELOAD_ENV = "SIMULATORS_ZYGOTE_PRELOAD"
 
 
 def _become_rank(request: dict, zygote_pid: int, keep_closed: list[int]) -> None:
-    """In the child: isolate, take the request's environment and output, run the module; never returns."""
+    """In the child: isolate, take the request's environment and output, run the module; never returns.
+
+    The child leaves with ``os._exit``, or, when the request says ``"finalize": true``, as a spawned process
+    would: atexit handlers, then the interpreter's teardown (where a library that aborts at exit shows it)."""
     code = 1
     try:
         os.setsid()
@@ -51,10 +57,10 @@ def _become_rank(request: dict, zygote_pid: int, keep_closed: list[int]) -> None
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.close(devnull)
-        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.close(log)
+        for fd, path in ((1, request["log"]), (2, request.get("errors") or request["log"])):
+            log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            os.dup2(log, fd)
+            os.close(log)
         os.environ.clear()
         os.environ.update(request["env"])
         tempfile.tempdir = None  # the rank's TMPDIR, not a folder the zygote may have looked up
@@ -64,7 +70,7 @@ def _become_rank(request: dict, zygote_pid: int, keep_closed: list[int]) -> None
         install_stack_dumper()
         gc.unfreeze()
         _apply_torch_env()
-        sys.argv = [request["module"]]
+        sys.argv = [request["module"], *request.get("args", ())]
         sys.modules.pop(request["module"], None)  # preloaded for its imports; runs afresh as __main__
         runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
         code = 0
@@ -78,7 +84,9 @@ def _become_rank(request: dict, zygote_pid: int, keep_closed: list[int]) -> None
                 stream.flush()
             except Exception:
                 pass
-        os._exit(code)
+    if request.get("finalize"):
+        raise SystemExit(code)  # out of the zygote's loop: the interpreter ends this child as it ends any process
+    os._exit(code)
 
 
 def _apply_torch_env() -> None:
@@ -96,7 +104,11 @@ def main() -> int:
     replies = os.dup(1)
     os.dup2(2, 1)  # stray prints go to the zygote's log, never into the protocol
     for name in filter(None, os.environ.get(PRELOAD_ENV, "").split(",")):
-        importlib.import_module(name)
+        try:
+            importlib.import_module(name)
+        except Exception:  # the rank imports it again itself, and reports the error where its code asks for it
+            print(f"simulators zygote: preloading {name} failed; the ranks import it themselves", file=sys.stderr)
+            traceback.print_exc()
     gc.collect()
     gc.freeze()
     children: dict[int, int] = {}  # pidfd -> pid

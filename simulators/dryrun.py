@@ -16,6 +16,7 @@ for what the mock takes over from a CPU-only torch).
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import sys
@@ -36,6 +37,10 @@ MIXING = re.compile(r"Expected all tensors to be on the same device[^\n]*")
 MISMATCH = re.compile(r"Detected mismatch between collectives on ranks\. Rank (\d+) is running collective: (CollectiveFingerPrint\(.*?\)\)), "
                       r"but Rank (\d+) is running collective: (CollectiveFingerPrint\(.*?\)\))")
 FINGERPRINT = re.compile(r"SequenceNumber=(\d+), OpType=(\w+)(?:, TensorShape=(\[[^\]]*\]))?(?:, TensorDtypes=(\w+))?")
+#: Libraries a dry run imports before forking its ranks when the script imports them: large imports known
+#: to start no thread and touch no device (a fork copies only the importing thread; a library that
+#: seeds a global random state at import would give every rank the same one, as numpy's does, so it is not here).
+FORK_SAFE = frozenset({"torch", "transformers", "accelerate", "accelerate_ref", "safetensors"})
 #: gloo's words when the rank at the other end of a collective has gone.
 PEER_GONE = "Connection closed by peer"
 RECOMPILATION = re.compile(r"XLA recompilation at step[^\n]*")
@@ -59,6 +64,21 @@ def family_env(family: str) -> dict[str, str]:
         env.update(settings.env)
         env["PYTHONPATH"] = os.pathsep.join([*settings.pythonpath, *filter(None, sys.path)])
     return env
+
+
+def preload(script: str) -> list[str]:
+    """The modules a dry run's ranks are forked with, imported once (``simulators.launcher.launch``'s
+    ``preload``): torch, and those of ``FORK_SAFE`` that the script imports. A script that does not parse
+    gets torch only (its ranks report the error)."""
+    try:
+        with open(script, encoding="utf-8") as stream:
+            tree = ast.parse(stream.read(), script)
+    except (OSError, SyntaxError, ValueError):
+        tree = ast.Module(body=[], type_ignores=[])
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module and not node.level}
+    return ["torch", "torch.distributed", *sorted(imported & FORK_SAFE)]
 
 
 def watch_interval() -> float | None:

@@ -54,9 +54,13 @@ class Zygote:
     def alive(self) -> bool:
         return self._proc.poll() is None
 
-    def fork(self, module: str, env: Mapping[str, str], log_file: Path, cwd: str | None, timeout: float) -> ForkedProcess:
-        """Fork a child that runs ``python -m module`` with exactly ``env``; wait at most ``timeout`` for its pid."""
-        request = json.dumps({"module": module, "env": dict(env), "log": str(log_file), "cwd": cwd})
+    def fork(self, module: str, env: Mapping[str, str], log_file: Path, cwd: str | None, timeout: float,
+             args: Sequence[str] = (), error_file: Path | None = None, finalize: bool = False) -> ForkedProcess:
+        """Fork a child that runs ``python -m module *args`` with exactly ``env``, its output in ``log_file`` (its
+        stderr in ``error_file`` when given); with ``finalize``, it ends as a spawned process does (atexit
+        handlers, interpreter teardown) instead of with ``os._exit``. Wait at most ``timeout`` for its pid."""
+        request = json.dumps({"module": module, "args": list(args), "env": dict(env), "log": str(log_file),
+                              "errors": str(error_file) if error_file else None, "cwd": cwd, "finalize": finalize})
         try:
             self._proc.stdin.write(request.encode() + b"\n")
             self._proc.stdin.flush()

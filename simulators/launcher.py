@@ -27,8 +27,9 @@ from typing import IO, Any, Callable, Literal
 
 from simulators.calls import CALL_FLAG, read_result, result_path, write_call
 from simulators.ports import free_port
+from simulators.forking import Zygote
 from simulators.spawn import (
-    MEMORY_REPORTS_ENV, TAIL_LINES, RankProcess, describe_exit, kill_all, read_memory_reports, returned_path, shell_status,
+    MEMORY_REPORTS_ENV, base_env, TAIL_LINES, RankProcess, describe_exit, kill_all, read_memory_reports, returned_path, shell_status,
     spawn_world,
 )
 from simulators.topology import World
@@ -91,6 +92,7 @@ def launch(
     cwd: str | os.PathLike[str] | None = None,
     pythonpath: Sequence[str] = (),
     watch: float | None = None,
+    preload: Sequence[str] = (),
 ) -> LaunchResult:
     """Run a Python script (``"train.py"`` or ``["train.py", *args]``) on every rank of ``world``.
 
@@ -101,7 +103,10 @@ def launch(
     Flight Recorders are read, and ranks that entered different collectives
     (or one that takes equal shapes with other shapes) at the same sequence
     number of a group end the launch at once (status ``mismatch``, with the
-    diagnosis and every rank's stack) instead of at the timeout. A run that
+    diagnosis and every rank's stack) instead of at the timeout. With
+    ``preload`` (module names), the ranks are forked from a fork server that
+    imported those modules once (:mod:`simulators._zygote`): they skip the
+    imports and share the imported modules' memory. A run that
     does not succeed prints its report to stderr.
     """
     argv = [os.fspath(script_or_argv)] if isinstance(script_or_argv, (str, os.PathLike)) else list(script_or_argv)
@@ -113,10 +118,16 @@ def launch(
     with tempfile.TemporaryDirectory(prefix="simulators-launch-") as workdir:
         reports = Path(workdir, "memory")
         reports.mkdir()
-        result = _execute(
-            [*_BOOTSTRAP, *argv], world, timeout=timeout, env={**(env or {}), MEMORY_REPORTS_ENV: str(reports)},
-            cwd=cwd, workdir=Path(workdir), pythonpath=pythonpath, watch=watch,
-        )
+        env = {**(env or {}), MEMORY_REPORTS_ENV: str(reports)}
+        zygote = Zygote(base_env(env, pythonpath), Path(workdir, "zygote.log"), [_BOOTSTRAP[2], *preload]) if preload else None
+        try:
+            result = _execute(
+                [*_BOOTSTRAP, *argv], world, timeout=timeout, env=env,
+                cwd=cwd, workdir=Path(workdir), pythonpath=pythonpath, watch=watch, zygote=zygote,
+            )
+        finally:
+            if zygote is not None:
+                zygote.close()
         result.memory = read_memory_reports(reports, world.size)
     if result.status != "ok":
         print(result.message, file=sys.stderr, flush=True)
@@ -182,10 +193,13 @@ def _execute(
     workdir: Path,
     pythonpath: Sequence[str] = (),
     watch: float | None = None,
+    zygote: Zygote | None = None,
 ) -> LaunchResult:
     started = time.monotonic()
-    ranks = spawn_world(argv, world, master_port=free_port(), workdir=workdir, env=env, cwd=cwd, pythonpath=pythonpath)
-    output = _RankOutput(ranks)
+    forked = zygote is not None
+    ranks = spawn_world(argv, world, master_port=free_port(), workdir=workdir, env=env, cwd=cwd, pythonpath=pythonpath,
+                        logs=forked, like_spawned=True, zygote=zygote)
+    output = _RankLogs(ranks) if forked else _RankPipes(ranks)
     try:
         result = _watch(ranks, timeout, watch)
     finally:
@@ -232,6 +246,8 @@ def _watch(ranks: Sequence[RankProcess], timeout: float | None, watch: float | N
 
 #: Lines of each rank's output a launch keeps for the dry run's findings.
 ANALYSED_LINES = 400
+#: Seconds between two reads of forked ranks' log files.
+LOG_POLL_S = 0.1
 
 
 def _last_lines(text: str) -> str:
@@ -263,39 +279,81 @@ def _timeout_message(timeout: float | None, running: list[int], stacks: dict[int
 
 
 class _RankOutput:
-    """Reader threads copying each rank's pipes to the driver's stdout/stderr as ``[rank N] line``.
-
-    The last ANALYSED_LINES lines of each rank (stdout and stderr together) are kept: enough to reach back
-    from an error to the line of the user's script under a deep stack (the mock CUDA device's modes add
-    frames); reports show the last TAIL_LINES of them.
-    """
+    """Copies each rank's output to the driver's stdout/stderr as ``[rank N] line``, keeping the last
+    ANALYSED_LINES lines of each rank (stdout and stderr together): enough to reach back from an error to the
+    line of the user's script under a deep stack (the mock CUDA device's modes add frames); reports show the
+    last TAIL_LINES of them. Subclasses say where the output comes from."""
 
     def __init__(self, ranks: Sequence[RankProcess]) -> None:
         self._lock = threading.Lock()
         self._tails = {rank.rank: deque(maxlen=ANALYSED_LINES) for rank in ranks}
-        self._threads = [
-            threading.Thread(target=self._pump, args=(rank.rank, pipe, sink), daemon=True,
-                             name=f"simulators-rank{rank.rank}-output")
-            for rank in ranks
-            for pipe, sink in ((rank.proc.stdout, sys.stdout), (rank.proc.stderr, sys.stderr))
-        ]
-        for thread in self._threads:
-            thread.start()
+        self._threads: list[threading.Thread] = []
 
-    def _pump(self, rank: int, pipe: IO[str], sink: IO[str]) -> None:
-        prefix = f"[rank {rank}] "
-        with pipe:
-            for line in pipe:
-                line = line if line.endswith("\n") else line + "\n"
-                with self._lock:
-                    self._tails[rank].append(line)
-                    sink.write(prefix + line)
-                    sink.flush()
+    def _start(self, target: Callable[..., None], *args: Any, name: str) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True, name=name)
+        self._threads.append(thread)
+        thread.start()
+
+    def _emit(self, rank: int, line: str, sink: IO[str]) -> None:
+        line = line if line.endswith("\n") else line + "\n"
+        with self._lock:
+            self._tails[rank].append(line)
+            sink.write(f"[rank {rank}] {line}")
+            sink.flush()
 
     def join(self, timeout: float = 5.0) -> dict[int, str]:
-        """Wait (bounded) for the pipes to close; return each rank's output tail."""
+        """Wait (bounded) for the output to end; return each rank's output tail."""
         deadline = time.monotonic() + timeout
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         with self._lock:
             return {rank: "".join(lines) for rank, lines in self._tails.items()}
+
+
+class _RankPipes(_RankOutput):
+    """A reader thread per pipe of each spawned rank, until the pipe closes."""
+
+    def __init__(self, ranks: Sequence[RankProcess]) -> None:
+        super().__init__(ranks)
+        for rank in ranks:
+            for pipe, sink in ((rank.proc.stdout, sys.stdout), (rank.proc.stderr, sys.stderr)):
+                self._start(self._pump, rank.rank, pipe, sink, name=f"simulators-rank{rank.rank}-output")
+
+    def _pump(self, rank: int, pipe: IO[str], sink: IO[str]) -> None:
+        with pipe:
+            for line in pipe:
+                self._emit(rank, line, sink)
+
+
+class _RankLogs(_RankOutput):
+    """One thread following the log files of forked ranks (stdout's, stderr's) every ``LOG_POLL_S``, until
+    :meth:`join` asks it to read what is left and stop."""
+
+    def __init__(self, ranks: Sequence[RankProcess]) -> None:
+        super().__init__(ranks)
+        self._files = [(rank.rank, open(path, "rb"), sink) for rank in ranks
+                       for path, sink in ((rank.log_file, sys.stdout), (rank.error_file, sys.stderr))]
+        self._partial = [b""] * len(self._files)
+        self._done = threading.Event()
+        self._start(self._follow, name="simulators-rank-logs")
+
+    def _follow(self) -> None:
+        try:
+            while not self._done.wait(LOG_POLL_S):
+                self._read()
+            self._read(final=True)
+        finally:
+            for _, stream, _ in self._files:
+                stream.close()
+
+    def _read(self, final: bool = False) -> None:
+        for index, (rank, stream, sink) in enumerate(self._files):
+            *lines, self._partial[index] = (self._partial[index] + stream.read()).split(b"\n")
+            if final and self._partial[index]:
+                lines.append(self._partial[index])
+            for line in lines:
+                self._emit(rank, line.decode("utf-8", "replace"), sink)
+
+    def join(self, timeout: float = 5.0) -> dict[int, str]:
+        self._done.set()
+        return super().join(timeout)

@@ -73,6 +73,8 @@ class RankProcess:
     log_file: Path | None
     exit_fd: int
     fr_file: Path | None = None
+    #: Where its stderr goes when not into ``log_file`` (see :func:`spawn_world`'s ``like_spawned``).
+    error_file: Path | None = None
 
     @property
     def pid(self) -> int:
@@ -159,6 +161,12 @@ def child_pythonpath(extra: Sequence[str] = ()) -> str:
     return os.pathsep.join(dict.fromkeys(entries))
 
 
+def base_env(env: Mapping[str, str], pythonpath: Sequence[str] = ()) -> dict[str, str]:
+    """A rank's environment before its own variables: torch's Flight Recorder on, ``os.environ``, ``PYTHONPATH``
+    listing ``pythonpath`` then the driver's ``sys.path``, then ``env`` (later entries winning)."""
+    return {**FR_BUFFER_ENV, **os.environ, "PYTHONPATH": child_pythonpath(pythonpath), **env}
+
+
 def die_with_parent(parent_pid: int) -> None:
     """In a new child (preexec_fn): ask the kernel to SIGKILL this child when its parent dies."""
     if _libc is not None:
@@ -178,13 +186,16 @@ def spawn_world(
     pythonpath: Sequence[str] = (),
     logs: bool = False,
     zygote: Zygote | None = None,
+    like_spawned: bool = False,
 ) -> list[RankProcess]:
     """Start ``argv`` once per rank of ``world``; return the ranks in rank order.
 
     Output goes to pipes (``proc.stdout``/``proc.stderr``, text, for the
     caller to read) or, with ``logs=True``, stdout and stderr together to
     ``workdir/rank<N>.log``; ranks forked from ``zygote`` need ``logs=True``
-    and ``argv`` of the form ``(python, "-m", MODULE)``. If any rank fails to start, the ones already
+    and ``argv`` of the form ``(python, "-m", MODULE, *ARGS)``. With ``like_spawned``, logged ranks
+    keep stderr apart (``workdir/rank<N>.err``) and forked ones end as a spawned process does (atexit
+    handlers, interpreter teardown), so that a caller sees the same ranks either way. If any rank fails to start, the ones already
     started are killed and the error propagates. A world larger than the
     machine can hold raises :class:`simulators.capacity.CapacityError` first.
     """
@@ -194,7 +205,8 @@ def spawn_world(
         for rank in range(world.size):
             ranks.append(
                 _spawn_rank(argv, world, rank, master_port=master_port, workdir=workdir,
-                            env=env or {}, cwd=cwd, pythonpath=pythonpath, logs=logs, zygote=zygote)
+                            env=env or {}, cwd=cwd, pythonpath=pythonpath, logs=logs, zygote=zygote,
+                            like_spawned=like_spawned)
             )
     except BaseException:
         kill_all(ranks)
@@ -214,6 +226,7 @@ def _spawn_rank(
     pythonpath: Sequence[str],
     logs: bool,
     zygote: Zygote | None = None,
+    like_spawned: bool = False,
 ) -> RankProcess:
     stack_file = workdir / f"rank{rank}.stacks"
     stack_file.touch()
@@ -222,26 +235,29 @@ def _spawn_rank(
     Path(ready_path(fr_file)).unlink(missing_ok=True)  # a rank started again answers once its own dumper waits
     scratch = workdir / "tmp"
     scratch.mkdir(exist_ok=True)
-    full_env = {
-        **FR_BUFFER_ENV,
-        **os.environ,
-        **rank_env(world, rank, master_port),
-        "PYTHONPATH": child_pythonpath(pythonpath),
-        STACK_FILE_ENV: str(stack_file),
-        RETURNED_FILE_ENV: str(returned_path(workdir, rank)),
-        FR_FILE_ENV: str(fr_file),
-        # A rank's temporary files (its own, a package's at import, torchrun's in a launch) live in
-        # the workdir and go with it: ranks are killed, not finalized, so nothing else removes them.
-        "TMPDIR": str(scratch),
-        **env,
-    }
+    full_env = base_env(
+        {
+            **rank_env(world, rank, master_port),
+            STACK_FILE_ENV: str(stack_file),
+            RETURNED_FILE_ENV: str(returned_path(workdir, rank)),
+            FR_FILE_ENV: str(fr_file),
+            # A rank's temporary files (its own, a package's at import, torchrun's in a launch) live in
+            # the workdir and go with it: ranks are killed, not finalized, so nothing else removes them.
+            "TMPDIR": str(scratch),
+            **env,
+        },
+        pythonpath,
+    )
     log_file = workdir / f"rank{rank}.log" if logs else None
+    error_file = workdir / f"rank{rank}.err" if logs and like_spawned else None
     if zygote is not None:
         if log_file is None or list(argv[1:2]) != ["-m"]:
             raise ValueError("a rank forked from a zygote runs `python -m MODULE` with logs=True")
-        log_file.write_bytes(b"")
-        proc = zygote.fork(argv[2], full_env, log_file, os.fspath(cwd) if cwd else None, timeout=30.0)
-        return RankProcess(rank, proc, stack_file, log_file, _exit_handle(proc.pid), fr_file)
+        for path in filter(None, (log_file, error_file)):
+            path.write_bytes(b"")
+        proc = zygote.fork(argv[2], full_env, log_file, os.fspath(cwd) if cwd else None, timeout=30.0,
+                           args=argv[3:], error_file=error_file, finalize=like_spawned)
+        return RankProcess(rank, proc, stack_file, log_file, _exit_handle(proc.pid), fr_file, error_file)
     common = dict(
         env=full_env,
         cwd=cwd,
@@ -250,8 +266,8 @@ def _spawn_rank(
         preexec_fn=functools.partial(die_with_parent, os.getpid()),
     )
     if log_file is not None:
-        with open(log_file, "wb") as log:
-            proc = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, **common)
+        with open(log_file, "wb") as log, open(error_file or os.devnull, "wb") as errors:
+            proc = subprocess.Popen(list(argv), stdout=log, stderr=errors if error_file else subprocess.STDOUT, **common)
     else:
         proc = subprocess.Popen(
             list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,

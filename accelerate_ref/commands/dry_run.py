@@ -69,7 +69,7 @@ def _check_family_runs(args: argparse.Namespace) -> None:
 def dry_run(args: argparse.Namespace) -> int:
     """Run ``args.training_script`` on the simulator and print the summary; return the launcher's exit status."""
     from simulators.devices.machine import NO_COMPUTE_ENV, STEPS_ENV, machine_env, parse_size
-    from simulators.dryrun import DEFAULT_TIMEOUT, family_env, record, summary, watch_interval
+    from simulators.dryrun import DEFAULT_TIMEOUT, family_env, preload, record, summary, watch_interval
     from simulators.launcher import launch
     from simulators.topology import World
 
@@ -84,7 +84,8 @@ def dry_run(args: argparse.Namespace) -> int:
            **({NO_COMPUTE_ENV: "1"} if getattr(args, "no_compute", False) else {}),
            **({STEPS_ENV: str(args.steps)} if getattr(args, "steps", None) else {})}
     result = launch([args.training_script, *args.training_script_args], world,
-                    timeout=args.timeout or DEFAULT_TIMEOUT, env=env, watch=watch_interval())
+                    timeout=args.timeout or DEFAULT_TIMEOUT, env=env, watch=watch_interval(),
+                    preload=preload(args.training_script))
     budget = parse_size(memory) if memory else None
     print(summary(result, world, args.training_script, budget, preset), flush=True)
     if getattr(args, "summary_json", None):

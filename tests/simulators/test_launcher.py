@@ -15,6 +15,8 @@ from tests.simulators import rank_functions as ranks
 pytestmark = pytest.mark.slow
 
 WORLDS = ["1", "2", "3", "4", "2x2"]
+#: Script launches run twice: ranks spawned afresh, and ranks forked from a fork server that imported torch.
+SPAWNED_AND_FORKED = pytest.mark.parametrize("preload", [(), ("torch",)], ids=["spawned", "forked"])
 # --- scripts the ranks run ---
 
 def write_script(tmp_path, body, name="script.py"):
@@ -70,20 +72,22 @@ def test_args_and_kwargs_reach_every_rank():
     assert simulators.run(ranks.add, world=3, args=(1, 2), kwargs={"c": 10}, timeout=30) == [13, 14, 15]
 
 
-def test_output_is_streamed_with_rank_prefixes(tmp_path, capsys):
+@SPAWNED_AND_FORKED
+def test_output_is_streamed_with_rank_prefixes(tmp_path, capsys, preload):
     script = write_script(tmp_path, """
         import os, sys
         print("out", sys.argv[1:], flush=True)
         print("err line", file=sys.stderr)
     """)
-    result = launch([str(script), "a1", "a2"], World.of(2), timeout=30)
+    result = launch([str(script), "a1", "a2"], World.of(2), timeout=30, preload=preload)
     out, err = capsys.readouterr()
     assert result.status == "ok" and result.exit_code == 0
     assert "[rank 0] out ['a1', 'a2']" in out and "[rank 1] out ['a1', 'a2']" in out
     assert "[rank 0] err line" in err and "[rank 1] err line" in err
 
 
-def test_a_failing_rank_ends_the_run_at_once(tmp_path, capsys, assert_gone):
+@SPAWNED_AND_FORKED
+def test_a_failing_rank_ends_the_run_at_once(tmp_path, capsys, assert_gone, preload):
     pids = tmp_path / "pids"
     pids.mkdir()
     script = write_script(tmp_path, PIDS_PRELUDE + """
@@ -96,7 +100,7 @@ def test_a_failing_rank_ends_the_run_at_once(tmp_path, capsys, assert_gone):
     still_waiting_for_rank_1()
     """)
     started = time.monotonic()
-    result = launch([str(script), str(pids)], World.of(3), timeout=60)
+    result = launch([str(script), str(pids)], World.of(3), timeout=60, preload=preload)
     elapsed = time.monotonic() - started
     err = capsys.readouterr().err
     assert elapsed < 15, f"the launcher waited {elapsed:.1f}s after rank 1 failed"
@@ -126,7 +130,8 @@ def test_a_failing_rank_ends_the_run_while_a_peer_waits_in_a_gloo_barrier(tmp_pa
     assert_gone(recorded_pids(pids))
 
 
-def test_timeout_dumps_the_stack_of_every_live_rank_and_kills_them(tmp_path, capsys, assert_gone):
+@SPAWNED_AND_FORKED
+def test_timeout_dumps_the_stack_of_every_live_rank_and_kills_them(tmp_path, capsys, assert_gone, preload):
     pids = tmp_path / "pids"
     pids.mkdir()
     script = write_script(tmp_path, PIDS_PRELUDE + """
@@ -134,7 +139,7 @@ def test_timeout_dumps_the_stack_of_every_live_rank_and_kills_them(tmp_path, cap
         threading.Event().wait()
     stuck_in_a_collective()
     """)
-    result = launch([str(script), str(pids)], World.of(2, machines=2), timeout=1.5)
+    result = launch([str(script), str(pids)], World.of(2, machines=2), timeout=1.5, preload=preload)
     err = capsys.readouterr().err
     assert (result.status, result.exit_code, result.running) == ("timeout", 124, [0, 1])
     assert "ranks still running: 0, 1" in err
@@ -198,7 +203,8 @@ def test_run_fails_when_a_rank_returns_and_then_dies():
     assert "returned from the function, then failed at interpreter exit" in caught.value.traceback
 
 
-def test_launch_names_an_abort_at_interpreter_exit_after_the_script_returned(tmp_path, capsys):
+@SPAWNED_AND_FORKED
+def test_launch_names_an_abort_at_interpreter_exit_after_the_script_returned(tmp_path, capsys, preload):
     """Issue 9: a rank that finished its script and then aborted while the interpreter exited is a crash,
     reported with its signal and as happening at exit."""
     script = write_script(tmp_path, """
@@ -207,20 +213,21 @@ def test_launch_names_an_abort_at_interpreter_exit_after_the_script_returned(tmp
     if os.environ["RANK"] == "1":
         atexit.register(os.abort)
     """)
-    result = launch([str(script)], World.of(2), timeout=60)
+    result = launch([str(script)], World.of(2), timeout=60, preload=preload)
     err = capsys.readouterr().err
     assert (result.status, result.failed_rank, result.exit_code) == ("failed", 1, 128 + signal.SIGABRT)
     assert result.failed_at_exit
     assert "rank 1 failed at interpreter exit, after its script returned, with signal SIGABRT" in err
 
 
-def test_launch_does_not_call_a_crash_during_the_script_one_at_exit(tmp_path, capsys):
+@SPAWNED_AND_FORKED
+def test_launch_does_not_call_a_crash_during_the_script_one_at_exit(tmp_path, capsys, preload):
     script = write_script(tmp_path, """
     import os
     if os.environ["RANK"] == "0":
         os.abort()
     """)
-    result = launch([str(script)], World.of(2), timeout=60)
+    result = launch([str(script)], World.of(2), timeout=60, preload=preload)
     assert (result.status, result.failed_rank, result.failed_at_exit) == ("failed", 0, False)
     assert "rank 0 failed with signal SIGABRT" in capsys.readouterr().err
 
@@ -261,3 +268,16 @@ def test_run_from_a_script_calls_functions_of_its_main_module(tmp_path):
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[0, 1, 4]"
+
+
+def test_forked_ranks_start_with_the_preloaded_modules_imported(tmp_path, capsys):
+    """``preload``: the ranks are forked from a server that imported those modules; without it, they import
+    them themselves."""
+    script = write_script(tmp_path, """
+        import sys
+        print("torch imported at start:", "torch" in sys.modules, flush=True)
+    """)
+    for preload, imported in (((), False), (("torch",), True)):
+        assert launch([str(script)], World.of(2), timeout=60, preload=preload).status == "ok"
+        out = capsys.readouterr().out
+        assert out.count(f"torch imported at start: {imported}") == 2, out
