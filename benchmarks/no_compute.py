@@ -2,10 +2,13 @@
 (compute) and without (``--no-compute``), side by side in one run, then the large models only no-compute reaches.
 
 The script is ``estimate-memory --training``'s (:mod:`accelerate_ref.commands.estimate_training`): a Llama built
-empty from a ``transformers`` config, sharded with accelerate_ref's FSDP2 (bf16 mixed precision), two AdamW steps
-on random tokens. Each rank prints its host memory (``ru_maxrss``) after the steps; the table gives the launch's
-wall time, the largest rank's host memory (peak RSS, and PSS at the end) and rank 0's device peak, and for models that fit both ways the ratios
-(compute / no-compute) and whether the peaks agree.
+empty from a ``transformers`` config, sharded with accelerate_ref's FSDP2 (bf16 mixed precision), ``--steps``
+AdamW steps on random tokens (one by default, the issue's measure; ``estimate-memory`` runs two). Each rank prints
+its host memory (``ru_maxrss``) after the steps; the table gives the launch's wall time, the largest rank's host
+memory (peak RSS, and PSS at the end) and rank 0's device peak, and for models that fit both ways the ratios
+(compute / no-compute) and whether the peaks agree. Every run then checks rank 0's model states at the end of a
+step against FSDP2's arithmetic: each parameter's dim 0 split in ``ranks`` rows of ceil(dim 0 / ranks), fp32
+parameters and gradients, AdamW's two fp32 moments (and the step counters, a 4-byte fp32 tensor each).
 
     python benchmarks/no_compute.py                       # a 0.1B Llama at 2 ranks, both modes (one run)
     python benchmarks/no_compute.py --scale 7b            # 7B at 8 ranks and at 16 ranks as 2 machines
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import subprocess
@@ -46,7 +50,7 @@ RSS = textwrap.dedent("""\
     """)
 
 
-def dry_run(folder: str, script: str, ranks: int, machines: int, no_compute: bool, batch: int, length: int) -> dict:
+def dry_run(folder: str, script: str, ranks: int, machines: int, no_compute: bool, batch: int, length: int, steps: int) -> dict:
     """One dry run of ``script`` on ``folder``'s model: wall seconds, the most host memory a rank used, rank 0's
     device peak and model states, the exit status."""
     with tempfile.TemporaryDirectory() as work:
@@ -54,7 +58,7 @@ def dry_run(folder: str, script: str, ranks: int, machines: int, no_compute: boo
         command = [sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", "launch", "--simulate", "cuda",
                    *(["--no-compute"] if no_compute else []), "--num_processes", str(ranks), "--num_machines", str(machines),
                    "--mixed_precision", "bf16", "--timeout", "1800", "--summary-json", summary,
-                   script, folder, "fsdp", str(batch), str(length)]
+                   script, folder, "fsdp", str(batch), str(length), str(steps)]
         started = time.perf_counter()
         done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
         seconds = time.perf_counter() - started
@@ -68,11 +72,31 @@ def dry_run(folder: str, script: str, ranks: int, machines: int, no_compute: boo
             "peak": device["peak"], "states": device["model_states"]}
 
 
+def arithmetic(config: dict, ranks: int) -> dict[str, int]:
+    """Bytes of each model-state part on one rank of FSDP2 with AdamW, from the model's parameter shapes."""
+    import torch
+    import transformers
+
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config, tie_word_embeddings=False))
+    shard = sum(math.ceil(param.shape[0] / ranks) * param[0].numel() for param in model.parameters()) * 4
+    counters = 4 * len(list(model.parameters()))  # AdamW's step, a 0-dim fp32 tensor per parameter
+    return {"parameters": shard, "gradients": shard, "optimizer_state": 2 * shard + counters}
+
+
+def check_states(name: str, ranks: int, states: dict[str, int]) -> str:
+    """``exact`` when ``states`` are the arithmetic to the byte, else the parts that differ."""
+    expected = arithmetic(MODELS[name], ranks)
+    wrong = [f"{part} {states[part]:,} (arithmetic {size:,})" for part, size in expected.items() if states[part] != size]
+    return "exact" if not wrong else "DIFFERS: " + "; ".join(wrong)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", choices=list(SCALES), default="small")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--seq-len", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=1, help="optimizer steps per run (default 1)")
     args = parser.parse_args(argv)
     import transformers
 
@@ -80,17 +104,18 @@ def main(argv: list[str] | None = None) -> int:
         script = os.path.join(work, "train.py")
         with open(script, "w") as stream:
             stream.write(SCRIPT + RSS)
-        print(f"{'model':<6}{'ranks':>6}{'machines':>9}{'mode':>12}{'wall s':>9}{'RSS MB/rank':>13}{'PSS MB/rank':>13}{'device peak MB':>16}", flush=True)
+        print(f"{'model':<6}{'ranks':>6}{'machines':>9}{'mode':>12}{'wall s':>9}{'RSS MB/rank':>13}{'PSS MB/rank':>13}"
+              f"{'device peak MB':>16}  model states (rank 0)", flush=True)
         for name, ranks, machines in SCALES[args.scale]:
             folder = os.path.join(work, name)
             transformers.LlamaConfig(**MODELS[name], tie_word_embeddings=False).save_pretrained(folder)
             modes = [False, True] if args.scale == "small" else [True]
             found = {}
             for no_compute in modes:
-                found[no_compute] = run = dry_run(folder, script, ranks, machines, no_compute, args.batch, args.seq_len)
+                found[no_compute] = run = dry_run(folder, script, ranks, machines, no_compute, args.batch, args.seq_len, args.steps)
                 mode = "no-compute" if no_compute else "compute"
                 print(f"{name:<6}{ranks:>6}{machines:>9}{mode:>12}{run['seconds']:>9.1f}{run['host'] / 2**20:>13.0f}{run['pss'] / 2**20:>13.0f}"
-                      f"{run['peak'] / 2**20:>16.1f}", flush=True)
+                      f"{run['peak'] / 2**20:>16.1f}  {check_states(name, ranks, run['states'])}", flush=True)
             if len(found) == 2:
                 compute, none = found[False], found[True]
                 print(f"  compute / no-compute: wall {compute['seconds'] / none['seconds']:.2f}x, host memory "

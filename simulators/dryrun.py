@@ -37,10 +37,17 @@ MIXING = re.compile(r"Expected all tensors to be on the same device[^\n]*")
 MISMATCH = re.compile(r"Detected mismatch between collectives on ranks\. Rank (\d+) is running collective: (CollectiveFingerPrint\(.*?\)\)), "
                       r"but Rank (\d+) is running collective: (CollectiveFingerPrint\(.*?\)\))")
 FINGERPRINT = re.compile(r"SequenceNumber=(\d+), OpType=(\w+)(?:, TensorShape=(\[[^\]]*\]))?(?:, TensorDtypes=(\w+))?")
-#: Libraries a dry run imports before forking its ranks when the script imports them: large imports known
-#: to start no thread and touch no device (a fork copies only the importing thread; a library that
-#: seeds a global random state at import would give every rank the same one, as numpy's does, so it is not here).
-FORK_SAFE = frozenset({"torch", "transformers", "accelerate", "accelerate_ref", "safetensors"})
+#: What a dry run imports before forking its ranks: torch's (always) and, for each library here that the script
+#: imports, the modules it imports lazily that a training script reaches anyway. Large imports known to start no
+#: thread and touch no device (a fork copies only the importing thread; a library that seeds a global random
+#: state at import would give every rank the same one, as numpy's does, so it is not here).
+FORK_SAFE = {
+    "torch": ("torch", "torch.distributed", "torch.distributed.fsdp", "torch.distributed.tensor"),
+    "transformers": ("transformers", "transformers.modeling_utils"),
+    "accelerate": ("accelerate",),
+    "accelerate_ref": ("accelerate_ref.accelerator",),
+    "safetensors": ("safetensors.torch",),
+}
 #: gloo's words when the rank at the other end of a collective has gone.
 PEER_GONE = "Connection closed by peer"
 RECOMPILATION = re.compile(r"XLA recompilation at step[^\n]*")
@@ -68,8 +75,8 @@ def family_env(family: str) -> dict[str, str]:
 
 def preload(script: str) -> list[str]:
     """The modules a dry run's ranks are forked with, imported once (``simulators.launcher.launch``'s
-    ``preload``): torch, and those of ``FORK_SAFE`` that the script imports. A script that does not parse
-    gets torch only (its ranks report the error)."""
+    ``preload``): torch's, and those of the ``FORK_SAFE`` libraries the script imports. A script that does not
+    parse gets torch's only (its ranks report the error)."""
     try:
         with open(script, encoding="utf-8") as stream:
             tree = ast.parse(stream.read(), script)
@@ -78,7 +85,7 @@ def preload(script: str) -> list[str]:
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(tree)
                  if isinstance(node, ast.ImportFrom) and node.module and not node.level}
-    return ["torch", "torch.distributed", *sorted(imported & FORK_SAFE)]
+    return [module for library in ["torch", *sorted(imported & FORK_SAFE.keys() - {"torch"})] for module in FORK_SAFE[library]]
 
 
 def watch_interval() -> float | None:

@@ -40,7 +40,8 @@ from ..utils import convert_bytes
 DISTRIBUTED = ("ddp", "fsdp", "zero2", "zero3")
 MIXED_PRECISION = ("no", "fp16", "bf16")
 
-#: The training script each rank runs; ``sys.argv``: model folder, distributed, batch size, sequence length.
+#: The training script each rank runs; ``sys.argv``: model folder, distributed, batch size, sequence length and,
+#: optionally, the optimizer steps (two by default: the second runs with the optimizer state the first made).
 SCRIPT = textwrap.dedent("""\
     import sys
 
@@ -52,6 +53,7 @@ SCRIPT = textwrap.dedent("""\
     from accelerate_ref.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin
 
     folder, distributed, batch, length = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    steps = int(sys.argv[5]) if len(sys.argv) > 5 else 2
     plugins = {
         "ddp": {},
         "fsdp": {"fsdp_plugin": FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap")},
@@ -71,7 +73,7 @@ SCRIPT = textwrap.dedent("""\
     else:  # DeepSpeed takes the model and its optimizer in one call
         model = model.to_empty(device=accelerator.device)
         model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True))
-    for step in range(2):
+    for step in range(steps):
         tokens = torch.randint(0, config.vocab_size, (batch, length), device=accelerator.device)
         loss = model(input_ids=tokens, labels=tokens).loss
         accelerator.backward(loss)
