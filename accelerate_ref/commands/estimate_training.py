@@ -64,14 +64,18 @@ SCRIPT = textwrap.dedent("""\
     if distributed.startswith("zero"):  # DeepSpeed's batch size is read from its config (no data loader here)
         accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = batch
     config = transformers.AutoConfig.from_pretrained(folder)
-    with init_empty_weights(include_buffers=False):
+    if distributed == "zero3":  # transformers builds it under deepspeed.zero.Init: each rank makes only its partitions
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    else:
+        with init_empty_weights(include_buffers=False):
+            model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     if distributed == "fsdp":  # sharded on the meta device, then only each rank's shards take device memory
         model = accelerator.prepare(model, device_placement=[False])
         model.to_empty(device=accelerator.device)
         optimizer = accelerator.prepare(torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True))
     else:  # DeepSpeed takes the model and its optimizer in one call
-        model = model.to_empty(device=accelerator.device)
+        if distributed != "zero3":
+            model = model.to_empty(device=accelerator.device)
         model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True))
     for step in range(steps):
         tokens = torch.randint(0, config.vocab_size, (batch, length), device=accelerator.device)

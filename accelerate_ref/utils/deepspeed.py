@@ -16,7 +16,7 @@ Rules (HF accelerate 1.15's):
 * The plugin's config gets its "auto" values from that call:
   ``train_micro_batch_size_per_gpu`` from the smallest batch size of the
   call's data loaders (the largest with ``is_train_batch_min=False``;
-  divided by the processes with ``split_batches``), ``gradient_accumulation_steps`` from the Accelerator,
+  divided by the processes with ``split_batches``) unless the config sets it, ``gradient_accumulation_steps`` from the Accelerator,
   ``train_batch_size`` = micro batch x accumulation steps x processes, the
   ZeRO bucket sizes from ``model.config``'s hidden size (`hidden_size_values`); a
   value the config sets that contradicts them is refused by key
@@ -276,8 +276,41 @@ def is_deepspeed_engine(model: Any) -> bool:
 PREPARE_DEFAULTS = {"gradient_clipping": 1.0, "zero_optimization.stage3_gather_16bit_weights_on_model_save": False}
 
 
+#: HF's words when the micro batch size is "auto" and no data loader of the call gives it.
+NO_BATCH_SIZE = (
+    "When using DeepSpeed, `accelerate.prepare()` requires you to pass at least one of training or evaluation dataloaders "
+    "with `batch_size` attribute returning an integer value "
+    "or alternatively set an integer value in `train_micro_batch_size_per_gpu` in the deepspeed config file "
+    "or assign integer value to `AcceleratorState().deepspeed_plugin.deepspeed_config['train_micro_batch_size_per_gpu']`."
+)
+#: ... and when one of its data loaders has no batch size.
+NONE_BATCH_SIZE = (
+    "At least one of the dataloaders passed to `accelerate.prepare()` has `None` as batch size. "
+    "Please set an integer value in `train_micro_batch_size_per_gpu` in the deepspeed config file "
+    "or assign integer value to `AcceleratorState().deepspeed_plugin.deepspeed_config['train_micro_batch_size_per_gpu']`."
+)
+
+
+def micro_batch_size(plugin: Any, loaders: list[Any], split_batches: bool, num_processes: int) -> int | None:
+    """Each device's batch size: the config's ``train_micro_batch_size_per_gpu`` unless it is "auto" (None when the
+    config has none), else the smallest batch of the call's data loaders (the largest with
+    ``is_train_batch_min=False``), a
+    ``split_batches`` batch divided among the processes. "auto" with no data loader, or with one whose batch size
+    is None, is a ValueError in HF's words. Catalog: plugin.deepspeed_config.
+    """
+    if plugin.deepspeed_config.get("train_micro_batch_size_per_gpu") != "auto":
+        return plugin.deepspeed_config.get("train_micro_batch_size_per_gpu")
+    if not loaders:
+        raise ValueError(NO_BATCH_SIZE)
+    if any(loader.batch_size is None for loader in loaders):
+        raise ValueError(NONE_BATCH_SIZE)
+    sizes = [loader.batch_size // num_processes if split_batches else loader.batch_size for loader in loaders]
+    return min(sizes) if plugin.is_train_batch_min else max(sizes)
+
+
 def fill_config(plugin: Any, batch_size: Any, gradient_accumulation_steps: int, num_processes: int, **values: Any) -> dict:
-    """The plugin's config with its "auto" values filled from the prepared objects (see the module docstring).
+    """The plugin's config with its "auto" values filled from the prepared objects (see the module docstring);
+    ``batch_size`` is :func:`micro_batch_size`'s.
 
     ``values`` (dotted keys) fill the optimizer and scheduler sections for
     `DummyOptim` / `DummyScheduler`; an "auto" clipping is 1.0 and an "auto"
@@ -291,11 +324,6 @@ def fill_config(plugin: Any, batch_size: Any, gradient_accumulation_steps: int, 
     if batch_size is not None:
         values["train_micro_batch_size_per_gpu"] = batch_size
         values["train_batch_size"] = batch_size * gradient_accumulation_steps * num_processes
-    elif "auto" in (config.get("train_micro_batch_size_per_gpu"), config.get("train_batch_size")):
-        raise ValueError(
-            "DeepSpeed: train_micro_batch_size_per_gpu is 'auto' and no data loader was prepared with the model; "
-            "pass the data loader in the same prepare() call or set the value in the DeepSpeed config"
-        )
     plugin.deepspeed_config_process(must_match=True, **values)
     return config if "optimizer" in config else {**config, "zero_allow_untested_optimizer": True}
 
@@ -449,10 +477,8 @@ def prepare_deepspeed(accelerator: Any, args: list[Any]) -> list[Any]:
     plugin = accelerator.deepspeed_plugin
     if optimizer is not None:
         _check_config_objects(plugin.deepspeed_config, optimizer, scheduler)
-    sizes = [obj.batch_size for obj in args if isinstance(obj, torch.utils.data.DataLoader) and obj.batch_size is not None]
-    if accelerator.split_batches:
-        sizes = [size // accelerator.num_processes for size in sizes]
-    batch_size = (min(sizes) if plugin.is_train_batch_min else max(sizes)) if sizes else None
+    loaders = [obj for obj in args if isinstance(obj, torch.utils.data.DataLoader)]
+    batch_size = micro_batch_size(plugin, loaders, accelerator.split_batches, accelerator.num_processes)
     plugin.set_moe_leaf_modules(model)
     dummy_values = _dummy_values(optimizer, scheduler, accelerator.num_processes, accelerator.split_batches)
     dummy_values.update(hidden_size_values(model, plugin))

@@ -103,7 +103,7 @@ def scalar(dtype: torch.dtype) -> bool | int | float | complex:
 
 def host_copy(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
     """The placeholder of a copy to the CPU: zeros of ``shape`` and ``dtype`` that take one element of host memory."""
-    return torch.zeros((), dtype=dtype).expand(shape)
+    return torch.zeros((), dtype=dtype, device="cpu").expand(shape)
 
 
 def value_of(func: Any, payload_args: tuple, payload_kwargs: dict) -> tuple[bool, Any]:
@@ -153,7 +153,7 @@ def check_collective(func: Any, payload_args: tuple) -> Any:
     if name == "send":
         return torch.ops.c10d.send([_encode(mine)], group, _argument(func, payload_args, "dst"), _argument(func, payload_args, "tag"))
     if name == "recv_":
-        buffer = torch.zeros(DESCRIPTOR_BYTES, dtype=torch.uint8)
+        buffer = torch.zeros(DESCRIPTOR_BYTES, dtype=torch.uint8, device="cpu")
         peer = _argument(func, payload_args, "src")
         work = torch.ops.c10d.recv_([buffer], group, peer, _argument(func, payload_args, "tag"))
         _pending.append((torch._C._distributed_c10d.Work.unbox(work), buffer, mine, peer))
@@ -190,7 +190,7 @@ def _exchange(name: str, group: Any, mine: str) -> None:
     """All-gather the descriptors of ``group``'s ranks; RuntimeError naming each rank's op when they differ."""
     unboxed = _unboxed(group)
     size, rank = unboxed.size(), unboxed.rank()
-    gathered = torch.empty(size * DESCRIPTOR_BYTES, dtype=torch.uint8)
+    gathered = torch.empty(size * DESCRIPTOR_BYTES, dtype=torch.uint8, device="cpu")
     torch.ops.c10d._allgather_base_(gathered, _encode(mine), unboxed.boxed(), False)[1].wait()
     compare(name, unboxed.group_name, rank, [_decode(row) for row in gathered.view(size, DESCRIPTOR_BYTES)])
 

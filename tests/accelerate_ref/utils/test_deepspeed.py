@@ -555,3 +555,28 @@ def test_plugin_fields_take_effect_in_deepspeeds_engine():
         ]
         assert [batch["input_ids"] for batch in report["sharded"]] == expected
         assert report["sharded"] == report["hf_sharded"], "the same micro batches as HF's method"
+
+
+@pytest.mark.usefixtures("_clean_env")
+def test_the_micro_batch_size_is_the_configs_else_the_data_loaders_in_hfs_words():
+    """HF's rule (accelerate 1.15, ``_prepare_deepspeed``): a micro batch size the config sets wins over the data
+    loaders' (even with none prepared, as a model-only dry run does); an "auto" one takes the smallest loader's
+    batch (the largest with ``is_train_batch_min=False``, split among the processes with ``split_batches``) and,
+    with no loader or one without a batch size, is refused in HF's words."""
+    from accelerate_ref.utils.deepspeed import NO_BATCH_SIZE, NONE_BATCH_SIZE, micro_batch_size
+
+    loaders = [torch.utils.data.DataLoader(range(8), batch_size=size) for size in (4, 2)]
+    zero = {"zero_optimization": {"stage": 2}}
+    three = DeepSpeedPlugin(hf_ds_config={**zero, "train_micro_batch_size_per_gpu": 3})
+    assert micro_batch_size(three, [], False, 2) == 3 and micro_batch_size(three, loaders, False, 2) == 3
+    auto = DeepSpeedPlugin(hf_ds_config={**zero, "train_micro_batch_size_per_gpu": "auto"})
+    assert micro_batch_size(auto, loaders, False, 2) == 2
+    assert micro_batch_size(auto, loaders, True, 2) == 1
+    auto.is_train_batch_min = False
+    assert micro_batch_size(auto, loaders, False, 2) == 4
+    with pytest.raises(ValueError) as caught:
+        micro_batch_size(auto, [], False, 2)
+    assert str(caught.value) == NO_BATCH_SIZE and "at least one of training or evaluation dataloaders" in NO_BATCH_SIZE
+    with pytest.raises(ValueError) as caught:
+        micro_batch_size(auto, [torch.utils.data.DataLoader(range(8), batch_size=None)], False, 2)
+    assert str(caught.value) == NONE_BATCH_SIZE
