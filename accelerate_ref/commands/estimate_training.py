@@ -12,7 +12,7 @@ no-compute mode (``accelerate-ref launch --simulate cuda --no-compute``: shapes,
 dtypes and collectives, no values), with batches of ``--batch_size`` sequences
 of ``--seq_len`` random tokens. ``--distributed``: ``ddp`` (every rank holds the
 model), ``fsdp`` (FSDP2 full shard, each decoder layer then the root), ``zero2``
-and ``zero3`` (DeepSpeed, the ``deepspeed`` extra). The table gives per rank
+(DeepSpeed, the ``deepspeed`` extra); ``zero3`` is refused (`NO_ZERO3`). The table gives per rank
 the peak, its parts (parameters, gradients, optimizer state: the optimizer's
 tensors; the rest: activations, temporaries, communication buffers) and where
 it was reached; ranks with the same figures share a row. With ``--gpu`` (or
@@ -20,7 +20,7 @@ it was reached; ranks with the same figures share a row. With ``--gpu`` (or
 
 Refusals, one line each before anything runs (ValueError, exit 2): a model
 that is not a local folder or config file, a folder without ``config.json``,
-``--distributed zero2``/``zero3`` without ``deepspeed``, a world that does not
+``--distributed zero3``, ``--distributed zero2`` without ``deepspeed``, a world that does not
 divide into the machines.
 """
 
@@ -38,6 +38,10 @@ import textwrap
 from ..utils import convert_bytes
 
 DISTRIBUTED = ("ddp", "fsdp", "zero2", "zero3")
+#: Why ``zero3`` is refused: its engine needs values a no-compute run does not have.
+NO_ZERO3 = ("--distributed zero3 cannot be estimated without computing: DeepSpeed ZeRO-3 checks values across ranks "
+            "(it broadcasts list lengths from rank 0 and compares them); dry-run the training script with "
+            "`accelerate-ref launch --simulate cuda` instead")
 MIXED_PRECISION = ("no", "fp16", "bf16")
 
 #: The training script each rank runs; ``sys.argv``: model folder, distributed, batch size, sequence length and,
@@ -58,24 +62,19 @@ SCRIPT = textwrap.dedent("""\
         "ddp": {},
         "fsdp": {"fsdp_plugin": FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap")},
         "zero2": {"deepspeed_plugin": DeepSpeedPlugin(zero_stage=2, gradient_accumulation_steps=1)},
-        "zero3": {"deepspeed_plugin": DeepSpeedPlugin(zero_stage=3, gradient_accumulation_steps=1)},
     }
     accelerator = Accelerator(**plugins[distributed])
     if distributed.startswith("zero"):  # DeepSpeed's batch size is read from its config (no data loader here)
         accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = batch
     config = transformers.AutoConfig.from_pretrained(folder)
-    if distributed == "zero3":  # transformers builds it under deepspeed.zero.Init: each rank makes only its partitions
+    with init_empty_weights(include_buffers=False):
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    else:
-        with init_empty_weights(include_buffers=False):
-            model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     if distributed == "fsdp":  # sharded on the meta device, then only each rank's shards take device memory
         model = accelerator.prepare(model, device_placement=[False])
         model.to_empty(device=accelerator.device)
         optimizer = accelerator.prepare(torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True))
     else:  # DeepSpeed takes the model and its optimizer in one call
-        if distributed != "zero3":
-            model = model.to_empty(device=accelerator.device)
+        model = model.to_empty(device=accelerator.device)
         model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True))
     for step in range(steps):
         tokens = torch.randint(0, config.vocab_size, (batch, length), device=accelerator.device)
@@ -112,6 +111,8 @@ def check(args: argparse.Namespace) -> None:
         raise ValueError(f"--training reads a local model folder or config.json, offline; {args.model_name!r} is neither")
     if not os.path.isfile(os.path.join(folder, "config.json")):
         raise ValueError(f"{args.model_name!r} has no config.json: --training builds the model from its config")
+    if args.distributed == "zero3":
+        raise ValueError(NO_ZERO3)
     if args.distributed.startswith("zero") and importlib.util.find_spec("deepspeed") is None:
         raise ValueError(f"--distributed {args.distributed} needs deepspeed (pip install accelerate-ref[deepspeed])")
     if min(args.num_processes, args.num_machines, args.batch_size, args.seq_len) < 1:

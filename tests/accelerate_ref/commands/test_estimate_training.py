@@ -39,6 +39,7 @@ def _parameters(config: dict) -> int:
     (["--distributed", "tp"], "--distributed 'tp' is not one of ddp, fsdp, zero2, zero3"),
     (["--mixed_precision", "fp8"], "--mixed_precision 'fp8' is not one of no, fp16, bf16"),
     (["--num_processes", "3", "--num_machines", "2"], "--num_processes 3 does not divide into 2 machines"),
+    (["--distributed", "zero3"], "--distributed zero3 cannot be estimated without computing"),
 ])
 def test_bad_training_flags_are_one_line_and_exit_2(tmp_path, capsys, flags, message):
     folder = _llama(tmp_path / "llama", **TINY_LLAMA)
@@ -58,7 +59,7 @@ def test_a_folder_without_a_config_or_a_hub_name_is_refused(tmp_path, capsys):
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is not None, reason="deepspeed is installed")
 def test_zero_without_deepspeed_names_the_extra(tmp_path, capsys):
     folder = _llama(tmp_path / "llama", **TINY_LLAMA)
-    assert run(["estimate-memory", folder, "--training", "--distributed", "zero3"]) == 2
+    assert run(["estimate-memory", folder, "--training", "--distributed", "zero2"]) == 2
     assert "needs deepspeed (pip install accelerate-ref[deepspeed])" in capsys.readouterr().err
 
 
