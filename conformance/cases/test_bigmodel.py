@@ -252,6 +252,8 @@ def cpu_and_disk_offload(impl, world):
     expect_true(model.blocks[0].a.weight.is_meta, "cpu_offload: weights on meta between forwards")
     expect_tensor(model(IDS), expected, "cpu_offload: outputs")
     expect_equal(model.blocks[0].a.seen[0], "cpu", "the weight is on the execution device during the forward")
+    _expect_offloaded(model, "cpu_offload: after a forward")
+    expect_tensor(model(IDS), expected, "cpu_offload: outputs of a second forward (the weights come back from the CPU copy)")
     folder = os.path.join(world.shared_dir, "disk")
     model = big_modeling.disk_offload(built(width=8, depth=2), folder, execution_device="cpu")
     expect_true(os.path.isfile(os.path.join(folder, "index.json")), "disk_offload writes index.json")
@@ -270,6 +272,13 @@ def cpu_offload_to_npu(impl, world):
     output = model(IDS)
     expect_equal(model.blocks[1].b.seen, (devices[0], devices[0]), "weight and input on the accelerator during the forward")
     expect_tensor(output.cpu(), expected, "outputs")
+    _expect_offloaded(model, "cpu_offload to an accelerator: after a forward")
+
+
+def _expect_offloaded(model: torch.nn.Module, when: str) -> None:
+    """Every parameter of ``model`` is on meta (its weights are kept off the module between forwards)."""
+    kept = [name for name, param in model.named_parameters() if not param.is_meta]
+    expect_equal(kept, [], f"{when}, every weight is back on meta (these stayed on the execution device)")
 
 
 # -- bigmodel.cpu_offload_with_hook ------------------------------------------------------------
