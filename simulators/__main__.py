@@ -3,7 +3,9 @@
 ``--device npu|xla|cuda`` runs the ranks on a mock accelerator family
 (:mod:`simulators.devices`); with it, ``--device-count N`` gives every rank
 N devices of its own and ``--device-memory 64MB`` a budget per device
-(:mod:`simulators.devices.machine`).
+(:mod:`simulators.devices.machine`). The ranks are forked from a fork server
+that imported torch and the fork-safe libraries the script imports
+(:func:`simulators.dryrun.preload`), as a dry run's are.
 
 The exit status is the launcher's: 0, the failing rank's status (128 +
 signal for a signal), 124 at the timeout, 2 for a bad command line.
@@ -18,6 +20,7 @@ from simulators.cli import OneLineParser
 from simulators.flight_recorder import DEBUG_ENV
 from simulators.devices import KINDS, world_settings
 from simulators.devices.machine import machine_env
+from simulators.dryrun import preload
 from simulators.launcher import launch
 from simulators.topology import World
 
@@ -49,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         env, pythonpath = _device_settings(options)
         if options.debug_collectives:
             env = {**(env or {}), **DEBUG_ENV}
-        result = launch([options.script, *options.args], world, timeout=options.timeout, env=env, pythonpath=pythonpath)
+        result = launch([options.script, *options.args], world, timeout=options.timeout, env=env, pythonpath=pythonpath,
+                        preload=preload(options.script))
     except (ValueError, FileNotFoundError) as exc:
         parser.error(str(exc))
     return result.exit_code

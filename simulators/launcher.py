@@ -29,7 +29,7 @@ from simulators.calls import CALL_FLAG, read_result, result_path, write_call
 from simulators.ports import free_port
 from simulators.forking import Zygote
 from simulators.spawn import (
-    MEMORY_REPORTS_ENV, base_env, TAIL_LINES, RankProcess, describe_exit, kill_all, read_memory_reports, returned_path, shell_status,
+    MEMORY_REPORTS_ENV, TAIL_LINES, RankProcess, base_env, describe_exit, kill_all, read_memory_reports, returned_path, shell_status,
     spawn_world,
 )
 from simulators.topology import World
@@ -198,7 +198,7 @@ def _execute(
     started = time.monotonic()
     forked = zygote is not None
     ranks = spawn_world(argv, world, master_port=free_port(), workdir=workdir, env=env, cwd=cwd, pythonpath=pythonpath,
-                        logs=forked, like_spawned=True, zygote=zygote)
+                        logs=forked, like_spawned=forked, zygote=zygote)
     output = _RankLogs(ranks) if forked else _RankPipes(ranks)
     try:
         result = _watch(ranks, timeout, watch)
