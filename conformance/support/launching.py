@@ -158,14 +158,20 @@ def pid_alive(pid: int) -> bool:
 DEBUG_LAUNCHER_PORT = 29500
 
 
+#: The folder every process of this machine shares for locks ("/tmp" on POSIX; else Python's default).
+MACHINE_TMP = "/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir()
+
+
 @contextlib.contextmanager
 def holding_port(port: int, timeout: float) -> Iterator[None]:
     """Hold a lock on this machine named after ``port`` while a launcher that cannot be given another port runs.
 
     Two suite runs side by side (the reference's and HF's, as the project's tests run them) would otherwise
-    start their ``debug_launcher`` ranks on the same port at once, and the later gloo rendezvous fails. Waiting
+    start their ``debug_launcher`` ranks on the same port at once, and the later gloo rendezvous fails. The lock
+    lives in the machine's temporary folder (``MACHINE_TMP``), not ``$TMPDIR``: each simulated run gives its ranks
+    a ``TMPDIR`` of their own, where two runs' locks would never meet. Waiting
     longer than ``timeout`` seconds is a TimeoutError naming the lock."""
-    lock = filelock.FileLock(os.path.join(tempfile.gettempdir(), f"conformance-port-{port}.lock"))
+    lock = filelock.FileLock(os.path.join(MACHINE_TMP, f"conformance-port-{port}.lock"))
     try:
         lock.acquire(timeout=timeout)
     except filelock.Timeout:
