@@ -72,4 +72,4 @@ def _run_module(piece: plan.Slice, equivalents: Sequence[plan.Equivalent], draw:
 
         with session.pristine(plan.ROOT, piece.paths, sessions / "pristine"):
             session.execute(db, [(m, items[m]) for m in drawn], command, TIMEOUT_FACTOR * baseline_s + TIMEOUT_GRACE_S,
-                            deadline, baseline_s, record)
+                            deadline, baseline_s, record, plan.ROOT)

@@ -86,10 +86,11 @@ def _outcome(result: WorkResult) -> str:
 
 
 def execute(db: WorkDB, queue: Sequence[tuple[Mutant, WorkItem]], command: Sequence[str], timeout: float,
-            deadline: float, expected_s: float, on_result: Callable[[Result], None]) -> None:
+            deadline: float, expected_s: float, on_result: Callable[[Result], None], root: Path) -> None:
     """Run ``queue`` in order, each mutant in place on disk against ``command``, recording each result in the
     session; stop before a mutant that would likely end after ``deadline`` (``time.monotonic()``), i.e. when
-    fewer than ``expected_s`` seconds are left. The ones not reached stay pending in the session."""
+    fewer than ``expected_s`` seconds are left. The ones not reached stay pending in the session. Diffs name
+    files relative to ``root``."""
     text = shlex.join(command)
     for mutant, item in queue:
         if time.monotonic() + expected_s > deadline:
@@ -97,7 +98,8 @@ def execute(db: WorkDB, queue: Sequence[tuple[Mutant, WorkItem]], command: Seque
         started = time.monotonic()
         result = mutate_and_test(item.mutations, text, timeout)
         db.set_result(item.job_id, result)
-        on_result(Result(mutant, _outcome(result), round(time.monotonic() - started, 2), result.diff or ""))
+        diff = (result.diff or "").replace(f"a/{root}/", "a/").replace(f"b/{root}/", "b/")
+        on_result(Result(mutant, _outcome(result), round(time.monotonic() - started, 2), diff))
 
 
 @contextlib.contextmanager
