@@ -18,8 +18,11 @@ JOBS       ?= 2
 
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+MUTATION_STAMP := $(VENV)/.installed-mutation
+# Options of `python -m conformance mutation`, e.g. MUTATION_ARGS="--module hooks --sample 10".
+MUTATION_ARGS ?=
 
-.PHONY: conformance conformance-hf test extended bench clean faults scale shipped bytecode lint
+.PHONY: conformance conformance-hf test extended bench clean faults scale shipped bytecode lint mutation
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -81,6 +84,16 @@ scale: $(STAMP)
 # `import accelerate` switched to $(IMPL), side by side (minutes: take the lock).
 shipped: $(STAMP)
 	$(PY) -m conformance shipped --impl $(IMPL) --markdown $(REPORTS)/shipped-$(IMPL).md
+
+# Issue 24: mutation testing of accelerate_ref against slices of the suite (conformance/mutation.toml), with
+# cosmic-ray, installed on first use (extra "mutation"). About an hour by default (heavy: take the lock);
+# reports in $(REPORTS)/mutation.json and $(REPORTS)/mutation.md. Not part of `make test`.
+$(MUTATION_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e ".[mutation]"
+	@touch $@
+
+mutation: $(MUTATION_STAMP) bytecode
+	$(PY) -m conformance mutation --reports $(REPORTS) $(MUTATION_ARGS)
 
 clean:
 	rm -rf $(VENV) $(REPORTS) .pytest_cache .tox *.egg-info

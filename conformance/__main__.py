@@ -1,4 +1,4 @@
-"""Command line: ``python -m conformance run|list|report|parity``.
+"""Command line: ``python -m conformance run|list|report|parity|differential|shipped|mutation``.
 
 * ``run``: run the suite against ``--impl`` (or ``ACCELERATE_IMPL``) on a backend.
 * ``list``: one line per catalog ID with the cases that cover it, or ``UNCOVERED``.
@@ -6,6 +6,7 @@
 * ``parity``: every public name of HF accelerate's documented modules, checked in ``--impl``.
 * ``differential``: probes of public behaviour under ``--impl`` and ``--against``, compared (:mod:`conformance.tools.differential`).
 * ``shipped``: HF's own self-test scripts from its wheel, on HF and switched to ``--impl`` (:mod:`conformance.tools.shipped`).
+* ``mutation``: mutation testing of ``accelerate_ref`` against slices of the suite, with cosmic-ray (:mod:`conformance.tools.mutation`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from .engine.manifest import Manifest
 from simulators.cli import OneLineParser
 
 from .tools.differential import cli as differential_cli
+from .tools.mutation import cli as mutation_cli
 from .tools.shipped import DEFAULT_SCRIPT_TIMEOUT
 from .engine.runner import DEFAULT_CASE_TIMEOUT, DEFAULT_WORLDS, WORLD_PRESETS, RunOptions, execute, parse_worlds
 
@@ -73,6 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     shipped.add_argument("--markdown", metavar="PATH", help="write the table here too")
 
     differential_cli.add_parser(commands)
+    mutation_cli.add_parser(commands)
     return parser
 
 
@@ -198,7 +201,7 @@ def cmd_shipped(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     commands = {"run": cmd_run, "list": cmd_list, "report": cmd_report, "parity": cmd_parity, "shipped": cmd_shipped,
-                "differential": differential_cli.command}
+                "differential": differential_cli.command, "mutation": mutation_cli.command}
     return commands[args.command](args)
 
 

@@ -1,0 +1,204 @@
+"""What a mutation run mutates, what it runs against each mutant, and which mutants it skips.
+
+The map (``conformance/mutation.toml``) names, per public module of ``accelerate_ref``, the files its code
+lives in and the slice of the suite that covers it::
+
+    [module."accelerate_ref.hooks"]
+    paths = ["accelerate_ref/hooks.py"]          # relative to the repository root
+    worlds = "1"                                 # --worlds of the slice
+    patterns = ["bigmodel.*", "hooks.*"]         # -k patterns of the slice (catalog ID globs)
+
+The equivalents file (``conformance/mutation_equivalent.toml``) lists mutants reviewed as equivalent (no test can
+tell them from the original); they are reported as such and never run::
+
+    [[equivalent]]
+    path = "accelerate_ref/hooks.py"
+    operator = "core/NumberReplacer"
+    occurrence = 3                               # cosmic-ray's index of the operator's site in the file
+    source = "return 0"                          # the stripped line the mutant changes: a guard against drift
+    reason = "why no behaviour can differ"
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from ... import catalog
+from ...engine.runner import parse_worlds
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+#: The repository root: the map's paths are relative to it.
+ROOT = Path(__file__).resolve().parents[3]
+MAP = ROOT / "conformance" / "mutation.toml"
+EQUIVALENTS = ROOT / "conformance" / "mutation_equivalent.toml"
+
+
+class PlanError(Exception):
+    """A map, equivalents file or selection that cannot be used: the CLI prints it as one line."""
+
+
+@dataclass(frozen=True)
+class Slice:
+    """One module of ``accelerate_ref``: the files mutated and the suite's slice that must kill their mutants."""
+
+    module: str
+    paths: tuple[str, ...]
+    worlds: str
+    patterns: tuple[str, ...]
+
+    def command(self, python: str = sys.executable) -> list[str]:
+        """The conformance run whose non-zero exit kills a mutant."""
+        args = [python, "-m", "conformance", "run", "--impl", "accelerate_ref", "--backend", "sim", "--worlds", self.worlds]
+        for pattern in self.patterns:
+            args += ["-k", pattern]
+        return args
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One mutant as cosmic-ray enumerates it: ``occurrence`` counts the operator's sites in ``path`` from 0."""
+
+    path: str
+    operator: str
+    occurrence: int
+    line: int
+    source: str
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return self.path, self.operator, self.occurrence
+
+
+@dataclass(frozen=True)
+class Equivalent:
+    path: str
+    operator: str
+    occurrence: int
+    source: str
+    reason: str
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return self.path, self.operator, self.occurrence
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise PlanError(f"cannot read {path}: {error.strerror}") from error
+    except tomllib.TOMLDecodeError as error:
+        raise PlanError(f"{path}: {error}") from error
+
+
+def _strings(value: Any, where: str, name: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value or not all(isinstance(item, str) and item for item in value):
+        raise PlanError(f"{where}: {name} must be a non-empty list of strings")
+    return tuple(value)
+
+
+def load_map(path: Path = MAP, root: Path = ROOT) -> list[Slice]:
+    """The map's slices, in file order, each checked: its files exist under ``root``, its worlds parse,
+    and every pattern matches a catalog ID (a pattern that matches nothing would leave mutants to survive)."""
+    modules = _read_toml(path).get("module")
+    if not isinstance(modules, dict) or not modules:
+        raise PlanError(f"{path}: no [module.\"...\"] table")
+    ids = [entry.id for entry in catalog.entries()]
+    slices = []
+    for name, table in modules.items():
+        where = f"{path.name}: module {name}"
+        unknown = sorted(set(table) - {"paths", "worlds", "patterns"})
+        if unknown:
+            raise PlanError(f"{where}: unknown key {unknown[0]!r}")
+        paths = _strings(table.get("paths"), where, "paths")
+        missing = [p for p in paths if not (root / p).is_file()]
+        if missing:
+            raise PlanError(f"{where}: no file {missing[0]}")
+        worlds = table.get("worlds")
+        if not isinstance(worlds, str):
+            raise PlanError(f"{where}: worlds must be a string such as \"1,2\"")
+        try:
+            parse_worlds(worlds)
+        except ValueError as error:
+            raise PlanError(f"{where}: worlds: {error}") from error
+        patterns = _strings(table.get("patterns"), where, "patterns")
+        idle = [p for p in patterns if not fnmatch.filter(ids, p)]
+        if idle:
+            raise PlanError(f"{where}: pattern {idle[0]!r} matches no catalog ID")
+        slices.append(Slice(name, paths, worlds, patterns))
+    return slices
+
+
+def select(slices: Sequence[Slice], names: Sequence[str]) -> list[Slice]:
+    """The slices named (a name may be a module's last dotted part, e.g. ``hooks``), in map order; all for none."""
+    if not names:
+        return list(slices)
+    chosen = set()
+    for name in names:
+        found = [s.module for s in slices if name in (s.module, s.module.rsplit(".", 1)[-1])]
+        if len(found) != 1:
+            raise PlanError(f"unknown module {name!r}; choose from {', '.join(s.module for s in slices)}")
+        chosen.add(found[0])
+    return [s for s in slices if s.module in chosen]
+
+
+def load_equivalents(path: Path = EQUIVALENTS) -> list[Equivalent]:
+    """The reviewed equivalent mutants; each entry carries every field, a reason, and appears once."""
+    entries = _read_toml(path).get("equivalent", [])
+    if not isinstance(entries, list):
+        raise PlanError(f"{path.name}: equivalent must be an array of tables ([[equivalent]])")
+    found: list[Equivalent] = []
+    for number, entry in enumerate(entries, 1):
+        where = f"{path.name}: entry {number}"
+        fields = {"path": str, "operator": str, "occurrence": int, "source": str, "reason": str}
+        for name, kind in fields.items():
+            value = entry.get(name)
+            if not isinstance(value, kind) or isinstance(value, bool) or value in ("", None):
+                raise PlanError(f"{where}: {name} missing or not a {kind.__name__}")
+        unknown = sorted(set(entry) - set(fields))
+        if unknown:
+            raise PlanError(f"{where}: unknown key {unknown[0]!r}")
+        equivalent = Equivalent(**{name: entry[name] for name in fields})
+        if any(other.key == equivalent.key for other in found):
+            raise PlanError(f"{where}: {equivalent.path} {equivalent.operator} #{equivalent.occurrence} listed twice")
+        found.append(equivalent)
+    return found
+
+
+def match_equivalents(mutants: Iterable[Mutant], equivalents: Iterable[Equivalent],
+                      paths: Sequence[str]) -> dict[tuple[str, str, int], Equivalent]:
+    """The equivalents of the mutants of ``paths``, by mutant key.
+
+    An entry about one of ``paths`` that names no generated mutant, or whose ``source`` is no longer the line the
+    mutant changes, is stale (the code moved under it): an error, so that no mutant is skipped unreviewed.
+    """
+    by_key = {mutant.key: mutant for mutant in mutants}
+    matched = {}
+    for equivalent in equivalents:
+        if equivalent.path not in paths:
+            continue
+        mutant = by_key.get(equivalent.key)
+        if mutant is None or mutant.source != equivalent.source.strip():
+            raise PlanError(f"stale equivalent {equivalent.path} {equivalent.operator} #{equivalent.occurrence}: "
+                            f"the mutant no longer changes {equivalent.source.strip()!r}; review it again")
+        matched[equivalent.key] = equivalent
+    return matched
+
+
+def draw(mutants: Sequence[Mutant], size: int, seed: int, module: str) -> list[Mutant]:
+    """``size`` mutants (all when fewer) drawn at random from ``mutants``, in the order they are to run.
+
+    The draw depends only on the seed, the module's name and the set of mutants (not on their order), so a run
+    repeats with the same seed and each module's draw is independent of which other modules run.
+    """
+    pool = sorted(mutants, key=lambda mutant: mutant.key)
+    return random.Random(f"{seed}/{module}").sample(pool, min(size, len(pool)))
