@@ -254,6 +254,10 @@ def cpu_and_disk_offload(impl, world):
     expect_equal(model.blocks[0].a.seen[0], "cpu", "the weight is on the execution device during the forward")
     _expect_offloaded(model, "cpu_offload: after a forward")
     expect_tensor(model(IDS), expected, "cpu_offload: outputs of a second forward (the weights come back from the CPU copy)")
+    impl.part("hooks").remove_hook_from_module(model, recurse=True)
+    on_meta = [name for name, param in model.named_parameters() if param.is_meta]
+    expect_equal(on_meta, [], "remove_hook_from_module(recurse=True) puts the offloaded weights back on the module (these stayed on meta)")
+    expect_tensor(model(IDS), expected, "outputs once the hooks are removed")
     folder = os.path.join(world.shared_dir, "disk")
     model = big_modeling.disk_offload(built(width=8, depth=2), folder, execution_device="cpu")
     expect_true(os.path.isfile(os.path.join(folder, "index.json")), "disk_offload writes index.json")
