@@ -7,6 +7,10 @@ lives in and the slice of the suite that covers it::
     paths = ["accelerate_ref/hooks.py"]          # relative to the repository root
     worlds = "1"                                 # --worlds of the slice
     patterns = ["bigmodel.*", "hooks.*"]         # -k patterns of the slice (catalog ID globs)
+    backends = ["sim", "sim-npu"]                # optional: each runs the slice (default ["sim"])
+
+A module whose rules show only across several devices (inputs following a model dispatched over accelerators)
+names ``sim-npu`` too: the slice then runs on each backend in turn, and a failure on either kills the mutant.
 
 The equivalents file (``conformance/mutation_equivalent.toml``) lists mutants reviewed as equivalent (no test can
 tell them from the original); they are reported as such and never run::
@@ -23,12 +27,14 @@ from __future__ import annotations
 
 import fnmatch
 import random
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from ... import catalog
+from ...engine.backends import BACKENDS
 from ...engine.runner import parse_worlds
 
 if sys.version_info >= (3, 11):
@@ -40,6 +46,8 @@ else:  # pragma: no cover
 ROOT = Path(__file__).resolve().parents[3]
 MAP = ROOT / "conformance" / "mutation.toml"
 EQUIVALENTS = ROOT / "conformance" / "mutation_equivalent.toml"
+#: The backends a slice may run on: the simulator's (a mutation run needs no hardware).
+SIMULATED = tuple(backend for backend in BACKENDS if backend != "native")
 
 
 class PlanError(Exception):
@@ -54,10 +62,15 @@ class Slice:
     paths: tuple[str, ...]
     worlds: str
     patterns: tuple[str, ...]
+    backends: tuple[str, ...] = ("sim",)
 
     def command(self, python: str = sys.executable) -> list[str]:
-        """The conformance run whose non-zero exit kills a mutant."""
-        args = [python, "-m", "conformance", "run", "--impl", "accelerate_ref", "--backend", "sim", "--worlds", self.worlds]
+        """The conformance run (one per backend, stopping at the first that fails) whose non-zero exit kills a mutant."""
+        runs = [self._run(backend, python) for backend in self.backends]
+        return runs[0] if len(runs) == 1 else ["sh", "-c", " && ".join(shlex.join(run) for run in runs)]
+
+    def _run(self, backend: str, python: str) -> list[str]:
+        args = [python, "-m", "conformance", "run", "--impl", "accelerate_ref", "--backend", backend, "--worlds", self.worlds]
         for pattern in self.patterns:
             args += ["-k", pattern]
         return args
@@ -116,7 +129,7 @@ def load_map(path: Path = MAP, root: Path = ROOT) -> list[Slice]:
     slices = []
     for name, table in modules.items():
         where = f"{path.name}: module {name}"
-        unknown = sorted(set(table) - {"paths", "worlds", "patterns"})
+        unknown = sorted(set(table) - {"paths", "worlds", "patterns", "backends"})
         if unknown:
             raise PlanError(f"{where}: unknown key {unknown[0]!r}")
         paths = _strings(table.get("paths"), where, "paths")
@@ -134,7 +147,11 @@ def load_map(path: Path = MAP, root: Path = ROOT) -> list[Slice]:
         idle = [p for p in patterns if not fnmatch.filter(ids, p)]
         if idle:
             raise PlanError(f"{where}: pattern {idle[0]!r} matches no catalog ID")
-        slices.append(Slice(name, paths, worlds, patterns))
+        backends = _strings(table.get("backends", ["sim"]), where, "backends")
+        odd = [backend for backend in backends if backend not in SIMULATED]
+        if odd:
+            raise PlanError(f"{where}: backend {odd[0]!r} is not one of {', '.join(SIMULATED)}")
+        slices.append(Slice(name, paths, worlds, patterns, backends))
     return slices
 
 
