@@ -8,9 +8,13 @@ lives in and the slice of the suite that covers it::
     worlds = "1"                                 # --worlds of the slice
     patterns = ["bigmodel.*", "hooks.*"]         # -k patterns of the slice (catalog ID globs)
     backends = ["sim", "sim-npu"]                # optional: each runs the slice (default ["sim"])
+    probes = ["hooks.*"]                         # optional: differential probes run too (-k patterns)
 
 A module whose rules show only across several devices (inputs following a model dispatched over accelerators)
 names ``sim-npu`` too: the slice then runs on each backend in turn, and a failure on either kills the mutant.
+``probes`` adds the module's differential probes (``python -m conformance differential``, against HF
+accelerate, at ``DIFFERENTIAL_SETTINGS``): public behaviour the documents do not state (a helper's exact
+result, an error's text) that HF 1.15 fixes, so a mutant there that no documented rule reaches still differs.
 
 The equivalents file (``conformance/mutation_equivalent.toml``) lists mutants reviewed as equivalent (no test can
 tell them from the original); they are reported as such and never run::
@@ -36,6 +40,7 @@ from typing import Any, Iterable, Sequence
 from ... import catalog
 from ...engine.backends import BACKENDS
 from ...engine.runner import parse_worlds
+from ..differential.probe import all_probes
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -48,6 +53,8 @@ MAP = ROOT / "conformance" / "mutation.toml"
 EQUIVALENTS = ROOT / "conformance" / "mutation_equivalent.toml"
 #: The backends a slice may run on: the simulator's (a mutation run needs no hardware).
 SIMULATED = tuple(backend for backend in BACKENDS if backend != "native")
+#: Where a slice's differential probes run: the CPU at one process and two.
+DIFFERENTIAL_SETTINGS = "cpu/1,cpu/2"
 
 
 class PlanError(Exception):
@@ -63,10 +70,15 @@ class Slice:
     worlds: str
     patterns: tuple[str, ...]
     backends: tuple[str, ...] = ("sim",)
+    probes: tuple[str, ...] = ()
 
     def command(self, python: str = sys.executable) -> list[str]:
-        """The conformance run (one per backend, stopping at the first that fails) whose non-zero exit kills a mutant."""
+        """The conformance runs (one per backend, then the probes, stopping at the first that fails) whose
+        non-zero exit kills a mutant."""
         runs = [self._run(backend, python) for backend in self.backends]
+        if self.probes:
+            runs.append([python, "-m", "conformance", "differential", "--impl", "accelerate_ref",
+                         "--settings", DIFFERENTIAL_SETTINGS, *(arg for probe in self.probes for arg in ("-k", probe))])
         return runs[0] if len(runs) == 1 else ["sh", "-c", " && ".join(shlex.join(run) for run in runs)]
 
     def _run(self, backend: str, python: str) -> list[str]:
@@ -126,10 +138,11 @@ def load_map(path: Path = MAP, root: Path = ROOT) -> list[Slice]:
     if not isinstance(modules, dict) or not modules:
         raise PlanError(f"{path}: no [module.\"...\"] table")
     ids = [entry.id for entry in catalog.entries()]
+    probe_names = [probe.name for probe in all_probes()]
     slices = []
     for name, table in modules.items():
         where = f"{path.name}: module {name}"
-        unknown = sorted(set(table) - {"paths", "worlds", "patterns", "backends"})
+        unknown = sorted(set(table) - {"paths", "worlds", "patterns", "backends", "probes"})
         if unknown:
             raise PlanError(f"{where}: unknown key {unknown[0]!r}")
         paths = _strings(table.get("paths"), where, "paths")
@@ -151,7 +164,11 @@ def load_map(path: Path = MAP, root: Path = ROOT) -> list[Slice]:
         odd = [backend for backend in backends if backend not in SIMULATED]
         if odd:
             raise PlanError(f"{where}: backend {odd[0]!r} is not one of {', '.join(SIMULATED)}")
-        slices.append(Slice(name, paths, worlds, patterns, backends))
+        probes = _strings(table["probes"], where, "probes") if "probes" in table else ()
+        silent = [p for p in probes if not fnmatch.filter(probe_names, p)]
+        if silent:
+            raise PlanError(f"{where}: probe pattern {silent[0]!r} matches no differential probe")
+        slices.append(Slice(name, paths, worlds, patterns, backends, probes))
     return slices
 
 

@@ -33,12 +33,14 @@ def test_the_bundled_map_covers_the_six_modules_with_slices_that_select_cases() 
     slices = plan.load_map()
     assert [s.module.removeprefix("accelerate_ref.") for s in slices] == [
         "utils.operations", "data_loader", "accelerator", "big_modeling", "hooks", "utils.modeling"]
+    assert all(s.probes == (s.module.removeprefix("accelerate_ref.") + ".*",) for s in slices), "each module's own probes"
     operations = plan.select(slices, ["operations"])[0]
-    assert operations.command("python")[:9] == ["python", "-m", "conformance", "run", "--impl", "accelerate_ref", "--backend",
-                                                "sim", "--worlds"]
+    assert operations.command("python")[:2] == ["sh", "-c"]
+    assert operations.command("python")[2].startswith("python -m conformance run --impl accelerate_ref --backend sim --worlds 1,2 ")
     hooks = plan.select(slices, ["hooks"])[0]
     run = "python -m conformance run --impl accelerate_ref --backend {} --worlds 1 -k 'bigmodel.*' -k 'hooks.*'"
-    assert hooks.command("python") == ["sh", "-c", f"{run.format('sim')} && {run.format('sim-npu')}"]
+    probes = "python -m conformance differential --impl accelerate_ref --settings cpu/1,cpu/2 -k 'hooks.*'"
+    assert hooks.command("python") == ["sh", "-c", f"{run.format('sim')} && {run.format('sim-npu')} && {probes}"]
     assert plan.load_equivalents() == plan.load_equivalents(plan.EQUIVALENTS)
 
 
@@ -54,6 +56,7 @@ def test_a_map_is_read_and_checked(tmp_path: Path) -> None:
     (GOOD.replace('["hooks.*"]', "[]"), "patterns must be a non-empty list of strings"),
     (GOOD + 'backend = "sim"\n', "unknown key 'backend'"),
     (GOOD + 'backends = ["native"]\n', "backend 'native' is not one of sim, sim-xla, sim-npu"),
+    (GOOD + 'probes = ["nothing.*"]\n', "probe pattern 'nothing.*' matches no differential probe"),
 ])
 def test_a_bad_map_is_one_clear_error(tmp_path: Path, body: str, message: str) -> None:
     with pytest.raises(plan.PlanError, match=message.replace("*", r"\*").replace("(", r"\(")):
