@@ -121,6 +121,10 @@ def dispatch_cpu_disk(impl, world):
     expected = reference(IDS)
     model = built(width=8, depth=3)
     device_map = {"embed": "cpu", "blocks.0": "cpu", "blocks.1": "disk", "blocks.2": "disk", "head": "cpu"}
+    error = expect_raises(lambda: big_modeling.dispatch_model(model, device_map), ValueError,
+                          "dispatch_model with disk entries and no offload_dir")
+    expect_true("offload_dir" in str(error) and "blocks.1" in str(error),
+                f"the refusal names offload_dir and the disk submodules (HF 1.15's words): {error}")
     big_modeling.dispatch_model(model, device_map, offload_dir=os.path.join(world.shared_dir, "offload"))
     expect_equal(model.hf_device_map, device_map, "hf_device_map records the map")
     expect_true(model.blocks[1].a.weight.is_meta, "a disk block's weights are on meta between forwards")
