@@ -17,13 +17,14 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Iterator
 
 import filelock
+
+from simulators.ports import MACHINE_TMP
 
 #: Variables of the surrounding launch that a fresh launch must not inherit.
 LAUNCH_VARIABLES = (
@@ -156,10 +157,6 @@ def pid_alive(pid: int) -> bool:
 
 #: The port HF 1.15's ``debug_launcher`` (and the reference's, as HF's) always rendezvous on: it takes no port.
 DEBUG_LAUNCHER_PORT = 29500
-
-
-#: The folder every process of this machine shares for locks ("/tmp" on POSIX; else Python's default).
-MACHINE_TMP = "/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir()
 
 
 @contextlib.contextmanager

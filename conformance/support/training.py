@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import time
 from typing import Any, Iterable
 
 import torch
+
+from simulators.ports import free_port
 
 from ..engine.case import ANY_WORLD
 from ..engine.case import case as _case
@@ -226,12 +227,11 @@ def autocast_dtype(acc: Any, dtype: torch.dtype) -> torch.dtype:
 
 
 def agreed_free_port(world: Any, timeout: float = 10.0) -> int:
-    """A free loopback port chosen by rank 0 and read by every rank from the case's shared directory."""
+    """A free loopback port chosen by rank 0 (``simulators.ports.free_port``) and read by every rank from the
+    case's shared directory."""
     path = os.path.join(world.shared_dir, "master_port")
     if world.rank == 0:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
+        port = free_port()
         with open(path + ".tmp", "w", encoding="utf-8") as handle:
             handle.write(str(port))
         os.replace(path + ".tmp", path)

@@ -303,6 +303,8 @@ class DeviceTensor(torch.Tensor):
             payload_args = PAYLOAD_ADAPTERS[func](payload_args)
         if first._payload.is_meta and func.namespace == "c10d":
             out = no_compute.collective(func, payload_args, payload_kwargs)
+        elif func.namespace == "c10d":
+            out = _collective_on_aliases(func, payload_args, payload_kwargs)
         else:
             out = func(*payload_args, **payload_kwargs)
         wrapped = _map(_rewrapper(type(first), index, on_device), out)
@@ -367,6 +369,28 @@ def _takes_generator(func: Any) -> bool:
     return torch.Tag.nondeterministic_seeded in func.tags and any(
         argument.name == "generator" for argument in func._schema.arguments
     )
+
+
+def _collective_on_aliases(func: Any, args: tuple, kwargs: dict) -> Any:
+    """Run c10d op ``func`` on aliases of its tensors (the same storage, other tensor objects), and give back
+    the tensors themselves where its results are those aliases.
+
+    gloo's Work holds the tensors it was given until its worker thread lets the Work go, a moment no line of
+    the script fixes (under load, well after ``wait()``); the memory books watch the payload objects
+    (`DeviceMemory.allocated`), so were gloo given the payloads, the free of a collective's input (FSDP2's
+    reduce-scatter buffer) would be counted late in some runs and the peak would differ from run to run."""
+    given: dict[int, torch.Tensor] = {}
+
+    def alias(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        twin = value.detach()
+        given[id(twin)] = value
+        return twin
+
+    aliased_args, aliased_kwargs = _map(alias, (args, kwargs))
+    out = func(*aliased_args, **aliased_kwargs)
+    return _map(lambda value: given.get(id(value), value) if isinstance(value, torch.Tensor) else value, out)
 
 
 def _payload_of(value: Any) -> Any:

@@ -1,9 +1,10 @@
 """World shapes, the torchrun environment of each rank, and free ports (no processes started)."""
+import multiprocessing
 import socket
 
 import pytest
 
-from simulators.ports import free_port
+from simulators.ports import DEFAULT_LAUNCH_PORTS, free_port, rotation
 from simulators.topology import World, rank_env
 
 WORLDS = ["1", "2", "3", "4", "2x2"]
@@ -84,3 +85,36 @@ def test_free_ports_are_distinct_and_bindable_on_loopback():
     for port in ports[:3]:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", port))
+
+
+@pytest.mark.skipif(rotation() is None, reason="the kernel leaves no room below its ephemeral port range")
+def test_free_ports_lie_below_the_kernels_ephemeral_range_and_skip_the_launchers_default():
+    """gloo's listeners and outgoing connections draw from the ephemeral range: a port handed out there could be
+    taken before rank 0 listens on it (two worlds then meet at one rendezvous)."""
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    ports = [free_port() for _ in range(50)]
+    assert all(port < low for port in ports), ports
+    assert not set(ports) & set(DEFAULT_LAUNCH_PORTS), ports
+
+
+def _ports_of_a_process(count: int) -> list[int]:
+    return [free_port() for _ in range(count)]
+
+
+@pytest.mark.skipif(rotation() is None, reason="the kernel leaves no room below its ephemeral port range")
+def test_processes_side_by_side_never_get_the_same_port():
+    with multiprocessing.get_context("spawn").Pool(3) as workers:
+        handed = workers.map(_ports_of_a_process, [40, 40, 40])
+    every = [port for ports in handed for port in ports]
+    assert len(set(every)) == len(every), sorted(every)
+
+
+@pytest.mark.skipif(rotation() is None, reason="the kernel leaves no room below its ephemeral port range")
+def test_a_port_something_listens_on_is_passed_over():
+    upcoming = free_port() + 1
+    try:
+        holder = socket.create_server(("127.0.0.1", upcoming))
+    except OSError:
+        pytest.skip(f"port {upcoming} is taken already")
+    with holder:
+        assert free_port() != upcoming
