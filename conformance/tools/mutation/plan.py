@@ -9,12 +9,16 @@ lives in and the slice of the suite that covers it::
     patterns = ["bigmodel.*", "hooks.*"]         # -k patterns of the slice (catalog ID globs)
     backends = ["sim", "sim-npu"]                # optional: each runs the slice (default ["sim"])
     probes = ["hooks.*"]                         # optional: differential probes run too (-k patterns)
+    tests = ["tests/accelerate_ref/test_hooks.py::test_x"]   # optional: the project's own tests run last
 
 A module whose rules show only across several devices (inputs following a model dispatched over accelerators)
 names ``sim-npu`` too: the slice then runs on each backend in turn, and a failure on either kills the mutant.
 ``probes`` adds the module's differential probes (``python -m conformance differential``, against HF
 accelerate, at ``DIFFERENTIAL_SETTINGS``): public behaviour the documents do not state (a helper's exact
 result, an error's text) that HF 1.15 fixes, so a mutant there that no documented rule reaches still differs.
+``tests`` adds the project's own tests (pytest node IDs) for rules of the reference that neither the suite nor
+a probe can pin: a deliberate deviation from HF (``pad_input_tensors`` follows HF's docstring, not its code) or
+a helper whose HF result is not deterministic (``gather_tensor_shape`` reduces an uninitialised buffer).
 
 The equivalents file (``conformance/mutation_equivalent.toml``) lists mutants reviewed as equivalent (no test can
 tell them from the original); they are reported as such and never run::
@@ -71,14 +75,17 @@ class Slice:
     patterns: tuple[str, ...]
     backends: tuple[str, ...] = ("sim",)
     probes: tuple[str, ...] = ()
+    tests: tuple[str, ...] = ()
 
     def command(self, python: str = sys.executable) -> list[str]:
-        """The conformance runs (one per backend, then the probes, stopping at the first that fails) whose
-        non-zero exit kills a mutant."""
+        """The conformance runs (one per backend, then the probes, then the project's tests, stopping at the first
+        that fails) whose non-zero exit kills a mutant."""
         runs = [self._run(backend, python) for backend in self.backends]
         if self.probes:
             runs.append([python, "-m", "conformance", "differential", "--impl", "accelerate_ref",
                          "--settings", DIFFERENTIAL_SETTINGS, *(arg for probe in self.probes for arg in ("-k", probe))])
+        if self.tests:
+            runs.append([python, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *self.tests])
         return runs[0] if len(runs) == 1 else ["sh", "-c", " && ".join(shlex.join(run) for run in runs)]
 
     def _run(self, backend: str, python: str) -> list[str]:
@@ -142,7 +149,7 @@ def load_map(path: Path = MAP, root: Path = ROOT) -> list[Slice]:
     slices = []
     for name, table in modules.items():
         where = f"{path.name}: module {name}"
-        unknown = sorted(set(table) - {"paths", "worlds", "patterns", "backends", "probes"})
+        unknown = sorted(set(table) - {"paths", "worlds", "patterns", "backends", "probes", "tests"})
         if unknown:
             raise PlanError(f"{where}: unknown key {unknown[0]!r}")
         paths = _strings(table.get("paths"), where, "paths")
@@ -168,7 +175,11 @@ def load_map(path: Path = MAP, root: Path = ROOT) -> list[Slice]:
         silent = [p for p in probes if not fnmatch.filter(probe_names, p)]
         if silent:
             raise PlanError(f"{where}: probe pattern {silent[0]!r} matches no differential probe")
-        slices.append(Slice(name, paths, worlds, patterns, backends, probes))
+        tests = _strings(table["tests"], where, "tests") if "tests" in table else ()
+        absent = [test for test in tests if not (root / test.split("::", 1)[0]).is_file()]
+        if absent:
+            raise PlanError(f"{where}: test {absent[0]!r} names no file")
+        slices.append(Slice(name, paths, worlds, patterns, backends, probes, tests))
     return slices
 
 

@@ -41,6 +41,8 @@ def test_the_bundled_map_covers_the_six_modules_with_slices_that_select_cases() 
     run = "python -m conformance run --impl accelerate_ref --backend {} --worlds 1 -k 'bigmodel.*' -k 'hooks.*'"
     probes = "python -m conformance differential --impl accelerate_ref --settings cpu/1,cpu/2 -k 'hooks.*'"
     assert hooks.command("python") == ["sh", "-c", f"{run.format('sim')} && {run.format('sim-npu')} && {probes}"]
+    tests = operations.command("python")[2].rsplit(" && ", 1)[1]
+    assert tests.startswith("python -m pytest -q -x -p no:cacheprovider tests/accelerate_ref/utils/test_operations.py::"), tests
     assert plan.load_equivalents() == plan.load_equivalents(plan.EQUIVALENTS)
 
 
@@ -57,6 +59,7 @@ def test_a_map_is_read_and_checked(tmp_path: Path) -> None:
     (GOOD + 'backend = "sim"\n', "unknown key 'backend'"),
     (GOOD + 'backends = ["native"]\n', "backend 'native' is not one of sim, sim-xla, sim-npu"),
     (GOOD + 'probes = ["nothing.*"]\n', "probe pattern 'nothing.*' matches no differential probe"),
+    (GOOD + 'tests = ["tests/nothing.py::test_x"]\n', "test 'tests/nothing.py::test_x' names no file"),
 ])
 def test_a_bad_map_is_one_clear_error(tmp_path: Path, body: str, message: str) -> None:
     with pytest.raises(plan.PlanError, match=message.replace("*", r"\*").replace("(", r"\(")):
