@@ -55,6 +55,8 @@ def _run_module(piece: plan.Slice, equivalents: Sequence[plan.Equivalent], draw:
     with session.open_session(sessions / f"{piece.module}.sqlite", plan.ROOT, piece.paths) as (db, items):
         mutants = list(items)
         matched = plan.match_equivalents(mutants, equivalents, piece.paths)
+        sources = {path: (plan.ROOT / path).read_text(encoding="utf-8") for path in piece.paths}
+        matched.update(plan.annotation_equivalents(mutants, sources))
         drawn = plan.draw([m for m in mutants if m.key not in matched], draw.sample, draw.seed, piece.module)
         chosen = set(drawn)
         session.skip(db, [items[m] for m in mutants if m.key in matched], "equivalent")

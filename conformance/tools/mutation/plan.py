@@ -29,15 +29,20 @@ tell them from the original); they are reported as such and never run::
     occurrence = 3                               # cosmic-ray's index of the operator's site in the file
     source = "return 0"                          # the stripped line the mutant changes: a guard against drift
     reason = "why no behaviour can differ"
+
+A mutant inside a type annotation of a module that starts with ``from __future__ import annotations`` is
+equivalent by construction (:func:`annotation_equivalents`): the annotation stays a string that nothing in
+``accelerate_ref`` evaluates. Such mutants need no entry.
 """
 
 from __future__ import annotations
 
+import ast
 import fnmatch
 import random
 import shlex
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -97,13 +102,15 @@ class Slice:
 
 @dataclass(frozen=True)
 class Mutant:
-    """One mutant as cosmic-ray enumerates it: ``occurrence`` counts the operator's sites in ``path`` from 0."""
+    """One mutant as cosmic-ray enumerates it: ``occurrence`` counts the operator's sites in ``path`` from 0;
+    ``span`` is the (line, column) of the first and past the last character it changes."""
 
     path: str
     operator: str
     occurrence: int
     line: int
     source: str
+    span: tuple[tuple[int, int], tuple[int, int]] | None = field(default=None, compare=False)
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -237,6 +244,45 @@ def match_equivalents(mutants: Iterable[Mutant], equivalents: Iterable[Equivalen
                             f"the mutant no longer changes {equivalent.source.strip()!r}; review it again")
         matched[equivalent.key] = equivalent
     return matched
+
+
+#: The reason :func:`annotation_equivalents` gives.
+ANNOTATION_REASON = ("it changes a type annotation, which `from __future__ import annotations` keeps as a string "
+                     "that nothing in accelerate_ref evaluates")
+
+
+def annotation_spans(source: str) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """The (line, column) spans of ``source``'s annotations (arguments, returns, annotated assignments), if the
+    module postpones their evaluation (``from __future__ import annotations``); none otherwise."""
+    tree = ast.parse(source)
+    postponed = any(isinstance(node, ast.ImportFrom) and node.module == "__future__"
+                    and any(alias.name == "annotations" for alias in node.names) for node in tree.body)
+    if not postponed:
+        return []
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg):
+            found.append(node.annotation)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found.append(node.returns)
+        elif isinstance(node, ast.AnnAssign):
+            found.append(node.annotation)
+    return [((a.lineno, a.col_offset), (a.end_lineno, a.end_col_offset)) for a in found if a is not None]
+
+
+def annotation_equivalents(mutants: Iterable[Mutant], sources: dict[str, str]) -> dict[tuple[str, str, int], Equivalent]:
+    """The mutants (by key) that change only an annotation of their file (``sources``: path -> text), each as an
+    :class:`Equivalent` with :data:`ANNOTATION_REASON`."""
+    spans = {path: annotation_spans(text) for path, text in sources.items()}
+    found = {}
+    for mutant in mutants:
+        if mutant.span is None:
+            continue
+        start, end = mutant.span
+        if any(low <= start and end <= high for low, high in spans.get(mutant.path, ())):
+            found[mutant.key] = Equivalent(mutant.path, mutant.operator, mutant.occurrence, mutant.source,
+                                           ANNOTATION_REASON)
+    return found
 
 
 def draw(mutants: Sequence[Mutant], size: int, seed: int, module: str) -> list[Mutant]:

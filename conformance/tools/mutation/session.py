@@ -56,7 +56,8 @@ def open_session(db_path: Path, root: Path, paths: Sequence[str]) -> Iterator[tu
             spec = item.mutations[0]
             path = Path(spec.module_path).relative_to(root).as_posix()
             line = spec.start_pos[0]
-            items[Mutant(path, spec.operator_name, spec.occurrence, line, lines[path][line - 1].strip())] = item
+            span = (tuple(spec.start_pos), tuple(spec.end_pos))
+            items[Mutant(path, spec.operator_name, spec.occurrence, line, lines[path][line - 1].strip(), span)] = item
         yield db, items
 
 

@@ -179,3 +179,29 @@ def test_sources_come_back_however_the_run_ends(tmp_path: Path) -> None:
         backups.rename(kept)  # as a killed run leaves them
     assert session.recover(tmp_path, kept) == ["pkg/mod.py"] and source.read_text() == "x = 1\n"
     assert session.recover(tmp_path, kept) == []
+
+
+ANNOTATED = '''from __future__ import annotations
+
+
+def pad(tensor: int | None, dim: int = 0) -> list[int] | None:
+    size: int | None = dim | 1
+    return None
+'''
+
+
+def _at(line: int, start: int, end: int) -> plan.Mutant:
+    return plan.Mutant("m.py", "core/ReplaceBinaryOperator_BitOr_BitXor", start, line, "", ((line, start), (line, end)))
+
+
+def test_mutants_inside_postponed_annotations_are_equivalent_and_others_are_not() -> None:
+    line = ANNOTATED.splitlines()[3]
+    argument, default = _at(4, line.index("int | None"), line.index("int | None") + 10), _at(4, line.index("0)"), line.index("0)") + 1)
+    returned = _at(4, line.index("list[int] | None"), line.index("list[int] | None") + 16)
+    assigned = ANNOTATED.splitlines()[4]
+    annotated, value = _at(5, assigned.index("int"), assigned.index("int") + 10), _at(5, assigned.index("dim |"), assigned.index("dim |") + 7)
+    found = plan.annotation_equivalents([argument, default, returned, annotated, value], {"m.py": ANNOTATED})
+    assert set(found) == {argument.key, returned.key, annotated.key}
+    assert all(entry.reason == plan.ANNOTATION_REASON for entry in found.values())
+    evaluated = ANNOTATED.replace("from __future__ import annotations", "")  # the same lines, evaluated at import
+    assert plan.annotation_equivalents([argument], {"m.py": evaluated}) == {}, "annotations evaluated at import are code"

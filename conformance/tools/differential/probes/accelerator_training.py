@@ -81,6 +81,7 @@ def prepare_single_methods(api: Api) -> None:
     bare = _model()
     optimizer = torch.optim.SGD(bare.parameters(), lr=0.1)
     prepared_optimizer = api.observe("prepare_optimizer", accelerator.prepare_optimizer, optimizer)
+    api.observe("prepare_optimizer: its device_placement", lambda: prepared_optimizer.device_placement)
     api.observe("prepare_optimizer device_placement", lambda: _kind(accelerator.prepare_optimizer(
         torch.optim.SGD(_model().parameters(), lr=0.1), device_placement=False)))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
@@ -107,6 +108,9 @@ def prepare_refuses_a_dispatched_model(api: Api) -> None:
     api.observe("verify_device_map of a child's map", accelerator.verify_device_map,
                 torch.nn.Sequential(model))
     api.observe("prepare", lambda: _kind(accelerator.prepare(model)))
+    loader = torch.utils.data.DataLoader(list(range(4)), batch_size=2)
+    api.observe("prepare a loader, then the model", accelerator.prepare, loader, model)
+    api.observe("what that prepare left prepared", lambda: len(accelerator._dataloaders))
     api.observe("prepare_model", lambda: _kind(accelerator.prepare_model(_with_map({"a": "cpu", "b": "cpu"}))))
 
 

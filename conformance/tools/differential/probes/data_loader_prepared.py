@@ -23,6 +23,12 @@ def _loader(n: int = 9, **kwargs) -> DataLoader:
     return DataLoader(list(range(n)), **{"batch_size": 2, **kwargs})
 
 
+def _private_attributes(loader: DataLoader) -> dict:
+    """Attributes a prepared loader answers as torch's ``DataLoader`` does (whether its own or its base's)."""
+    return {"_auto_collation": loader._auto_collation, "_dataset_kind": loader._dataset_kind,
+            "_index_sampler": type(loader._index_sampler).__name__, "_iterator": loader._iterator}
+
+
 @probe(AREA, worlds=(1, 2))
 def prepare_data_loader_shards(api: Api) -> None:
     api.partial_state()
@@ -33,6 +39,7 @@ def prepare_data_loader_shards(api: Api) -> None:
         loader = api.call(name, PREPARE, _loader(), **options)
         api.observe(f"{name}: describe", describe_loader, loader)
         observe_total_batch_size(api, name, loader)
+    api.observe("the base loader's private attributes", lambda: _private_attributes(api.get(PREPARE)(_loader())))
     dropping = api.call("drop_last", PREPARE, _loader(drop_last=True))
     api.observe("drop_last: describe", describe_loader, dropping)
     api.observe("drop_last: remainder", lambda: (dropping.remainder, dropping._drop_last))
