@@ -227,11 +227,13 @@ def load_and_dispatch_cpu_disk(impl, world):
 
 @case("bigmodel.load_checkpoint_and_dispatch", worlds=[1], device="npu", env=FOUR_NPUS)
 def load_and_dispatch_npus(impl, world):
-    """Over four accelerators: each holds no more than its budget (memory_allocated), outputs equal the loaded model's."""
+    """Over four accelerators: each holds no more than its budget (memory_allocated), outputs equal the loaded model's;
+    ``balanced_low_0`` keeps accelerator 0 (where generation's outputs go) lighter than ``balanced`` does."""
     npu_devices(4)
     block = 16 * 16 * 4 * 2 + 16 * 4 * 2 + 16 * 4 + 16 * 8
     budget = {0: 2 * block, 1: 2 * block, 2: 2 * block, 3: 2 * block, "cpu": 10**7}
-    for strategy in ("sequential", "balanced_low_0", "auto"):
+    on_first = {}
+    for strategy in ("sequential", "balanced", "balanced_low_0", "auto"):
         gc.collect()
         before = [torch.npu.memory_allocated(index) for index in range(4)]  # what earlier cases left
         model = _load_and_dispatch(impl, world, strategy, budget, strategy)
@@ -240,8 +242,12 @@ def load_and_dispatch_npus(impl, world):
         for index in range(4):
             held = torch.npu.memory_allocated(index) - before[index]
             expect_true(held <= budget[index], f"{strategy}: npu:{index} holds {held} bytes, budget {budget[index]}")
+        on_first[strategy] = [key for key, device in model.hf_device_map.items() if device == 0]
         del model  # freed before the next strategy loads
         gc.collect()
+    expect_true(len(on_first["balanced_low_0"]) < len(on_first["balanced"]),
+                f"balanced_low_0 puts less on accelerator 0 than balanced: {on_first['balanced_low_0']} "
+                f"against {on_first['balanced']}")
 
 
 # -- bigmodel.cpu_offload --------------------------------------------------------------------
