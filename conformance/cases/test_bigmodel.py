@@ -8,9 +8,12 @@ move an input makes two devices' tensors meet and fail.
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import logging
 import os
 import resource
+from typing import Iterator
 
 import torch
 from safetensors.torch import save_file
@@ -47,6 +50,26 @@ def _save(model: Net, folder: str, layout: str) -> str:
     with open(os.path.join(folder, "model.safetensors.index.json"), "w", encoding="utf-8") as stream:
         json.dump(index, stream)
     return folder if layout == "folder" else os.path.join(folder, "model.safetensors.index.json")
+
+
+class _Messages(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def _warnings_logged() -> Iterator[list[str]]:
+    """The messages any logger records at WARNING or above during the ``with`` (they reach the root's handlers)."""
+    handler = _Messages()
+    logging.getLogger().addHandler(handler)
+    try:
+        yield handler.messages
+    finally:
+        logging.getLogger().removeHandler(handler)
 
 
 # -- bigmodel.init_empty_weights -------------------------------------------------------
@@ -142,7 +165,14 @@ def dispatch_across_npus(impl, world):
     expected = reference(IDS)
     model = built(width=8, depth=5)
     device_map = {"embed": 0, "blocks.0": 1, "blocks.1": 2, "blocks.2": 3, "blocks.3": "cpu", "blocks.4": "disk", "head": 3}
-    big_modeling.dispatch_model(model, device_map, offload_dir=os.path.join(world.shared_dir, "offload"))
+    with _warnings_logged() as offloading:
+        big_modeling.dispatch_model(model, device_map, offload_dir=os.path.join(world.shared_dir, "offload"))
+    expect_equal(len([m for m in offloading if "offloaded to the" in m]), 1,
+                 f"one warning names the cpu and disk offload (HF 1.15's 'Some parameters are on the meta device "
+                 f"because they were offloaded to the ...'); logged: {offloading}")
+    with _warnings_logged() as placing:
+        big_modeling.dispatch_model(built(width=8, depth=2), {"embed": 0, "blocks": 1, "head": 2})
+    expect_equal([m for m in placing if "offloaded" in m], [], "a map of accelerators only warns of no offload")
     output = model(IDS)
     expect_equal(str(output.device), "cpu", "the output is on the input's device")
     expect_tensor(output, expected, "outputs across four accelerators, cpu and disk")
