@@ -173,7 +173,11 @@ def dispatch_across_npus(impl, world):
     with _warnings_logged() as placing:
         big_modeling.dispatch_model(built(width=8, depth=2), {"embed": 0, "blocks": 1, "head": 2})
     expect_equal([m for m in placing if "offloaded" in m], [], "a map of accelerators only warns of no offload")
+    leaving = []
+    for block in model.blocks[:3]:
+        block.register_forward_hook(lambda module, args, out: leaving.append(str(out.device)))
     output = model(IDS)
+    expect_equal(leaving, devices[1:4], "each block's output stays on its accelerator (only the model's goes back)")
     expect_equal(str(output.device), "cpu", "the output is on the input's device")
     expect_tensor(output, expected, "outputs across four accelerators, cpu and disk")
     for index, block in enumerate(model.blocks[:3]):

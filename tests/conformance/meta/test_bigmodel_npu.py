@@ -35,6 +35,7 @@ BREAKS = [
         collateral={"bigmodel.load_checkpoint_and_dispatch", "bigmodel.cpu_offload"},
         case_timeout=TIMEOUT,
     ),
+    brk("bigmodel_outputs_go_back", {"dispatch_across_npus": F}, WORLD, BIGMODEL, case_timeout=TIMEOUT),
     brk("bigmodel_warns_without_offload", {"dispatch_across_npus": F}, WORLD, BIGMODEL, case_timeout=TIMEOUT),
     brk("bigmodel_low_0_as_balanced", {"load_and_dispatch_npus": F}, WORLD, BIGMODEL, case_timeout=TIMEOUT),
     brk(
