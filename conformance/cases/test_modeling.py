@@ -277,6 +277,18 @@ def offload_roundtrip(impl, world):
     modeling.load_offloaded_weights(target, index, folder)
     for name, tensor in target.state_dict().items():
         expect_true(torch.equal(tensor, state[name]), f"{name} restored bit-exactly")
+    expect_equal([name for name, param in target.named_parameters() if hasattr(param, "SCB")], [],
+                 "parameters given 8-bit statistics (SCB) by an index without SCB entries")
+    scb = torch.linspace(1.0, 2.0, 8)
+    offload.offload_state_dict(os.path.join(world.shared_dir, "scb"), {**state, "blocks.0.a.SCB": scb})
+    with open(os.path.join(world.shared_dir, "scb", "index.json"), encoding="utf-8") as stream:
+        with_scb = json.load(stream)
+    quantised = built(seed=1, width=8, depth=1)
+    modeling.load_offloaded_weights(quantised, with_scb, os.path.join(world.shared_dir, "scb"))
+    expect_true(torch.equal(getattr(quantised.blocks[0].a.weight, "SCB", torch.empty(0)), scb),
+                "a weight's SCB entry becomes its 8-bit statistics (weight.SCB)")
+    expect_equal([name for name, param in quantised.named_parameters() if hasattr(param, "SCB")], ["blocks.0.a.weight"],
+                 "only the weight with an SCB entry gets statistics")
     odd = {"half": torch.randn(3, 2).to(torch.bfloat16), "scalar": torch.tensor(7.25)}
     offload.offload_state_dict(os.path.join(world.shared_dir, "odd"), odd)
     loader = offload.OffloadedWeightsLoader(save_folder=os.path.join(world.shared_dir, "odd"))

@@ -37,6 +37,7 @@ BREAKS = [
     brk("bigmodel_offload_keeps_weights", {"cpu_and_disk_offload": F, "dispatch_cpu_disk": F}, WORLD, BIGMODEL, case_timeout=TIMEOUT),
     brk("bigmodel_detach_keeps_meta", {"cpu_and_disk_offload": F}, WORLD, BIGMODEL, case_timeout=TIMEOUT),
     brk("bigmodel_disk_without_folder", {"dispatch_cpu_disk": F}, WORLD, BIGMODEL, case_timeout=TIMEOUT),
+    brk("modeling_statistics_for_all", {"offload_roundtrip": F}, WORLD, BIGMODEL, case_timeout=TIMEOUT),
     brk(
         "bigmodel_retie_copies",
         {"modeling.tied_parameters": F, "modeling.tensor_to_device": F},
