@@ -178,6 +178,17 @@ def _on_meta() -> nn.Module:
         return Net()
 
 
+def _tied_to_a_child() -> nn.Module:
+    """A leaf Linear whose weight is tied to a Linear inside the next module: when both do not fit, the twin (which
+    has children) is split."""
+    torch.manual_seed(0)
+    model = nn.Sequential(OrderedDict(lead=nn.Linear(8, 8), deep=nn.Sequential(OrderedDict(a=nn.Linear(8, 8),
+                                                                                          b=nn.Linear(8, 8))),
+                                      tail=nn.Linear(8, 8)))
+    model.deep.a.weight = model.lead.weight
+    return model
+
+
 @probe("utils.modeling")
 def device_maps_with_ties(api: Api) -> None:
     infer = M + "infer_auto_device_map"
@@ -187,6 +198,7 @@ def device_maps_with_ties(api: Api) -> None:
     api.call("tied verbose", infer, tied, {0: 120, 1: 120, "cpu": 1000}, verbose=True)
     api.call("tied with fallback", infer, tied, {0: 90, 1: 1000, "cpu": 1000}, fallback_allocation=True)
     api.call("transformers-like untied", infer, PreTrainedModel(), {"cpu": 1000})
+    api.call("a tied twin split to fit, verbose", infer, _tied_to_a_child(), {"cpu": 700}, verbose=True)
     api.observe("find_tied_parameters", lambda: sorted(api.get(M + "find_tied_parameters")(tied)))
     api.call("find_tied_parameters none", M + "find_tied_parameters", Net())
     three = Tied()
