@@ -39,7 +39,7 @@ from .observe import ClassIndex, ProbeTimeout
 from .probe import PROBE_CODE_RAISED, Observations, Probe, Subject, run_probe
 
 IN_PROCESS = "cpu/1"
-SETTINGS = ("cpu/1", "cpu/2", "cuda/1", "cuda/2")
+SETTINGS = ("cpu/1", "cpu/2", "cpu/3", "cuda/1", "cuda/2")
 #: HF accelerate needs ``ACCELERATE_USE_CPU`` to see MULTI_CPU under a torchrun-style launch on CPU ranks.
 _CPU_ENV = {"ACCELERATE_USE_CPU": "1"}
 

@@ -39,7 +39,7 @@ def test_the_bundled_map_covers_the_six_modules_with_slices_that_select_cases() 
     assert operations.command("python")[2].startswith("python -m conformance run --impl accelerate_ref --backend sim --worlds 1,2 ")
     hooks = plan.select(slices, ["hooks"])[0]
     run = "python -m conformance run --impl accelerate_ref --backend {} --worlds 1 -k 'bigmodel.*' -k 'hooks.*'"
-    probes = "python -m conformance differential --impl accelerate_ref --settings cpu/1,cpu/2 -k 'hooks.*'"
+    probes = "python -m conformance differential --impl accelerate_ref --settings cpu/1,cpu/2,cpu/3 -k 'hooks.*'"
     assert hooks.command("python") == ["sh", "-c", f"{run.format('sim')} && {run.format('sim-npu')} && {probes}"]
     tests = operations.command("python")[2].rsplit(" && ", 1)[1]
     assert tests.startswith("python -m pytest -q -x -p no:cacheprovider tests/accelerate_ref/utils/test_operations.py::"), tests

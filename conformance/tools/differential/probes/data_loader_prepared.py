@@ -119,13 +119,18 @@ def prepare_data_loader_iterable(api: Api) -> None:
         slice_fn_for_dispatch=lambda batch, index, process_index, num_processes: batch[index] + 100)))
 
 
-@probe(AREA, worlds=(1, 2))
+@probe(AREA, worlds=(1, 2, 3))
 def prepare_data_loader_stateful(api: Api) -> None:
+    """At 3 processes a dispatcher's step is 3 batches, so what it uncounts of the one drawn ahead shows (split
+    batches of 6 there: a batch must divide by the processes). The epoch after ``load_state_dict`` is not asked
+    for at 3: HF 1.15's dispatcher hangs there, its ranks waiting in different broadcasts."""
     api.partial_state()
+    split_size = 6 if api.world_size == 3 else 2
     for name, options in (("shard", {}), ("dispatcher", {"put_on_device": True, "dispatch_batches": True}),
                           ("dispatcher, split", {"put_on_device": True, "dispatch_batches": True,
                                                  "split_batches": True})):
-        loader = api.call(name, PREPARE, _loader(), use_stateful_dataloader=True, **options)
+        source = _loader(batch_size=split_size) if options.get("split_batches") else _loader()
+        loader = api.call(name, PREPARE, source, use_stateful_dataloader=True, **options)
         api.observe(f"{name}: describe", describe_loader, loader)
         if name == "shard":
             observe_total_batch_size(api, name, loader)
@@ -134,6 +139,8 @@ def prepare_data_loader_stateful(api: Api) -> None:
         api.observe(f"{name}: a batch", lambda: next(it).tolist())
         state = api.observe(f"{name}: state_dict after a batch", loader.state_dict)
         api.observe(f"{name}: the rest", lambda: [batch.tolist() for batch in it])
+        if api.world_size == 3:
+            continue
         api.observe(f"{name}: load_state_dict", loader.load_state_dict, state)
         api.observe(f"{name}: batches after load_state_dict", batches, loader)
 
