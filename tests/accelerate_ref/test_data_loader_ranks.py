@@ -24,11 +24,12 @@ STREAM, BATCH = 23, 3
 
 
 class WordStream(IterableDataset):
-    """Dict samples with a string field: default_collate makes each batch's "text" a list of strings."""
+    """Dict samples with a string field: default_collate makes each batch's "text" a list of strings. The text
+    comes first, so a batch's size is read from a list of strings, not from the tensor beside it."""
 
     def __iter__(self):
         for sample in range(STREAM):
-            yield {"id": sample, "text": f"w{sample}"}
+            yield {"text": f"w{sample}", "id": sample}
 
 
 class CountingStream(IterableDataset):

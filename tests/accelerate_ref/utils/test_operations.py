@@ -557,3 +557,11 @@ def test_pad_input_tensors_repeats_last_entry():
     assert padded["x"].tolist() == [[0, 1, 2, 2], [3, 4, 5, 5]]
     with pytest.raises(TypeError, match="str"):
         pad_input_tensors(["a"], 1, 2)
+
+
+def test_is_torch_xpu_tensor_is_false_off_an_xpu() -> None:
+    """The reference's rule (HF 1.15's raises for every input: DIFFERENTIAL.toml): True only for a tensor on an XPU."""
+    from accelerate_ref.utils.operations import is_torch_xpu_tensor
+
+    assert [is_torch_xpu_tensor(value) for value in (torch.ones(1), torch.ones(1, device="meta"), [1.0], "xpu")] == [
+        False, False, False, False]

@@ -59,6 +59,8 @@ def broadcast(api: Api) -> None:
     api.call("nested", call, {"a": [torch.tensor([api.rank])], "b": (torch.ones(1) * api.rank,)})
     tensor = torch.tensor([float(api.rank)])
     api.observe("in place", lambda: [api.get(call)(tensor) is tensor, tensor])
+    strided = (torch.arange(6.0) + 10 * api.rank).view(2, 3).t()
+    api.observe("a non-contiguous tensor, in place", lambda: [api.get(call)(strided) is strided, strided])
     api.call("not a tensor", call, [torch.ones(1), "x"])
     api.call("from a process that does not exist", call, torch.ones(1), from_process=5)
 
