@@ -40,6 +40,8 @@ def prepare_data_loader_shards(api: Api) -> None:
         api.observe(f"{name}: describe", describe_loader, loader)
         observe_total_batch_size(api, name, loader)
     api.observe("the base loader's private attributes", lambda: _private_attributes(api.get(PREPARE)(_loader())))
+    api.observe("end_of_dataloader and remainder before an epoch", lambda: (
+        lambda fresh: (fresh.end_of_dataloader, fresh.remainder))(api.get(PREPARE)(_loader())))
     dropping = api.call("drop_last", PREPARE, _loader(drop_last=True))
     api.observe("drop_last: describe", describe_loader, dropping)
     api.observe("drop_last: remainder", lambda: (dropping.remainder, dropping._drop_last))
