@@ -11,6 +11,7 @@ that same configuration.
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import torch
@@ -40,12 +41,15 @@ def v027_dataloader_kwargs(impl, world):
             warnings.simplefilter("always")
             acc = impl.Accelerator(**{keyword: value})
         named = [
-            str(warning.message)
+            warning
             for warning in caught
             if issubclass(warning.category, (DeprecationWarning, FutureWarning))
             and "DataLoaderConfiguration" in str(warning.message)
         ]
         expect_true(bool(named), f"Accelerator({keyword}={value}) warns of its deprecation naming DataLoaderConfiguration")
+        expect_equal([os.path.basename(warning.filename) for warning in named], [os.path.basename(__file__)],
+                     f"the file the deprecation warning of Accelerator({keyword}={value}) names (the caller's, where "
+                     "the keyword is to be changed)")
         expect_equal(getattr(acc.dataloader_config, keyword), value, f"dataloader_config.{keyword} after Accelerator({keyword}={value})")
         batches = [plain(batch) for batch in acc.prepare(DataLoader(range(6), batch_size=2))]
         expect_equal(sorted(sample for batch in batches for sample in batch), list(range(6)),

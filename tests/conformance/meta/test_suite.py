@@ -184,6 +184,7 @@ BREAKS = [
     brk("cpu_flag_ignored", {"cpu.flag": F}, "1", UTILITIES, needs_cuda=True),
     # -- compatibility across documented versions (issue 13) ----------------------
     brk("compat_v027_keywords_ignored", {"compat.v027_dataloader_kwargs": F}, "1", COMPAT),
+    brk("compat_v027_warning_misplaced", {"compat.v027_dataloader_kwargs": F}, "1", COMPAT),
     brk("compat_autocast_cache_enabled_ignored", {"compat.autocast_cache_enabled": F}, "1", COMPAT),
     # -- inference helpers ----------------------------------------------------------
     brk("split_no_padding", {"split.padding": F}, "2", INFERENCE, collateral={"split.fewer_inputs_than_ranks"}),
