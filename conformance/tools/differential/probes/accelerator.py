@@ -302,6 +302,10 @@ def gather_for_metrics(api: Api) -> None:
     api.record("gathered per batch", batches)
     iterable = accelerator.prepare(torch.utils.data.DataLoader(_Stream(5), batch_size=2))
     api.observe("an iterable loader", lambda: [accelerator.gather_for_metrics(batch) for batch in iterable])
+    accelerator.dataloader_config.dispatch_batches = False  # each rank reads its shard: the length stays unknown
+    sharded = accelerator.prepare(torch.utils.data.DataLoader(_Stream(5), batch_size=2))
+    api.observe("an iterable loader of unknown length, not dispatched",
+                lambda: [accelerator.gather_for_metrics(batch) for batch in sharded])
 
 
 class _Stream(torch.utils.data.IterableDataset):
