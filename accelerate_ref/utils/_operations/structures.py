@@ -19,8 +19,6 @@ import torch
 
 from ..dataclasses import TensorInformation
 
-Path = tuple[Any, ...]
-
 
 def is_torch_tensor(tensor: Any) -> bool:
     """True for a `torch.Tensor` (subclasses included). Catalog: ops.recursively_apply."""
@@ -57,14 +55,6 @@ def honor_type(obj: Sequence[Any], generator: Iterable[Any]) -> Sequence[Any]:
     return type(obj)(generator)
 
 
-def format_path(path: Path) -> str:
-    """Render the location of a leaf, e.g. `input['a'][0]` (the whole input is `input`).
-
-    Catalog: ops.recursively_apply (error messages name the offending leaf).
-    """
-    return "input" + "".join(f"[{key!r}]" for key in path)
-
-
 def apply_to_leaves(
     func: Callable[..., Any],
     data: Any,
@@ -72,13 +62,12 @@ def apply_to_leaves(
     kwargs: Optional[dict[str, Any]] = None,
     test_type: Callable[[Any], bool] = is_torch_tensor,
     reject_others_in: Optional[str] = None,
-    path: Optional[Path] = (),
 ) -> Any:
-    """Engine of `recursively_apply`, which also knows where it is in `data`.
+    """Engine of `recursively_apply`.
 
     `reject_others_in` names the operation to blame when a leaf fails
-    `test_type` (TypeError naming the leaf's type, and its path unless `path`
-    is None); None leaves such leaves unchanged.
+    `test_type` (a TypeError naming the leaf's type); None leaves such leaves
+    unchanged.
     Catalog: ops.recursively_apply, gather.nested.
     """
     kwargs = kwargs or {}
@@ -86,30 +75,25 @@ def apply_to_leaves(
         return honor_type(
             data,
             (
-                apply_to_leaves(func, item, args, kwargs, test_type, reject_others_in, _down(path, index))
-                for index, item in enumerate(data)
+                apply_to_leaves(func, item, args, kwargs, test_type, reject_others_in)
+                for item in data
             ),
         )
     if isinstance(data, Mapping):
         return type(data)(
             {
-                key: apply_to_leaves(func, value, args, kwargs, test_type, reject_others_in, _down(path, key))
+                key: apply_to_leaves(func, value, args, kwargs, test_type, reject_others_in)
                 for key, value in data.items()
             }
         )
     if test_type(data):
         return func(data, *args, **kwargs)
     if reject_others_in is not None:
-        where = "" if path is None else f" at {format_path(path)}"
         raise TypeError(
-            f"Unsupported types ({type(data)}) passed to `{reject_others_in}`{where}. Only nested "
+            f"Unsupported types ({type(data)}) passed to `{reject_others_in}`. Only nested "
             f"list/tuple/dicts of objects that are valid for `{test_type.__name__}` should be passed."  # HF's words
         )
     return data
-
-
-def _down(path: Optional[Path], key: Any) -> Optional[Path]:
-    return None if path is None else path + (key,)
 
 
 def recursively_apply(
@@ -131,7 +115,7 @@ def recursively_apply(
     Catalog: ops.recursively_apply.
     """
     reject_others_in = getattr(func, "__name__", repr(func)) if error_on_other_type else None
-    return apply_to_leaves(func, data, args, kwargs, test_type, reject_others_in, path=None)
+    return apply_to_leaves(func, data, args, kwargs, test_type, reject_others_in)
 
 
 def send_to_device(

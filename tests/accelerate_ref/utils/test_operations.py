@@ -552,6 +552,8 @@ def test_pad_input_tensors_repeats_last_entry():
     assert pad_input_tensors(torch.arange(5), 5, 4).tolist() == [0, 1, 2, 3, 4, 4, 4, 4]
     assert pad_input_tensors(torch.arange(6), 6, 4).shape == (8,)
     assert pad_input_tensors(torch.ones(3, 2), 3, 4).shape == (4, 2), "dim 0 by default"
+    with pytest.raises(ValueError, match="empty tensor"):
+        pad_input_tensors(torch.ones(0, 2), 1, 2)  # no last entry to repeat
     assert pad_input_tensors(torch.arange(8), 8, 4).tolist() == list(range(8))
     padded = pad_input_tensors({"x": torch.arange(6).view(2, 3)}, 3, 2, dim=1)
     assert padded["x"].tolist() == [[0, 1, 2, 2], [3, 4, 5, 5]]
