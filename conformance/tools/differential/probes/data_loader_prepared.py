@@ -33,7 +33,8 @@ def _private_attributes(loader: DataLoader) -> dict:
 def prepare_data_loader_shards(api: Api) -> None:
     api.partial_state()
     for name, options in (("defaults", {}), ("split_batches", {"split_batches": True}),
-                          ("even_batches False", {"even_batches": False}), ("put_on_device", {"put_on_device": True,
+                          ("even_batches False", {"even_batches": False}),
+                          ("put_on_device", {"put_on_device": True,
                                                                                                "device": torch.device("cpu")}),
                           ("non_blocking", {"non_blocking": True})):
         loader = api.call(name, PREPARE, _loader(), **options)
@@ -53,6 +54,10 @@ def prepare_data_loader_shards(api: Api) -> None:
         DataLoader(list(range(6)), batch_sampler=[[0, 1, 2], [3], [4, 5]]))))
     api.observe("a list as batch_sampler, even_batches False", lambda: describe_loader(api.get(PREPARE)(
         DataLoader(list(range(6)), batch_sampler=[[0, 1, 2], [3], [4, 5]]), even_batches=False)))
+    api.observe("split_batches, even_batches False, a last batch of 3 of 4", lambda: describe_loader(api.get(PREPARE)(
+        _loader(11, batch_size=4), split_batches=True, even_batches=False)))
+    api.observe("a list as batch_sampler, split, even_batches False", lambda: describe_loader(api.get(PREPARE)(
+        DataLoader(list(range(6)), batch_sampler=[[0, 1], [2, 3], [4, 5]]), split_batches=True, even_batches=False)))
     api.observe("a loader without batches", lambda: describe_loader(api.get(PREPARE)(
         DataLoader(list(range(3)), batch_size=None))))
     api.observe("a dict collate", lambda: batches(api.get(PREPARE)(
