@@ -13,7 +13,9 @@ lands on the port, two worlds meet at one rendezvous and both fail in gloo's
 which the kernel never hands out, advanced under a lock in the machine's
 temporary folder, so every process on the machine (a suite's pytest workers,
 ranks choosing a port for a nested launch) gets a different one; a port is
-offered again only after the whole rotation has gone round.
+offered again only after the whole rotation has gone round. Only every other
+port is handed out: the one after it stays free for the world's second
+channel (the native backend's result store listens on MASTER_PORT + 1).
 """
 from __future__ import annotations
 
@@ -49,11 +51,13 @@ def rotation() -> range | None:
 
 
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1, outside the kernel's ephemeral range and not handed out to any other process
-    of this machine in the last ``ROTATION_SPAN`` calls; a kernel-picked port where no rotation is possible."""
-    ports = rotation()
-    if ports is None:
+    """A TCP port free on 127.0.0.1, outside the kernel's ephemeral range, not handed out to any other process of
+    this machine in the last ``ROTATION_SPAN // 2`` calls, and whose next port is never handed out; a kernel-picked
+    port where no rotation is possible."""
+    span = rotation()
+    if span is None:
         return _kernel_port()
+    ports = span[::2]
     lock = filelock.FileLock(_NEXT_FILE + ".lock")
     try:
         lock.acquire(timeout=_LOCK_TIMEOUT_S)

@@ -95,6 +95,7 @@ def test_free_ports_lie_below_the_kernels_ephemeral_range_and_skip_the_launchers
     ports = [free_port() for _ in range(50)]
     assert all(port < low for port in ports), ports
     assert not set(ports) & set(DEFAULT_LAUNCH_PORTS), ports
+    assert not {port + 1 for port in ports} & set(ports), "a port's next one stays free (MASTER_PORT + 1)"
 
 
 def _ports_of_a_process(count: int) -> list[int]:
@@ -111,7 +112,7 @@ def test_processes_side_by_side_never_get_the_same_port():
 
 @pytest.mark.skipif(rotation() is None, reason="the kernel leaves no room below its ephemeral port range")
 def test_a_port_something_listens_on_is_passed_over():
-    upcoming = free_port() + 1
+    upcoming = free_port() + 2  # every other port is handed out
     try:
         holder = socket.create_server(("127.0.0.1", upcoming))
     except OSError:
