@@ -115,7 +115,8 @@ def write_probe(folder: str, impl: ModuleType) -> str:
     """A training-free script that records, per rank, what the launched process sees; returns its path.
 
     Each rank writes ``report-<RANK>-<pid>.json`` into ``$PROBE_DIR``: the launch variables, and the
-    Accelerator's distributed type, process counts, indices and mixed precision.
+    Accelerator's distributed type, process counts, indices and mixed precision; then it waits for the others
+    (a rank that exits at once can close a pair its peer is still connecting: gloo's "Connection closed by peer").
     """
     path = os.path.join(folder, "probe.py")
     with open(path, "w") as handle:
@@ -133,6 +134,7 @@ def write_probe(folder: str, impl: ModuleType) -> str:
             name = f"report-{{os.environ.get('RANK', 'none')}}-{{os.getpid()}}.json"
             with open(os.path.join(os.environ["PROBE_DIR"], name), "w") as out:
                 json.dump(report, out)
+            acc.wait_for_everyone()  # no rank exits while another still completes gloo's connection handshake
             """))
     return path
 

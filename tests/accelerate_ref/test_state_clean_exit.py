@@ -92,6 +92,9 @@ def _group_after(explicit: str) -> bool:
     from accelerate_ref import Accelerator, PartialState
 
     accelerator = Accelerator()
+    # gloo's connectFullMesh: a rank whose side of a pair is connected may go on while its peer still completes
+    # the handshake; tearing the group down at once then closes that peer's pair ("Connection closed by peer").
+    accelerator.wait_for_everyone()
     if explicit == "end_training":
         accelerator.end_training()
     else:
