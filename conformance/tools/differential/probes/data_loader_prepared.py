@@ -34,15 +34,14 @@ def prepare_data_loader_shards(api: Api) -> None:
     api.partial_state()
     for name, options in (("defaults", {}), ("split_batches", {"split_batches": True}),
                           ("even_batches False", {"even_batches": False}),
-                          ("put_on_device", {"put_on_device": True,
-                                                                                               "device": torch.device("cpu")}),
+                          ("put_on_device", {"put_on_device": True, "device": torch.device("cpu")}),
                           ("non_blocking", {"non_blocking": True})):
         loader = api.call(name, PREPARE, _loader(), **options)
         api.observe(f"{name}: describe", describe_loader, loader)
         observe_total_batch_size(api, name, loader)
     api.observe("the base loader's private attributes", lambda: _private_attributes(api.get(PREPARE)(_loader())))
-    api.observe("end_of_dataloader and remainder before an epoch", lambda: (
-        lambda fresh: (fresh.end_of_dataloader, fresh.remainder))(api.get(PREPARE)(_loader())))
+    fresh = api.get(PREPARE)(_loader())
+    api.observe("end_of_dataloader and remainder before an epoch", lambda: (fresh.end_of_dataloader, fresh.remainder))
     dropping = api.call("drop_last", PREPARE, _loader(drop_last=True))
     api.observe("drop_last: describe", describe_loader, dropping)
     api.observe("drop_last: remainder", lambda: (dropping.remainder, dropping._drop_last))
