@@ -9,13 +9,16 @@ lives in and the slice of the suite that covers it::
     patterns = ["bigmodel.*", "hooks.*"]         # -k patterns of the slice (catalog ID globs)
     backends = ["sim", "sim-npu"]                # optional: each runs the slice (default ["sim"])
     probes = ["hooks.*"]                         # optional: differential probes run too (-k patterns)
+    settings = ["cpu/1", "cuda/1"]               # optional: where the probes run (default DIFFERENTIAL_SETTINGS)
     tests = ["tests/accelerate_ref/test_hooks.py::test_x"]   # optional: the project's own tests run last
 
 A module whose rules show only across several devices (inputs following a model dispatched over accelerators)
 names ``sim-npu`` too: the slice then runs on each backend in turn, and a failure on either kills the mutant.
 ``probes`` adds the module's differential probes (``python -m conformance differential``, against HF
 accelerate, at ``DIFFERENTIAL_SETTINGS``): public behaviour the documents do not state (a helper's exact
-result, an error's text) that HF 1.15 fixes, so a mutant there that no documented rule reaches still differs.
+result, an error's text) that HF 1.15 fixes, so a mutant there that no documented rule reaches still differs;
+``settings`` names other family/world settings for them (the mock CUDA family, where a hook's moves between
+a GPU and the CPU show).
 ``tests`` adds the project's own tests (pytest node IDs) for rules of the reference that neither the suite nor
 a probe can pin: a deliberate deviation from HF (``pad_input_tensors`` follows HF's docstring, not its code) or
 a helper whose HF result is not deterministic (``gather_tensor_shape`` reduces an uninitialised buffer).
@@ -50,6 +53,7 @@ from ... import catalog
 from ...engine.backends import BACKENDS
 from ...engine.runner import parse_worlds
 from ..differential.probe import all_probes
+from ..differential.runner import SETTINGS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -64,7 +68,7 @@ EQUIVALENTS = ROOT / "conformance" / "mutation_equivalent.toml"
 SIMULATED = tuple(backend for backend in BACKENDS if backend != "native")
 #: Where a slice's differential probes run: the CPU at one, two and three processes (a setting no chosen probe
 #: declares costs nothing).
-DIFFERENTIAL_SETTINGS = "cpu/1,cpu/2,cpu/3"
+DIFFERENTIAL_SETTINGS = ("cpu/1", "cpu/2", "cpu/3")
 
 
 class PlanError(Exception):
@@ -82,6 +86,7 @@ class Slice:
     backends: tuple[str, ...] = ("sim",)
     probes: tuple[str, ...] = ()
     tests: tuple[str, ...] = ()
+    settings: tuple[str, ...] = DIFFERENTIAL_SETTINGS
 
     def command(self, python: str = sys.executable) -> list[str]:
         """The conformance runs (one per backend, then the probes, then the project's tests, stopping at the first
@@ -89,7 +94,7 @@ class Slice:
         runs = [self._run(backend, python) for backend in self.backends]
         if self.probes:
             runs.append([python, "-m", "conformance", "differential", "--impl", "accelerate_ref",
-                         "--settings", DIFFERENTIAL_SETTINGS, *(arg for probe in self.probes for arg in ("-k", probe))])
+                         "--settings", ",".join(self.settings), *(arg for probe in self.probes for arg in ("-k", probe))])
         if self.tests:
             runs.append([python, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *self.tests])
         return runs[0] if len(runs) == 1 else ["sh", "-c", " && ".join(shlex.join(run) for run in runs)]
@@ -157,7 +162,7 @@ def load_map(path: Path = MAP, root: Path = ROOT) -> list[Slice]:
     slices = []
     for name, table in modules.items():
         where = f"{path.name}: module {name}"
-        unknown = sorted(set(table) - {"paths", "worlds", "patterns", "backends", "probes", "tests"})
+        unknown = sorted(set(table) - {"paths", "worlds", "patterns", "backends", "probes", "tests", "settings"})
         if unknown:
             raise PlanError(f"{where}: unknown key {unknown[0]!r}")
         paths = _strings(table.get("paths"), where, "paths")
@@ -183,11 +188,15 @@ def load_map(path: Path = MAP, root: Path = ROOT) -> list[Slice]:
         silent = [p for p in probes if not fnmatch.filter(probe_names, p)]
         if silent:
             raise PlanError(f"{where}: probe pattern {silent[0]!r} matches no differential probe")
+        settings = _strings(table.get("settings", list(DIFFERENTIAL_SETTINGS)), where, "settings")
+        strange = [setting for setting in settings if setting not in SETTINGS]
+        if strange:
+            raise PlanError(f"{where}: setting {strange[0]!r} is not one of {', '.join(SETTINGS)}")
         tests = _strings(table["tests"], where, "tests") if "tests" in table else ()
         absent = [test for test in tests if not (root / test.split("::", 1)[0]).is_file()]
         if absent:
             raise PlanError(f"{where}: test {absent[0]!r} names no file")
-        slices.append(Slice(name, paths, worlds, patterns, backends, probes, tests))
+        slices.append(Slice(name, paths, worlds, patterns, backends, probes, tests, settings))
     return slices
 
 

@@ -28,7 +28,7 @@ TIMEOUT = 120.0
 BREAKS = [
     brk(
         "bigmodel_hook_keeps_inputs",
-        {"dispatch_across_npus": (F, E)},
+        {"dispatch_across_npus": (F, E), "dispatch_tied_offloaded": (F, E)},
         WORLD,
         BIGMODEL,
         # Every forward through hooks across devices meets the unmoved input.
@@ -36,6 +36,7 @@ BREAKS = [
         case_timeout=TIMEOUT,
     ),
     brk("bigmodel_outputs_go_back", {"dispatch_across_npus": F}, WORLD, BIGMODEL, case_timeout=TIMEOUT),
+    brk("bigmodel_tied_copies_kept", {"dispatch_tied_offloaded": F}, WORLD, BIGMODEL, case_timeout=TIMEOUT),
     brk("bigmodel_warns_without_offload", {"dispatch_across_npus": F}, WORLD, BIGMODEL, case_timeout=TIMEOUT),
     brk("bigmodel_low_0_as_balanced", {"load_and_dispatch_npus": F}, WORLD, BIGMODEL, case_timeout=TIMEOUT),
     brk(

@@ -39,8 +39,9 @@ def test_the_bundled_map_covers_the_six_modules_with_slices_that_select_cases() 
     assert operations.command("python")[2].startswith("python -m conformance run --impl accelerate_ref --backend sim --worlds 1,2 ")
     hooks = plan.select(slices, ["hooks"])[0]
     run = "python -m conformance run --impl accelerate_ref --backend {} --worlds 1 -k 'bigmodel.*' -k 'hooks.*'"
-    probes = "python -m conformance differential --impl accelerate_ref --settings cpu/1,cpu/2,cpu/3 -k 'hooks.*'"
+    probes = "python -m conformance differential --impl accelerate_ref --settings cpu/1,cuda/1 -k 'hooks.*'"
     assert hooks.command("python") == ["sh", "-c", f"{run.format('sim')} && {run.format('sim-npu')} && {probes}"]
+    assert "--settings cpu/1,cpu/2,cpu/3 " in operations.command("python")[2], "the default settings of the probes"
     tests = operations.command("python")[2].rsplit(" && ", 1)[1]
     assert tests.startswith("python -m pytest -q -x -p no:cacheprovider tests/accelerate_ref/utils/test_operations.py::"), tests
     assert plan.load_equivalents() == plan.load_equivalents(plan.EQUIVALENTS)
@@ -60,6 +61,7 @@ def test_a_map_is_read_and_checked(tmp_path: Path) -> None:
     (GOOD + 'backends = ["native"]\n', "backend 'native' is not one of sim, sim-xla, sim-npu"),
     (GOOD + 'probes = ["nothing.*"]\n', "probe pattern 'nothing.*' matches no differential probe"),
     (GOOD + 'tests = ["tests/nothing.py::test_x"]\n', "test 'tests/nothing.py::test_x' names no file"),
+    (GOOD + 'settings = ["cpu/9"]\n', "setting 'cpu/9' is not one of cpu/1, cpu/2, cpu/3, cuda/1, cuda/2"),
 ])
 def test_a_bad_map_is_one_clear_error(tmp_path: Path, body: str, message: str) -> None:
     with pytest.raises(plan.PlanError, match=message.replace("*", r"\*").replace("(", r"\(")):

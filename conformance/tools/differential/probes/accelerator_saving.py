@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections import OrderedDict
+from pathlib import Path
 
 import torch
 
@@ -54,6 +56,11 @@ def save_model(api: Api) -> None:
     api.observe("save_model", accelerator.save_model, model, "model")
     api.observe("save_model as pickle", accelerator.save_model, model, "pickled", safe_serialization=False)
     api.observe("save_model in shards", accelerator.save_model, model, "sharded", max_shard_size=20)
+    unsorted = accelerator.prepare(torch.nn.Sequential(OrderedDict(z=torch.nn.Linear(3, 2), a=torch.nn.Linear(2, 2))))
+    api.observe("save_model in shards, names out of order", accelerator.save_model, unsorted, "unsorted",
+                max_shard_size=20)
+    accelerator.wait_for_everyone()
+    api.observe("the index file as written", lambda: Path("unsorted", "model.safetensors.index.json").read_text())
     with open("a_file", "w") as handle:
         handle.write("x")
     api.observe("save_model to a file", accelerator.save_model, model, "a_file")
@@ -118,6 +125,28 @@ def save_and_load_state_refusals(api: Api) -> None:
     accelerator.project_configuration.iteration = 0
     api.observe("save_state over an existing checkpoint", lambda: os.path.relpath(accelerator.save_state()))
     api.observe("save_iteration", getattr, accelerator, "save_iteration")
+    _forget_checkpoints()
+
+
+@probe(AREA)
+def automatic_naming_after_load(api: Api) -> None:
+    """``load_state()`` of the latest automatic checkpoint: the step counter and the next save's number it leaves."""
+    project = api.get("utils.ProjectConfiguration")
+    accelerator = api.accelerator(project_config=project(project_dir="project", automatic_checkpoint_naming=True),
+                                  gradient_accumulation_steps=2)
+    model = accelerator.prepare(torch.nn.Linear(2, 2))
+    for _ in range(3):
+        with accelerator.accumulate(model):
+            pass
+    api.observe("saves", lambda: [os.path.relpath(accelerator.save_state()) for _ in range(2)])
+    api.get("state.AcceleratorState")._reset_state(True)
+    fresh = api.accelerator(project_config=project(project_dir="project", automatic_checkpoint_naming=True),
+                            gradient_accumulation_steps=2)
+    fresh.prepare(torch.nn.Linear(2, 2))
+    api.observe("load_state of the latest", fresh.load_state)
+    api.record("step after it", fresh.step)
+    api.record("iteration after it", fresh.project_configuration.iteration)
+    api.observe("the next save", lambda: os.path.relpath(fresh.save_state()))
     _forget_checkpoints()
 
 

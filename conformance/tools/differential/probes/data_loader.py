@@ -124,6 +124,19 @@ def seedable_random_sampler(api: Api) -> None:
     api.call("an unknown keyword", path, list(range(4)), seed=1)
 
 
+class _CustomBatches:
+    """A user's batch sampler: fixed batches and a ``batch_size``, but no ``sampler`` to count samples by."""
+
+    def __init__(self, batches: list[list[int]], batch_size: int) -> None:
+        self.batches, self.batch_size = batches, batch_size
+
+    def __iter__(self):
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
 @probe(AREA)
 def batch_sampler_shard(api: Api) -> None:
     path = "data_loader.BatchSamplerShard"
@@ -150,6 +163,10 @@ def batch_sampler_shard(api: Api) -> None:
             shard = api.get(path)(varying, 2, index, even_batches=even)
             api.observe(f"batches of varying size, even={even} rank {index}",
                         lambda: (shard.batch_size, len(shard), list(shard)))
+    unsized = _CustomBatches([[0, 1], [2, 3], [4]], batch_size=2)
+    for index in (0, 1):
+        shard = api.get(path)(unsized, 2, index, split_batches=True, even_batches=False)
+        api.observe(f"split, uneven, a batch sampler without a sampler, rank {index}", lambda: (len(shard), list(shard)))
     api.call("split_batches, a size not a multiple", path, _batch_sampler(6, 3), 2, 0, True)
     api.call("split_batches without a batch size", path, varying, 2, 0, True)
 

@@ -174,6 +174,9 @@ def align_devices_hook_on_a_device(api: Api) -> None:
     api.record("moved", placement(model))
     api.observe("forward: output back where the input was", model, net_input())
     api.observe("forward with a keyword", lambda: model(x=net_input()))
+    buffered = Net()
+    add(buffered, align(execution_device=device, offload=True, offload_buffers=True, place_submodules=True))
+    api.record("offload buffers: placement", placement(buffered))
     offloaded = Net()
     add(offloaded.head, align(execution_device=device, offload=True, io_same_device=True))
     api.record("offloaded head", placement(offloaded.head))
@@ -197,6 +200,7 @@ def attach_hooks_to_a_tree(api: Api) -> None:
     api.call("attach_align_device_hook preload Block", "hooks.attach_align_device_hook", preload,
              execution_device=device, offload=True, preload_module_classes=["Block"])
     api.record("preload: hooks", hooks_of(preload))
+    api.observe("preload: forward (weights map made from the blocks)", lambda: preload(net_input()))
     plain = Net()
     api.call("attach_align_device_hook without offload", "hooks.attach_align_device_hook", plain, execution_device=device)
     api.record("without offload: hooks", hooks_of(plain))
@@ -207,6 +211,10 @@ def attach_hooks_to_a_tree(api: Api) -> None:
     api.record("execution: hooks", hooks_of(executing))
     api.call("attach_execution_device_hook twice", "hooks.attach_execution_device_hook", executing, device)
     api.record("execution twice: hooks", hooks_of(executing))
+    one_tensor = nn.Sequential(nn.Linear(3, 4, bias=False), nn.ReLU(), nn.Linear(4, 2))
+    api.call("attach_execution_device_hook, a module of one tensor", "hooks.attach_execution_device_hook", one_tensor,
+             device)
+    api.record("one tensor: hooks", hooks_of(one_tensor))
 
 
 @probe("hooks", families=("cpu", "cuda"), env=_TWO_GPUS)
@@ -260,6 +268,12 @@ def cpu_offload_hooks(api: Api) -> None:
     api.observe("second forward", second, net_input().to(device))
     api.record("after the second", [placement(first)["embed.weight"], placement(second)["embed.weight"]])
     api.observe("pre_forward when already there", hook_two.pre_forward, second, net_input())
+    on_device = offload(execution_device=torch.device(device))
+    resident = Net()
+    add(resident, on_device)
+    inputs = [net_input()]
+    api.observe("pre_forward on the device already (a torch.device) hands the inputs on as they are",
+                lambda: on_device.pre_forward(resident, inputs)[0][0] is inputs)
     api.observe("post_forward", lambda: hook_two.post_forward(second, torch.ones(1)))
     api.observe("detach_hook", lambda: hook_two.detach_hook(second) is second)
     api.observe("offload", user_two.offload)
@@ -287,3 +301,41 @@ def layerwise_casting_hook(api: Api) -> None:
     api.observe("post_forward", hook.post_forward, layer, torch.ones(2))
     api.record("stored again", placement(layer))
     api.call("missing a dtype", "hooks.LayerwiseCastingHook", torch.float16, torch.float32)
+
+
+@probe("hooks")
+def offloaded_int8_statistics(api: Api) -> None:
+    """The 8-bit statistics (``SCB``) an offloaded int8 ``weight`` brings along; a float weight or an int8 bias none."""
+    align, add = api.get("hooks.AlignDevicesHook"), api.get("hooks.add_hook_to_module")
+    for label, weight, bias in (("float", torch.ones(2, 2), torch.ones(2)),
+                                ("int8", torch.ones(2, 2, dtype=torch.int8), torch.ones(2, dtype=torch.int8))):
+        layer = nn.Linear(2, 2)
+        layer.weight = nn.Parameter(weight.clone(), requires_grad=False)
+        layer.bias = nn.Parameter(bias.clone(), requires_grad=False)
+        weights = {"weight": weight, "bias": bias, "SCB": torch.full((2,), 3.0), "bias.SCB": torch.full((2,), 5.0)}
+        hook = align(execution_device="cpu", offload=True, weights_map=weights)
+        add(layer, hook)
+        hook.pre_forward(layer, torch.ones(2))
+        api.record(f"{label}: statistics during the forward",
+                   {name: getattr(tensor, "SCB", None) for name, tensor in layer.named_parameters()})
+
+
+@probe("hooks")
+def hooks_under_torch_compile(api: Api) -> None:
+    """Hooks run outside torch.compile's graphs (HF wraps them in ``torch.compiler.disable``): the graphs and breaks
+    dynamo finds in a hooked model."""
+    import torch._dynamo as dynamo
+
+    add = api.get("hooks.add_hook_to_module")
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    add(model[0], api.get("hooks.AlignDevicesHook")(execution_device="cpu", io_same_device=True))
+    calls: list = []
+    add(model[2], api.get("hooks.SequentialHook")(_recording_hook(api, calls, "a"), _recording_hook(api, calls, "b")))
+    for label, target in (("align and sequential hooks", model), ("offloaded", nn.Linear(3, 2))):
+        if label == "offloaded":
+            add(target, api.get("hooks.AlignDevicesHook")(execution_device="cpu", offload=True))
+        dynamo.reset()
+        explained = dynamo.explain(target)(torch.ones(2, 3))
+        # The recording hooks' own ops (doubling, adding one) are in a graph only if dynamo traced the hook.
+        api.record(f"{label}: graphs, breaks, ops in graphs",
+                   [explained.graph_count, explained.graph_break_count, explained.op_count])

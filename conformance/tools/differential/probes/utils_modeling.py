@@ -8,10 +8,13 @@ weight to ``cuda:1``, loading straight to a GPU, the grad scaler.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 from collections import OrderedDict
 from pathlib import Path
+from typing import Iterator
 
 import torch
 from safetensors.torch import save_file
@@ -169,8 +172,23 @@ def device_maps(api: Api) -> None:
     holder[1].register_buffer("steps", torch.zeros(20))
     api.call("a split module with its own buffer", infer, holder, {0: 400, "cpu": 10000})
     api.call("an unknown device", infer, model, {"gpu": 10})
-    api.call("a zero budget", infer, model, {0: 0, "cpu": 10000})
+    with _info_logged(api):
+        api.call("a zero budget", infer, model, {0: 0, "cpu": 10000})
+        api.call("a device left for the next, the minimum needed logged", infer, model, {0: 100, 1: 400, "cpu": 10000},
+                 no_split_module_classes=["Block"])
     api.call("a meta model", infer, _on_meta(), {0: 200, "cpu": 10000})
+
+
+@contextlib.contextmanager
+def _info_logged(api: Api) -> Iterator[None]:
+    """The implementation's ``utils.modeling`` logger at INFO for the ``with`` (its minimum-memory report is INFO)."""
+    logger = logging.getLogger(f"{api.module.__name__}.utils.modeling")
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _on_meta() -> nn.Module:
@@ -178,13 +196,14 @@ def _on_meta() -> nn.Module:
         return Net()
 
 
-def _tied_to_a_child() -> nn.Module:
+def _tied_to_a_child(after_a_leaf: bool = False) -> nn.Module:
     """A leaf Linear whose weight is tied to a Linear inside the next module: when both do not fit, the twin (which
-    has children) is split."""
+    has children) is split. ``after_a_leaf`` puts a plain Linear first, so the device is no longer empty then."""
     torch.manual_seed(0)
-    model = nn.Sequential(OrderedDict(lead=nn.Linear(8, 8), deep=nn.Sequential(OrderedDict(a=nn.Linear(8, 8),
-                                                                                          b=nn.Linear(8, 8))),
-                                      tail=nn.Linear(8, 8)))
+    first = [("pre", nn.Linear(8, 8))] if after_a_leaf else []
+    model = nn.Sequential(OrderedDict([*first, ("lead", nn.Linear(8, 8)),
+                                       ("deep", nn.Sequential(OrderedDict(a=nn.Linear(8, 8), b=nn.Linear(8, 8)))),
+                                       ("tail", nn.Linear(8, 8))]))
     model.deep.a.weight = model.lead.weight
     return model
 
@@ -199,6 +218,8 @@ def device_maps_with_ties(api: Api) -> None:
     api.call("tied with fallback", infer, tied, {0: 90, 1: 1000, "cpu": 1000}, fallback_allocation=True)
     api.call("transformers-like untied", infer, PreTrainedModel(), {"cpu": 1000})
     api.call("a tied twin split to fit, verbose", infer, _tied_to_a_child(), {"cpu": 700}, verbose=True)
+    api.call("a tied twin split to fit after a leaf, verbose", infer, _tied_to_a_child(after_a_leaf=True),
+             {"cpu": 1000}, verbose=True)
     api.observe("find_tied_parameters", lambda: sorted(api.get(M + "find_tied_parameters")(tied)))
     api.call("find_tied_parameters none", M + "find_tied_parameters", Net())
     three = Tied()
@@ -555,3 +576,12 @@ def precision_helpers(api: Api) -> None:
     context = api.get(M + "get_mixed_precision_context_manager")(True, kwargs)
     api.observe("autocast kwargs", lambda: [context.fast_dtype, context._cache_enabled])
     api.call("is_peft_model", M + "is_peft_model", Net())
+
+
+@probe("utils.modeling", env={"ACCELERATE_MIXED_PRECISION": "fp16"})
+def precision_from_the_environment(api: Api) -> None:
+    """The autocast of a mixed precision read from the environment (a string built at run time, not a literal)."""
+    accelerator = api.accelerator()
+    api.record("mixed precision", accelerator.mixed_precision)
+    context = api.get(M + "get_mixed_precision_context_manager")(native_amp=True)
+    api.observe("fp16 autocast", lambda: [type(context).__name__, context.device, context.fast_dtype])
