@@ -275,6 +275,9 @@ def training_function(tag):
     dtype = str(getattr(acc.distributed_type, "value", acc.distributed_type))
     with open(os.path.join(os.environ["PROBE_DIR"], f"{tag}-{os.getpid()}.json"), "w") as out:
         json.dump([acc.process_index, acc.num_processes, dtype, os.getppid()], out)
+    # Every rank waits for the others before fn returns: a rank whose process ends at once can close a gloo pair
+    # its peer is still connecting ("Connection closed by peer" in ProcessGroupGloo's construction).
+    acc.wait_for_everyone()
 
 if __name__ == "__main__":
     launcher = sys.argv[2]

@@ -153,6 +153,9 @@ def dispatch_on_the_cpu(api: Api) -> None:
     _dispatch_observations(api, "tied", tied, {"embed": "cpu", "body": "disk", "head": "cpu"},
                            offload_dir=str(api.tmp / "tied"), offload_buffers=True, preload_module_classes=["Linear"])
     api.record("tied: still tied", tied.embed.weight is tied.head.weight)
+    api.record("tied: entries of each hook's tied-weights map",
+               {name: len(module._hf_hook.tied_params_map) for name, module in tied.named_modules()
+                if getattr(getattr(module, "_hf_hook", None), "tied_params_map", None) is not None})
     api.observe("tied: forward", lambda: tied(torch.tensor([[1, 2]])).shape)
 
 
