@@ -32,7 +32,9 @@ Rules:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import logging
 import os
 import pkgutil
 import random
@@ -42,7 +44,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -162,6 +164,18 @@ class Api:
 
     def get(self, dotted: str) -> Any:
         return self._subject.get(dotted)
+
+    @contextlib.contextmanager
+    def logs_at(self, level: int, module: str = "") -> Iterator[None]:
+        """The implementation's logger of ``module`` (``"utils.modeling"``; its whole package for ``""``) at ``level``
+        for the ``with``, its level restored after: records below WARNING are observed only inside one."""
+        logger = logging.getLogger(".".join(filter(None, (self.module.__name__, module))))
+        before = logger.level
+        logger.setLevel(level)
+        try:
+            yield
+        finally:
+            logger.setLevel(before)
 
     def accelerator(self, **kwargs: Any) -> Any:
         """An ``Accelerator(**kwargs)``; on the CPU family with ``cpu=True`` unless given (HF needs it to see the

@@ -46,18 +46,6 @@ _DIGITS = re.compile(r"\d+")
 # -- helpers -------------------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def debug_logs(api: Api) -> Iterator[None]:
-    """The implementation's loggers at DEBUG inside the block (their level restored after)."""
-    package = logging.getLogger(api.module.__name__)
-    before = package.level
-    package.setLevel(logging.DEBUG)
-    try:
-        yield
-    finally:
-        package.setLevel(before)
-
-
 def record_attributes(api: Api, label: str, tracker: Any, names: tuple[str, ...] = ATTRIBUTES) -> None:
     for name in names:
         api.observe(f"{label}.{name}", getattr, tracker, name)
@@ -226,7 +214,7 @@ def filter_trackers(api: Api) -> None:
     logger_type = api.get("utils.LoggerType")
     folder = str(api.tmp)
     recorder = recorder_class(api)()
-    with debug_logs(api):
+    with api.logs_at(logging.DEBUG):
         api.observe("None", pick, None)
         api.observe("an empty list", pick, [])
         api.observe("a name", pick, "tensorboard", folder)
@@ -257,7 +245,7 @@ def filter_trackers(api: Api) -> None:
 def tensorboard_tracker(api: Api) -> None:
     api.partial_state()
     tracker_class = api.get("tracking.TensorBoardTracker")
-    with debug_logs(api):
+    with api.logs_at(logging.DEBUG):
         tracker = api.observe("create", tracker_class, "run", api.tmp / "tb", flush_secs=30)
         record_attributes(api, "created", tracker)
         api.observe("tracker before start", getattr, tracker, "tracker")
@@ -293,7 +281,7 @@ def mlflow_tracker(api: Api) -> None:
     from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
 
     try:
-        with debug_logs(api):
+        with api.logs_at(logging.DEBUG):
             tracker = api.observe("create", tracker_class, "experiment", str(api.tmp / "artifacts"),
                                   tags='{"team": "a"}', run_name="first", description="about")
             record_attributes(api, "created", tracker, names)
@@ -352,7 +340,7 @@ def wandb_tracker(api: Api) -> None:
         os.environ[variable] = str(api.tmp / folder)
     tracker_class = api.get("tracking.WandBTracker")
     try:
-        with debug_logs(api):
+        with api.logs_at(logging.DEBUG):
             tracker = api.observe("create", tracker_class, "project", tags=["a"])
             record_attributes(api, "created", tracker)
             api.observe("tracker before start", getattr, tracker, "tracker")
@@ -439,7 +427,7 @@ def accelerator_log_with(api: Api) -> None:
     api.observe("unwrap without trackers", accelerator.get_tracker, "tensorboard", unwrap=True)
     api.observe("log without trackers", accelerator.log, {"loss": 1.0})
     api.observe("init_trackers without trackers", accelerator.init_trackers, "p", config={"a": 1})
-    with debug_logs(api):
+    with api.logs_at(logging.DEBUG):
         for label, log_with in (("absent packages", ["comet_ml", "aim"]), ("an empty list", []),
                                 ("an unknown name", "nonsense"), ("a name needing a folder", "tensorboard"),
                                 ("all", "all"), ("a member", api.get("utils.LoggerType").MLFLOW)):
@@ -492,7 +480,7 @@ def accelerator_registered_tracker(api: Api) -> None:
 def accelerator_tensorboard(api: Api) -> None:
     accelerator = api.accelerator(log_with="tensorboard", project_dir=str(api.tmp))
     api.observe("log_with", getattr, accelerator, "log_with")
-    with debug_logs(api):
+    with api.logs_at(logging.DEBUG):
         api.observe("init_trackers", accelerator.init_trackers, "project", config={"lr": 0.1},
                     init_kwargs={"tensorboard": {"flush_secs": 30}})
         api.observe("log", accelerator.log, {"loss": 0.5}, step=1, log_kwargs={"tensorboard": {"walltime": 1.0}})

@@ -8,13 +8,11 @@ weight to ``cuda:1``, loading straight to a GPU, the grad scaler.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 from collections import OrderedDict
 from pathlib import Path
-from typing import Iterator
 
 import torch
 from safetensors.torch import save_file
@@ -172,23 +170,11 @@ def device_maps(api: Api) -> None:
     holder[1].register_buffer("steps", torch.zeros(20))
     api.call("a split module with its own buffer", infer, holder, {0: 400, "cpu": 10000})
     api.call("an unknown device", infer, model, {"gpu": 10})
-    with _info_logged(api):
+    with api.logs_at(logging.INFO, "utils.modeling"):  # the minimum-memory report is INFO
         api.call("a zero budget", infer, model, {0: 0, "cpu": 10000})
         api.call("a device left for the next, the minimum needed logged", infer, model, {0: 100, 1: 400, "cpu": 10000},
                  no_split_module_classes=["Block"])
     api.call("a meta model", infer, _on_meta(), {0: 200, "cpu": 10000})
-
-
-@contextlib.contextmanager
-def _info_logged(api: Api) -> Iterator[None]:
-    """The implementation's ``utils.modeling`` logger at INFO for the ``with`` (its minimum-memory report is INFO)."""
-    logger = logging.getLogger(f"{api.module.__name__}.utils.modeling")
-    level = logger.level
-    logger.setLevel(logging.INFO)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 def _on_meta() -> nn.Module:
