@@ -326,14 +326,14 @@ def hooks_under_torch_compile(api: Api) -> None:
     dynamo finds in a hooked model."""
     import torch._dynamo as dynamo
 
-    add = api.get("hooks.add_hook_to_module")
+    add, align = api.get("hooks.add_hook_to_module"), api.get("hooks.AlignDevicesHook")
     model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
-    add(model[0], api.get("hooks.AlignDevicesHook")(execution_device="cpu", io_same_device=True))
+    add(model[0], align(execution_device="cpu", io_same_device=True))
     calls: list = []
     add(model[2], api.get("hooks.SequentialHook")(_recording_hook(api, calls, "a"), _recording_hook(api, calls, "b")))
-    for label, target in (("align and sequential hooks", model), ("offloaded", nn.Linear(3, 2))):
-        if label == "offloaded":
-            add(target, api.get("hooks.AlignDevicesHook")(execution_device="cpu", offload=True))
+    offloaded = nn.Linear(3, 2)
+    add(offloaded, align(execution_device="cpu", offload=True))
+    for label, target in (("align and sequential hooks", model), ("offloaded", offloaded)):
         dynamo.reset()
         explained = dynamo.explain(target)(torch.ones(2, 3))
         # The recording hooks' own ops (doubling, adding one) are in a graph only if dynamo traced the hook.
