@@ -302,9 +302,11 @@ def test_tensor_dtype_codes_equal_hf() -> None:
     assert ref_ops.TENSOR_INT_TO_DTYPE == hf_ops.TENSOR_INT_TO_DTYPE
 
 
-@pytest.mark.parametrize(("shape", "dtype"), [((3, 4), torch.bfloat16), ((5,), torch.int64), ((2, 1, 7), torch.bool)])
+@pytest.mark.parametrize(("shape", "dtype"), [((3, 4), torch.bfloat16), ((5,), torch.int64), ((2, 1, 7), torch.bool),
+                                             ((1,) * 50, torch.float)])
 def test_gather_tensor_shape_encodes_as_hf_on_one_process(shape, dtype) -> None:
-    """HF's own function reduces a `torch.empty` buffer (garbage on CPU), so it is compared by its encoding."""
+    """HF's own function reduces a `torch.empty` buffer (garbage on CPU), so it is compared by its encoding; the
+    buffer has room for shapes of any number of dimensions torch allows (50 here)."""
     from accelerate.utils import operations as hf_ops
 
     from accelerate_ref import PartialState
