@@ -107,6 +107,7 @@ def test_reduce_single_process(single_process):
     assert reduce(tensor).tolist() == [1.0, 2.0]
     assert reduce(tensor, "sum", scale=3.0).tolist() == [1.0, 2.0]  # scale: "only valid on XLA" (the documents)
     assert reduce(tensor, "none") is tensor
+    assert reduce(tensor, "".join(["no", "ne"])) is tensor, "a name built at run time (from a config) is compared by value"
     assert reduce({"a": [tensor]}, "mean")["a"][0].tolist() == [1.0, 2.0]
 
 
