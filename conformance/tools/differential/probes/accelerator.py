@@ -50,6 +50,16 @@ def properties_of_a_default_accelerator(api: Api) -> None:
         api.observe(name, getattr, accelerator, name)
 
 
+@probe(AREA, worlds=(2,), families=("cpu", "cuda"), env={"SIMULATORS_CUDA_DEVICE_COUNT": "2"})
+def ddp_wrapper(api: Api) -> None:
+    """The DistributedDataParallel ``prepare`` wraps a model in: pinned to the process's GPU, not on the CPU."""
+    accelerator = api.accelerator()
+    model = accelerator.prepare(torch.nn.Linear(2, 2))
+    api.record("wrapper", type(model).__name__)
+    api.record("device_ids, output_device", [getattr(model, "device_ids", None), getattr(model, "output_device", None)])
+    api.record("module's device", str(next(model.parameters()).device))
+
+
 @probe(AREA)
 def constructor_values(api: Api) -> None:
     config = _handler(api, "DataLoaderConfiguration", split_batches=True, even_batches=False, non_blocking=True,
