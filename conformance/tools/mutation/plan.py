@@ -66,8 +66,8 @@ MAP = ROOT / "conformance" / "mutation.toml"
 EQUIVALENTS = ROOT / "conformance" / "mutation_equivalent.toml"
 #: The backends a slice may run on: the simulator's (a mutation run needs no hardware).
 SIMULATED = tuple(backend for backend in BACKENDS if backend != "native")
-#: Where a slice's differential probes run: the CPU at one, two and three processes (a setting no chosen probe
-#: declares costs nothing).
+#: Where a slice's differential probes run unless its module names ``settings``: the CPU at one, two and three
+#: processes (a setting no chosen probe declares costs nothing).
 DIFFERENTIAL_SETTINGS = ("cpu/1", "cpu/2", "cpu/3")
 
 
