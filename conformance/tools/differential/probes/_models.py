@@ -14,6 +14,9 @@ from typing import Any
 import torch
 from torch import nn
 
+#: The environment of the probes on two mock CUDA GPUs of 4 MB each.
+TWO_GPUS = {"SIMULATORS_CUDA_DEVICE_COUNT": "2", "SIMULATORS_DEVICE_MEMORY": "4MB"}
+
 
 class Block(nn.Module):
     """A layer the probes keep whole (``no_split_module_classes=["Block"]``): a linear and a batch norm."""

@@ -50,7 +50,7 @@ def properties_of_a_default_accelerator(api: Api) -> None:
         api.observe(name, getattr, accelerator, name)
 
 
-@probe(AREA, worlds=(2,), families=("cpu", "cuda"), env={"SIMULATORS_CUDA_DEVICE_COUNT": "2"})
+@probe(AREA, worlds=(2,), families=("cpu", "cuda"))
 def ddp_wrapper(api: Api) -> None:
     """The DistributedDataParallel ``prepare`` wraps a model in: pinned to the process's GPU, not on the CPU."""
     accelerator = api.accelerator()

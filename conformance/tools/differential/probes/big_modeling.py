@@ -13,9 +13,8 @@ from safetensors.torch import save_file
 from torch import nn
 
 from ..probe import Api, probe
-from ._models import Net, Tied, hooks_of, net_input, placement, quiet
+from ._models import TWO_GPUS, Net, Tied, hooks_of, net_input, placement, quiet
 
-_TWO_GPUS = {"SIMULATORS_CUDA_DEVICE_COUNT": "2", "SIMULATORS_DEVICE_MEMORY": "4MB"}
 
 
 def _built_inside(api: Api, context_name: str, *args, **kwargs):
@@ -57,7 +56,7 @@ def empty_weights_buffers_from_the_environment(api: Api) -> None:
     api.observe("init_empty_weights, buffers refused", _built_inside, api, "init_empty_weights", include_buffers=False)
 
 
-@probe("big_modeling", families=("cpu", "cuda"), env=_TWO_GPUS)
+@probe("big_modeling", families=("cpu", "cuda"), env=TWO_GPUS)
 def offload_to_cpu(api: Api) -> None:
     device = "cuda:0" if api.family == "cuda" else "cpu"
     expected = Net()(net_input())
@@ -77,7 +76,7 @@ def offload_to_cpu(api: Api) -> None:
     api.record("default: hooks", hooks_of(default))
 
 
-@probe("big_modeling", families=("cpu", "cuda"), env=_TWO_GPUS)
+@probe("big_modeling", families=("cpu", "cuda"), env=TWO_GPUS)
 def offload_with_hook(api: Api) -> None:
     device = "cuda:0" if api.family == "cuda" else "cpu"
     first, second = Net(), Net()
@@ -159,7 +158,7 @@ def dispatch_on_the_cpu(api: Api) -> None:
     api.observe("tied: forward", lambda: tied(torch.tensor([[1, 2]])).shape)
 
 
-@probe("big_modeling", families=("cuda",), env=_TWO_GPUS)
+@probe("big_modeling", families=("cuda",), env=TWO_GPUS)
 def dispatch_on_gpus(api: Api) -> None:
     expected = Net()(net_input())
     single = Net()
@@ -222,7 +221,7 @@ def load_and_dispatch_on_the_cpu(api: Api) -> None:
     api.call("strict with a map", load, _empty(api), path, device_map={"": "cpu"}, strict=True)
 
 
-@probe("big_modeling", families=("cuda",), env=_TWO_GPUS)
+@probe("big_modeling", families=("cuda",), env=TWO_GPUS)
 def load_and_dispatch_on_gpus(api: Api) -> None:
     path = _checkpoint(api)
     expected = Net()(net_input())

@@ -10,9 +10,8 @@ import torch
 from torch import nn
 
 from ..probe import Api, probe
-from ._models import Net, describe_hook, hooks_of, net_input, placement
+from ._models import TWO_GPUS, Net, describe_hook, hooks_of, net_input, placement
 
-_TWO_GPUS = {"SIMULATORS_CUDA_DEVICE_COUNT": "2", "SIMULATORS_DEVICE_MEMORY": "4MB"}
 
 
 def _recording_hook(api: Api, calls: list, tag: str):
@@ -164,7 +163,7 @@ def align_devices_hook(api: Api) -> None:
     api.observe("skip keys", lambda: skip.pre_forward(plain, torch.ones(1), mask=torch.ones(1), other=torch.ones(1)))
 
 
-@probe("hooks", families=("cpu", "cuda"), env=_TWO_GPUS)
+@probe("hooks", families=("cpu", "cuda"), env=TWO_GPUS)
 def align_devices_hook_on_a_device(api: Api) -> None:
     device = "cuda:1" if api.family == "cuda" else "cpu"
     align = api.get("hooks.AlignDevicesHook")
@@ -186,7 +185,7 @@ def align_devices_hook_on_a_device(api: Api) -> None:
     api.record("offloaded head after removal", placement(offloaded.head))
 
 
-@probe("hooks", families=("cpu", "cuda"), env=_TWO_GPUS)
+@probe("hooks", families=("cpu", "cuda"), env=TWO_GPUS)
 def attach_hooks_to_a_tree(api: Api) -> None:
     device = "cuda:0" if api.family == "cuda" else "cpu"
     model = Net()
@@ -217,7 +216,7 @@ def attach_hooks_to_a_tree(api: Api) -> None:
     api.record("one tensor: hooks", hooks_of(one_tensor))
 
 
-@probe("hooks", families=("cpu", "cuda"), env=_TWO_GPUS)
+@probe("hooks", families=("cpu", "cuda"), env=TWO_GPUS)
 def attach_hooks_on_blocks(api: Api) -> None:
     gpu = (lambda i: i) if api.family == "cuda" else (lambda i: "cpu")
     blocks = "hooks.attach_align_device_hook_on_blocks"
@@ -247,7 +246,7 @@ def attach_hooks_on_blocks(api: Api) -> None:
     api.record("device as one value: hooks", hooks_of(by_name))
 
 
-@probe("hooks", families=("cpu", "cuda"), env=_TWO_GPUS)
+@probe("hooks", families=("cpu", "cuda"), env=TWO_GPUS)
 def cpu_offload_hooks(api: Api) -> None:
     device = "cuda:0" if api.family == "cuda" else "cpu"
     offload = api.get("hooks.CpuOffload")

@@ -19,11 +19,10 @@ from safetensors.torch import save_file
 from torch import nn
 
 from ..probe import Api, probe
-from ._models import Block, Net, PreTrainedModel, Tied, placement, quiet
+from ._models import TWO_GPUS, Block, Net, PreTrainedModel, Tied, placement, quiet
 
 M = "utils.modeling."
 #: Two mock GPUs of 4 MB each on every rank of the CUDA family.
-_TWO_GPUS = {"SIMULATORS_CUDA_DEVICE_COUNT": "2", "SIMULATORS_DEVICE_MEMORY": "4MB"}
 
 
 @probe("utils.modeling")
@@ -116,7 +115,7 @@ def max_memory(api: Api) -> None:
     api.observe("nothing given: the keys", lambda: sorted(map(str, api.get(get)())))
 
 
-@probe("utils.modeling", families=("cuda",), env=_TWO_GPUS)
+@probe("utils.modeling", families=("cuda",), env=TWO_GPUS)
 def max_memory_of_gpus(api: Api) -> None:
     get = M + "get_max_memory"
     api.observe("nothing given: GPU budgets and keys",
@@ -327,7 +326,7 @@ def tensor_to_device(api: Api) -> None:
     api.record("tied map: one tensor", tied.embed.weight is tied.head.weight)
 
 
-@probe("utils.modeling", families=("cuda",), env=_TWO_GPUS)
+@probe("utils.modeling", families=("cuda",), env=TWO_GPUS)
 def tensor_to_gpus(api: Api) -> None:
     move = M + "set_module_tensor_to_device"
     model = Net()
@@ -498,7 +497,7 @@ def state_dicts_loaded(api: Api) -> None:
     api.call("not a checkpoint", read, str(folder / "bad.bin"))
 
 
-@probe("utils.modeling", families=("cuda",), env=_TWO_GPUS)
+@probe("utils.modeling", families=("cuda",), env=TWO_GPUS)
 def state_dicts_loaded_to_gpus(api: Api) -> None:
     state = Net().state_dict()
     path = str(api.tmp / "w.safetensors")
