@@ -209,6 +209,10 @@ class ParallelismConfig:
         ``dp_cp`` flattened from it where their dimensions are enabled; None when no dimension is
         enabled, or when DeepSpeed runs sequence parallelism (it makes its own groups).
 
+        Types (HF 1.15): ``init_device_mesh`` gets the shape and the dimension names as tuples
+        (`_get_mesh`), and each joint dimension is flattened from ``mesh[names]`` with ``names``
+        the list its ``*_dim_names`` property returns (``mesh[["dp_replicate", "dp_shard"]]``).
+
         Rule: every rank of the default process group calls it (it creates
         subgroups); the world size must equal `total_size` (torch raises otherwise).
         """
@@ -223,7 +227,7 @@ class ParallelismConfig:
         device_mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
         for joint, dims in (("dp", self.dp_dim_names), ("dp_shard_cp", self.dp_shard_cp_dim_names), ("dp_cp", self.dp_cp_dim_names)):
             if dims:
-                device_mesh[tuple(dims)]._flatten(joint)
+                device_mesh[dims]._flatten(joint)  # the list of names itself, as HF 1.15 indexes it
         return device_mesh
 
     def get_device_mesh(self, device_type: Optional[str] = None) -> Any:

@@ -18,6 +18,7 @@ import dataclasses
 import importlib
 import warnings
 from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 import torch
@@ -146,6 +147,34 @@ def test_device_mesh_needs_a_device_type_and_keeps_its_own():
         with pytest.raises(ValueError, match="device_type"):
             config.get_device_mesh()
         assert config.build_device_mesh("cpu") is None, "no dimension enabled: no mesh"
+
+
+class _RecordedMesh:
+    """What `init_device_mesh` was given, and every ``mesh[key]._flatten(name)`` as ``(key, name)``, key as passed."""
+
+    def __init__(self, device_type, mesh_shape, mesh_dim_names) -> None:
+        self.built = (device_type, mesh_shape, mesh_dim_names)
+        self.flattened = []
+
+    def __getitem__(self, key):
+        return SimpleNamespace(_flatten=lambda name: self.flattened.append((key, name)))
+
+
+def recorded_mesh(config) -> tuple:
+    with mock.patch("torch.distributed.device_mesh.init_device_mesh", _RecordedMesh):
+        mesh = config.build_device_mesh("cpu")
+    return (mesh.built, mesh.flattened) if mesh is not None else None
+
+
+@pytest.mark.parametrize("sizes", CONFIGS, ids=[",".join(f"{k}={v}" for k, v in c.items() if k.endswith("size")) or "defaults" for c in CONFIGS])
+def test_device_mesh_names_and_flattened_keys_match_hf_types_included(sizes):
+    """HF indexes the mesh with the ``*_dim_names`` lists and builds it from tuples (its tests compare both)."""
+    ours, hf = recorded_mesh(ParallelismConfig(**sizes)), recorded_mesh(HfConfig(**sizes))
+    assert ours == hf
+    if ours is not None:
+        (_, shape, names), flattened = ours
+        assert type(shape) is tuple and type(names) is tuple
+        assert flattened and all(type(key) is list for key, _ in flattened)
 
 
 def test_to_json_copies_the_fields():

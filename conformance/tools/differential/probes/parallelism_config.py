@@ -4,6 +4,8 @@ sizes and dimension names, ``to_json``, the device mesh at 1 and 2 ranks)."""
 from __future__ import annotations
 
 import os
+from typing import Any
+from unittest import mock
 
 from ..probe import Api, probe
 
@@ -87,3 +89,49 @@ def device_mesh(api: Api) -> None:
             api.observe("the same mesh again", lambda: sharded.get_device_mesh() is mesh)
             api.observe("another device type", sharded.get_device_mesh, "meta")
     api.observe("sp by DeepSpeed builds none", _config(api, sp_size=2).build_device_mesh, "cpu")
+
+
+#: Size combinations of HF's own mesh tests: DDP, FSDP, HSDP, FSDP+TP, HSDP+TP, TP, CP, FSDP+CP, FSDP+CP+TP, all four.
+MESH_SIZES = ((8, 1, 1, 1), (1, 8, 1, 1), (2, 4, 1, 1), (1, 4, 2, 1), (2, 2, 2, 1), (1, 1, 8, 1), (1, 1, 1, 4),
+              (1, 4, 1, 2), (1, 2, 2, 2), (2, 2, 2, 2))
+
+
+class _RecordedMesh:
+    """A stand-in for the mesh `init_device_mesh` makes: it keeps its arguments and every ``mesh[key]._flatten(name)``,
+    the key as given (a list and a tuple of the same names are different observations)."""
+
+    def __init__(self, device_type: str, mesh_shape: tuple, mesh_dim_names: tuple) -> None:
+        self.built = {"device_type": device_type, "mesh_shape": mesh_shape, "mesh_dim_names": mesh_dim_names}
+        self.flattened: list[tuple] = []
+
+    def __getitem__(self, key: Any) -> Any:
+        mesh = self
+
+        class _Submesh:
+            def _flatten(self, name: str) -> None:
+                mesh.flattened.append((key, name))
+
+        return _Submesh()
+
+
+@probe(AREA)
+def mesh_dimensions_and_flattening(api: Api) -> None:
+    """What `_get_mesh` returns and what `build_device_mesh` hands torch (init_device_mesh recorded, not run), over
+    the size combinations of HF's tests: the names' and keys' container types included, as HF's tests compare them."""
+    import torch.distributed.device_mesh as device_mesh_module
+
+    built: list[_RecordedMesh] = []
+
+    def record(device_type: str, mesh_shape: tuple, *, mesh_dim_names: tuple) -> _RecordedMesh:
+        built.append(_RecordedMesh(device_type, mesh_shape, mesh_dim_names))
+        return built[-1]
+
+    with mock.patch.object(device_mesh_module, "init_device_mesh", record):
+        for sizes in MESH_SIZES:
+            label = "dp_replicate {}, dp_shard {}, tp {}, cp {}".format(*sizes)
+            config = _config(api, **dict(zip(("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size"), sizes)))
+            api.observe(f"{label}: _get_mesh", config._get_mesh)
+            mesh = api.observe(f"{label}: build_device_mesh", config.build_device_mesh, "cpu")
+            if isinstance(mesh, _RecordedMesh):
+                api.record(f"{label}: init_device_mesh", mesh.built)
+                api.record(f"{label}: flattened", mesh.flattened)
