@@ -58,6 +58,7 @@ from .utils.dataclasses import (
 from .utils._dataclasses.low_precision import FP8_RECIPE_CLASSES, AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
 from ._accelerator.engines import EnginesMixin, compile_model, prepare_with_engines, resolve_engines
 from .logging import get_logger
+from .utils.imports import is_bitsandbytes_multi_backend_available, is_xpu_available  # looked up here: HF's tests patch them here
 from .utils.memory import release_memory
 from .utils.other import extract_model_from_parallel, has_device_map
 
@@ -392,6 +393,51 @@ class Accelerator(ProcessControlMixin, CheckpointingMixin, TrackingMixin, Engine
                 "`python {{myscript.py}}`."
             )
 
+    def _check_quantized_placement(self, model: torch.nn.Module) -> bool:
+        """Refuse a bitsandbytes 8-bit or 4-bit model whose ``hf_device_map`` it cannot train on; True when
+        ``model`` is such a model with a map (it is then never moved), False otherwise.
+
+        Rules (HF 1.15), each a ValueError: a map over several devices under any
+        distributed type but NO; a map on one device that is not this process's
+        (an index that differs, unless the Accelerator's device has no index and
+        the map's is 0; a CPU Accelerator with bitsandbytes' multi-backend takes
+        any); a map with "disk", or with "cpu" unless bitsandbytes has its
+        multi-backend and no XPU is available.
+        """
+        if not (getattr(model, "is_loaded_in_8bit", False) or getattr(model, "is_loaded_in_4bit", False)):
+            return False
+        if not getattr(model, "hf_device_map", False):
+            return False
+        devices = set(model.hf_device_map.values())
+        if len(devices) > 1 and self.distributed_type != DistributedType.NO:
+            raise ValueError(
+                "You can't train a model that has been loaded in 8-bit or 4-bit precision on multiple devices in any "
+                "distributed mode. In order to use 8-bit or 4-bit models that have been loaded across multiple GPUs the "
+                "solution is to use Naive Pipeline Parallelism. Therefore you should not specify that you are under any "
+                "distributed regime in your accelerate config."
+            )
+        if len(devices) == 1:
+            (mapped,) = devices
+            index = mapped.index if isinstance(mapped, torch.device) else torch.device(mapped).index if isinstance(mapped, str) else mapped
+            index = None if index is None else int(index)
+            cpu_multi_backend = self.device.type == "cpu" and is_bitsandbytes_multi_backend_available()
+            if (not cpu_multi_backend and torch.device(self.device.type, index) != self.device
+                    and (self.device.index is not None or index != 0)):
+                raise ValueError(
+                    "You can't train a model that has been loaded in 8-bit or 4-bit precision on a different device "
+                    "than the one you're training on. Make sure you loaded the model on the correct device using for "
+                    "example `device_map={'':torch.cuda.current_device()}` or "
+                    "`device_map={'':torch.xpu.current_device()}`"
+                )
+        cpu_refused = "cpu" in devices and (not is_bitsandbytes_multi_backend_available() or is_xpu_available())
+        if cpu_refused or "disk" in devices:
+            raise ValueError(
+                "You can't train a model that has been loaded in 8-bit or 4-bit precision with CPU or disk offload. "
+                "If you want train the 8-bit or 4-bit model in CPU, please install bitsandbytes with multi-backend, see "
+                "https://huggingface.co/docs/bitsandbytes/main/en/installation#multi-backend"
+            )
+        return True
+
     def _prepare_one(self, obj: Any, device_placement: bool | None) -> Any:
         """The first pass of `prepare`: loaders, models and optimizers; anything else unchanged."""
         if isinstance(obj, torch.utils.data.DataLoader):
@@ -413,7 +459,9 @@ class Accelerator(ProcessControlMixin, CheckpointingMixin, TrackingMixin, Engine
         `DistributedDataParallelKwargs` handler's arguments) when several
         processes train and it has trainable parameters. A model dispatched
         over several devices with a device map cannot be trained by several
-        processes: ValueError. A model prepared before comes back as it is.
+        processes: ValueError; a bitsandbytes 8-bit or 4-bit model with a map
+        is checked and never moved (`_check_quantized_placement`). A model
+        prepared before comes back as it is.
         As HF 1.15, the Accelerator remembers (in ``_models``, what
         `save_state` saves) the user's module itself, or its FSDP wrapper;
         not the DDP wrapper or the compiled module around it.
@@ -426,7 +474,8 @@ class Accelerator(ProcessControlMixin, CheckpointingMixin, TrackingMixin, Engine
         self._models.append(model)
         self._refuse_dispatched(model)
         placement = device_placement if device_placement is not None else self.device_placement
-        if placement and not self.verify_device_map(model):  # a dispatched model stays where its map put it
+        quantized_with_map = self._check_quantized_placement(model)
+        if placement and not quantized_with_map and not self.verify_device_map(model):  # a dispatched model stays put
             model = self._models[-1] = self.state.family.move_module(model, self.device)
         self._precision.wrap_forward(model)
         if not evaluation_mode and self.use_distributed:

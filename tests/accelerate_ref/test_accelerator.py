@@ -574,3 +574,51 @@ def test_a_recipe_without_fp8_is_refused_as_hf(fresh_accelerate_state, mixed_pre
         errors.append(str(caught.value))
     HFState._reset_state(True)
     assert errors[0] == errors[1]
+
+
+def test_accelerator_module_exposes_the_bitsandbytes_and_xpu_checks_as_hf():
+    """HF's tests patch ``accelerate.accelerator.is_bitsandbytes_multi_backend_available`` and ``is_xpu_available``."""
+    import accelerate_ref.accelerator as ref_accelerator
+
+    for name in ("is_bitsandbytes_multi_backend_available", "is_xpu_available"):
+        assert getattr(ref_accelerator, name) is getattr(ref_utils.imports, name)
+        assert getattr(hf_accelerator, name) is getattr(hf_utils.imports, name)
+    assert ref_accelerator.is_bitsandbytes_multi_backend_available() == hf_accelerator.is_bitsandbytes_multi_backend_available()
+
+
+QUANTIZED_MAPS = [
+    ("is_loaded_in_8bit", {"": "cpu"}, False, False),  # HF's test_prepare_model_8bit_cpu_offload_raises_valueerror_not_typeerror
+    ("is_loaded_in_8bit", {"": "cpu"}, True, False),
+    ("is_loaded_in_4bit", {"": "cpu"}, True, True),
+    ("is_loaded_in_4bit", {"": "disk"}, True, False),
+    ("is_loaded_in_8bit", {"": 0}, False, False),
+    ("is_loaded_in_8bit", {"": 1}, False, False),
+    ("is_loaded_in_8bit", {"": "cuda:1"}, True, False),
+    ("is_loaded_in_8bit", {"": torch.device("cpu")}, False, False),
+    ("is_loaded_in_4bit", {"a": 0, "b": "cpu"}, True, False),
+    ("is_loaded_in_4bit", {"a": 0, "b": "disk"}, True, False),
+    ("not_quantized", {"": "cpu"}, False, False),
+]
+
+
+@pytest.mark.parametrize(("flag", "device_map", "multi_backend", "xpu"), QUANTIZED_MAPS, ids=[str(case) for case in QUANTIZED_MAPS])
+def test_a_quantized_model_with_a_device_map_is_checked_as_hf(flag, device_map, multi_backend, xpu):
+    """The 8-bit/4-bit checks go through the accelerator module's names, so patching them there takes effect."""
+    from unittest import mock
+
+    import accelerate_ref.accelerator as ref_accelerator
+
+    seen = []
+    for module in both_states():
+        accelerator_module = hf_accelerator if module.__name__.startswith("accelerate.") else ref_accelerator
+        model = linear()
+        setattr(model, flag, True)
+        model.hf_device_map = device_map
+        with (mock.patch.object(accelerator_module, "is_bitsandbytes_multi_backend_available", return_value=multi_backend),
+              mock.patch.object(accelerator_module, "is_xpu_available", return_value=xpu)):
+            try:
+                prepared = accelerator_module.Accelerator(cpu=True).prepare_model(model)
+                seen.append(("prepared", prepared is model, str(prepared.weight.device)))
+            except (ValueError, RuntimeError) as error:
+                seen.append((type(error).__name__, str(error)))
+    assert seen[0] == seen[1]
