@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 import warnings
+from shutil import which
 
 from .constants import DEEPSPEED_MULTINODE_LAUNCHERS  # noqa: F401  (HF's utils.launch exposes it)
 from .dataclasses import DistributedType, DynamoBackend, PrecisionType
@@ -100,14 +102,60 @@ def fsdp_env(args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
+#: The MPI launchers looked for, in order of preference (🤗 Accelerate's).
+MPI_APPS = ("mpirun", "mpiexec")
+
+
+def _get_mpirun_args() -> tuple[str, str, str, str, str]:
+    """The MPI launcher found on ``PATH`` and its option names: ``(program, hostfile, process count, processes
+    per node, bind-to)``.
+
+    Rules (HF 1.15): the first of ``MPI_APPS`` that ``which`` finds (none: OSError); its ``--version`` output
+    (``subprocess.check_output``) naming "Open MPI" gives Open MPI's options (``--hostfile``, ``-n``,
+    ``--npernode``, ``--bind-to``), anything else Intel MPI's and MVAPICH's (``-f``, ``-n``, ``-ppn``, no
+    bind-to: ""). Both are looked up in this module, so a test can patch ``utils.launch.which`` and
+    ``utils.launch.subprocess.check_output``.
+    """
+    found = [app for app in MPI_APPS if which(app)]
+    if not found:
+        raise OSError("mpirun or mpiexec were not found. Ensure that Intel MPI, Open MPI, or MVAPICH are installed.")
+    if b"Open MPI" in subprocess.check_output([found[0], "--version"]):
+        return found[0], "--hostfile", "-n", "--npernode", "--bind-to"
+    return found[0], "-f", "-n", "-ppn", ""
+
+
+def _mpirun_prefix(args: argparse.Namespace) -> list[str]:
+    """The MPI launcher's part of a simple launch's command when ``args.mpirun_hostfile`` is set, else [].
+
+    HF 1.15's layout: ``<app> <hostfile option> <hostfile> <per-node option> <processes // machines, or 1>``, then
+    ``<count option> <processes>`` when a process count is set, then ``<bind-to option> socket`` when the launcher
+    has one.
+    """
+    hostfile = getattr(args, "mpirun_hostfile", None)
+    if hostfile is None:
+        return []
+    app, hostfile_option, count_option, per_node_option, bind_to_option = _get_mpirun_args()
+    num_processes, num_machines = getattr(args, "num_processes", None), getattr(args, "num_machines", None)
+    per_node = str(num_processes // num_machines) if num_processes and num_machines else "1"
+    prefix = [app, hostfile_option, hostfile, per_node_option, per_node]
+    if num_processes:
+        prefix += [count_option, str(num_processes)]
+    if bind_to_option:
+        prefix += [bind_to_option, "socket"]  # HF reads getattr(args, "bind-to", "socket"): no option sets it
+    return prefix
+
+
 def prepare_simple_launcher_cmd_env(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     """One process: the command (``python [-m] script args``) and its environment.
 
-    With more than one machine, ``main_process_ip`` and ``main_process_port`` are required.
+    With ``mpirun_hostfile`` set, the command starts with the MPI launcher's (`_mpirun_prefix`). With more than one
+    machine, ``main_process_ip`` and ``main_process_port`` are required.
     """
     if getattr(args, "module", False) and getattr(args, "no_python", False):
         raise ValueError("--module and --no_python cannot be used together")
-    cmd = [] if getattr(args, "no_python", False) else [sys.executable] + (["-m"] if getattr(args, "module", False) else [])
+    cmd = _mpirun_prefix(args)
+    if not getattr(args, "no_python", False):
+        cmd += [sys.executable] + (["-m"] if getattr(args, "module", False) else [])
     cmd += [args.training_script, *args.training_script_args]
     env = launch_env(args)
     num_machines = getattr(args, "num_machines", None) or 1
