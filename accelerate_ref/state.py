@@ -22,7 +22,7 @@ import torch
 
 from .families import FAMILIES, DeviceFamily, LaunchEnv, detect
 from .utils.dataclasses import ACCELERATOR_WORLD_TYPES, DistributedType, DynamoBackend, GradientAccumulationPlugin
-from .utils.environment import parse_flag_from_env
+from .utils.environment import parse_flag_from_env, set_numa_affinity
 from .utils.imports import is_fp8_available
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -106,6 +106,11 @@ class PartialState(_SharedState):
     ``ACCELERATE_TORCH_DEVICE`` (``cpu``, ``cpu:64``, ``meta``, ...), when set,
     is the device as given, in place of the family's, as in HF accelerate.
 
+    ``ACCELERATE_CPU_AFFINITY`` true pins the process to the CPUs nearest its
+    GPU once the state is set up (HF 1.15: `utils.environment.set_numa_affinity`
+    of the local process index, looked up in this module; a no-op without CUDA;
+    an ImportError on CUDA without `pynvml`).
+
     ``kwargs`` go to ``torch.distributed.init_process_group`` (see
     ``InitProcessGroupKwargs``); ``backend`` overrides the family's default
     where the family can run it (`DeviceFamily.backend_for`), else it is HF
@@ -144,6 +149,8 @@ class PartialState(_SharedState):
             self.backend = None
             self.distributed_type = DistributedType.NO
             self.num_processes, self.process_index, self.local_process_index = 1, 0, 0
+        if parse_flag_from_env("ACCELERATE_CPU_AFFINITY", False):  # `accelerate launch --enable_cpu_affinity`
+            set_numa_affinity(self.local_process_index)
 
     def __repr__(self) -> str:
         return (

@@ -73,3 +73,39 @@ def fresh_fp8_capability():
     yield
     for check in (ref_utils.check_cuda_fp8_capability, hf_environment.check_cuda_fp8_capability):
         check.cache_clear()
+
+
+@pytest.fixture
+def fake_nvml_gpu(monkeypatch):
+    """A CUDA machine as both libraries' NUMA-affinity code sees it: ``torch.cuda.is_available()`` true, no ROCm, a
+    stand-in ``pynvml`` whose GPUs are near CPUs 1, 3 and 65 of 128, and ``os.sched_setaffinity`` recorded; the
+    cached ``set_numa_affinity`` of both forgotten before and after. Yields the list of pinned CPU lists."""
+    import importlib.machinery
+    import sys
+    import types
+
+    import accelerate.utils as hf_utils
+    import accelerate.utils.environment as hf_environment
+    import torch
+
+    import accelerate_ref.utils.environment as ref_environment
+    import accelerate_ref.utils.imports as ref_imports
+
+    fake_nvml = types.ModuleType("pynvml")
+    fake_nvml.__spec__ = importlib.machinery.ModuleSpec("pynvml", None)
+    fake_nvml.nvmlInit = lambda: None
+    fake_nvml.nvmlDeviceGetHandleByIndex = lambda index: ("gpu", index)
+    fake_nvml.nvmlDeviceGetCpuAffinity = lambda handle, words: [0b1010, 0b10][:words] + [0] * max(0, words - 2)
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(os, "cpu_count", lambda: 128)
+    for module in (hf_utils, ref_imports):
+        monkeypatch.setattr(module, "is_rocm_available", lambda: False)
+        monkeypatch.setattr(module, "is_pynvml_available", lambda: True)
+    pinned = []
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cpus: pinned.append(sorted(cpus)))
+    for environment in (ref_environment, hf_environment):
+        environment.set_numa_affinity.cache_clear()
+    yield pinned
+    for environment in (ref_environment, hf_environment):
+        environment.set_numa_affinity.cache_clear()

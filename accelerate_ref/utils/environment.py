@@ -341,7 +341,8 @@ def _gpu_cpu_affinity(local_process_index: int) -> list[int]:
 
     if is_rocm_available():
         if not is_amdsmi_available():
-            raise ImportError("To set CPU affinity on ROCm GPUs the `amdsmi` package must be available (it ships with ROCm).")
+            raise ImportError("To set CPU affinity on ROCm GPUs the `amdsmi` package must be available. "
+                              "It ships with ROCm; ensure the ROCm Python bindings are on PYTHONPATH.")
         import amdsmi
 
         amdsmi.amdsmi_init()
@@ -354,8 +355,8 @@ def _gpu_cpu_affinity(local_process_index: int) -> list[int]:
         finally:
             amdsmi.amdsmi_shut_down()
     if not is_pynvml_available():
-        raise ImportError("To set CPU affinity on CUDA GPUs the `nvidia-ml-py` package must be available "
-                          "(`pip install nvidia-ml-py`).")
+        raise ImportError("To set CPU affinity on CUDA GPUs the `nvidia-ml-py` package must be available. "
+                          "(`pip install nvidia-ml-py`)")
     import pynvml
 
     pynvml.nvmlInit()
@@ -367,7 +368,10 @@ def _gpu_cpu_affinity(local_process_index: int) -> list[int]:
 def override_numa_affinity(local_process_index: int, verbose: bool | None = None) -> None:
     """Pin this process to the CPUs nearest its GPU (recomputed on each call).
 
-    Rule (HF 1.15): a no-op without CUDA; `verbose` (default: debug mode)
+    Rules (HF 1.15): a no-op without CUDA; on CUDA the CPU mask NVML gives for
+    GPU ``local_process_index`` (`pynvml`; without it an ImportError naming
+    nvidia-ml-py), on ROCm the CPUs of its NUMA node (`amdsmi`, likewise), set
+    with ``os.sched_setaffinity(0, ...)``; `verbose` (default: debug mode)
     logs the CPUs assigned.
     """
     import torch

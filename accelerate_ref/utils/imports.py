@@ -413,8 +413,9 @@ def is_import_timer_available() -> bool:
 
 
 def is_pynvml_available() -> bool:
-    """True when `pynvml` (nvidia-ml-py) is installed. Catalog: env.checks."""
-    return _is_package_available("pynvml")
+    """True when `pynvml` is installed with metadata of its own or of the `nvidia-ml-py` distribution that ships
+    it (HF 1.15's two checks). Catalog: env.checks."""
+    return _is_package_available("pynvml") or _is_package_available("pynvml", "nvidia-ml-py")
 
 
 def is_amdsmi_available() -> bool:

@@ -333,3 +333,27 @@ def test_accelerate_torch_device_is_the_device(monkeypatch, env_device: str, exp
     accelerator = Accelerator(cpu=True)
     assert accelerator.device == expected
     assert next(accelerator.prepare(torch.nn.Linear(2, 1)).parameters()).device.type == expected.type
+
+
+@pytest.mark.parametrize("flag", ["1", "0", None])
+def test_cpu_affinity_flag_pins_the_process_to_its_gpus_numa_node_as_hf(flag, fake_nvml_gpu, fresh_states, monkeypatch) -> None:
+    """``ACCELERATE_CPU_AFFINITY=1`` (``accelerate launch --enable_cpu_affinity``) on a CUDA machine: the first
+    state pins the process to the CPUs NVML names for its local GPU (pynvml and os.sched_setaffinity faked)."""
+    from unittest import mock
+
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "ACCELERATE_USE_CPU"):
+        monkeypatch.delenv(name, raising=False)
+    if flag is None:
+        monkeypatch.delenv("ACCELERATE_CPU_AFFINITY", raising=False)
+    else:
+        monkeypatch.setenv("ACCELERATE_CPU_AFFINITY", flag)
+    pinned_by = []
+    for module in both_states():
+        before = len(fake_nvml_gpu)
+        affinity = mock.Mock(wraps=module.set_numa_affinity)
+        with mock.patch.object(module, "set_numa_affinity", affinity):  # looked up in the state module, as HF's
+            module.PartialState(cpu=True)
+            module.PartialState(cpu=True)
+        pinned_by.append((fake_nvml_gpu[before:], affinity.call_args_list))
+    assert pinned_by[0] == pinned_by[1]
+    assert pinned_by[0] == (([[1, 3, 65]], [mock.call(0)]) if flag == "1" else ([], []))

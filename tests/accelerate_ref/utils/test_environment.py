@@ -146,39 +146,40 @@ def test_p2p_check_says_supported_when_nvidia_smi_fails(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("cuda", [False, True])
-def test_numa_affinity_matches_hf(cuda: bool, monkeypatch) -> None:
+def test_numa_affinity_matches_hf(cuda: bool, fake_nvml_gpu, monkeypatch) -> None:
     """With CUDA (NVML faked: GPU 0 near CPUs 1, 3 and 65) both pin the same CPUs; without it neither pins."""
-    import importlib.machinery
-    import os
-    import sys
-    import types
-
     from accelerate.utils import environment as hf_env
 
     from accelerate_ref.utils import environment as ref_env
 
-    fake_nvml = types.ModuleType("pynvml")
-    fake_nvml.__spec__ = importlib.machinery.ModuleSpec("pynvml", None)
-    fake_nvml.nvmlInit = lambda: None
-    fake_nvml.nvmlDeviceGetHandleByIndex = lambda index: ("gpu", index)
-    fake_nvml.nvmlDeviceGetCpuAffinity = lambda handle, words: [0b1010, 0b10][:words] + [0] * max(0, words - 2)
-    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
-    monkeypatch.setattr(os, "cpu_count", lambda: 128)
-    monkeypatch.setattr(hf_utils, "is_rocm_available", lambda: False)
-    monkeypatch.setattr(ref_utils.imports, "is_rocm_available", lambda: False)
-    monkeypatch.setattr(hf_utils, "is_pynvml_available", lambda: True)
-    monkeypatch.setattr(ref_utils.imports, "is_pynvml_available", lambda: True)
-    pinned = []
-    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cpus: pinned.append(sorted(cpus)))
     for env in (ref_env, hf_env):
         env.override_numa_affinity(0, verbose=False)
-    assert pinned == ([[1, 3, 65], [1, 3, 65]] if cuda else [])
+    assert fake_nvml_gpu == ([[1, 3, 65], [1, 3, 65]] if cuda else [])
     if cuda:  # set_numa_affinity pins once per arguments (cached), as HF's
         for env in (ref_env, hf_env):
             env.set_numa_affinity(7, verbose=False)
             env.set_numa_affinity(7, verbose=False)
-        assert len(pinned) == 4
+        assert len(fake_nvml_gpu) == 4
+
+
+def test_numa_affinity_without_pynvml_is_hfs_import_error(fake_nvml_gpu, monkeypatch) -> None:
+    from accelerate.utils import environment as hf_env
+
+    from accelerate_ref.utils import environment as ref_env
+
+    for module in (hf_utils, ref_utils.imports):
+        monkeypatch.setattr(module, "is_pynvml_available", lambda: False)
+    errors = []
+    for env in (ref_env, hf_env):
+        with pytest.raises(ImportError) as error:
+            env.override_numa_affinity(0, verbose=False)
+        errors.append(str(error.value))
+    assert errors[0] == errors[1] and "nvidia-ml-py" in errors[0] and not fake_nvml_gpu
+
+
+def test_is_pynvml_available_matches_hf() -> None:
+    assert ref_utils.is_pynvml_available() == hf_utils.is_pynvml_available()
 
 
 def test_env_helpers(monkeypatch) -> None:
