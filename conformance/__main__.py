@@ -6,6 +6,7 @@
 * ``parity``: every public name of HF accelerate's documented modules, checked in ``--impl``.
 * ``differential``: probes of public behaviour under ``--impl`` and ``--against``, compared (:mod:`conformance.tools.differential`).
 * ``shipped``: HF's own self-test scripts from its wheel, on HF and switched to ``--impl`` (:mod:`conformance.tools.shipped`).
+* ``agree``: the native path (torchrun on this host) against the simulator, case by case (:mod:`conformance.tools.agreement`).
 * ``mutation``: mutation testing of ``accelerate_ref`` against slices of the suite, with cosmic-ray (:mod:`conformance.tools.mutation`).
 """
 
@@ -24,6 +25,7 @@ from .engine.backends import BACKENDS, mock_device
 from .engine.case import all_cases
 from .engine.impl import chosen
 from .engine.manifest import Manifest
+from .engine.native import NativeLaunchError
 from simulators.cli import OneLineParser
 
 from .tools.differential import cli as differential_cli
@@ -39,7 +41,8 @@ def _parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run the suite")
     run.add_argument("--impl", help="implementation module (default: $ACCELERATE_IMPL or accelerate_ref)")
     run.add_argument("--backend", default="sim", choices=BACKENDS)
-    run.add_argument("--worlds", default=",".join(DEFAULT_WORLDS), help=f"comma-separated worlds, e.g. 1,2,4,2x2, or a preset: {', '.join(WORLD_PRESETS)}")
+    run.add_argument("--worlds", help=f"comma-separated worlds, e.g. 1,2,4,2x2, or a preset: {', '.join(WORLD_PRESETS)} "
+                     f"(default: {','.join(DEFAULT_WORLDS)}; native: the launch's world)")
     run.add_argument("-k", dest="patterns", action="append", default=[], help="only cases whose ID or name matches")
     run.add_argument("--case-timeout", type=float, default=DEFAULT_CASE_TIMEOUT, help="seconds before a case is a HANG")
     run.add_argument("--manifest", help="a manifest of known deviations (default: the bundled one for --impl)")
@@ -74,6 +77,12 @@ def _parser() -> argparse.ArgumentParser:
     shipped.add_argument("--logs", metavar="DIR", help="keep every run's rank output here")
     shipped.add_argument("--markdown", metavar="PATH", help="write the table here too")
 
+    agree = commands.add_parser("agree", help="native (torchrun on this host) and simulated statuses, case by case")
+    agree.add_argument("--impl", help="implementation module (default: $ACCELERATE_IMPL or accelerate_ref)")
+    agree.add_argument("--worlds", default="1,2,2x2", help="comma-separated worlds (default 1,2,2x2)")
+    agree.add_argument("-k", dest="patterns", action="append", default=[], help="only cases whose ID or name matches")
+    agree.add_argument("--exceptions", metavar="PATH", help="listed cases and reasons (default: the bundled agreement.toml)")
+
     differential_cli.add_parser(commands)
     mutation_cli.add_parser(commands)
     return parser
@@ -98,7 +107,7 @@ def _machine(args: argparse.Namespace) -> dict[str, str]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     try:
-        worlds = [world.label for world in parse_worlds(args.worlds)]
+        worlds = [world.label for world in parse_worlds(args.worlds)] if args.worlds else []
     except ValueError as error:
         print(f"conformance: error: --worlds: {error}", file=sys.stderr)
         return 2
@@ -121,7 +130,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     try:
         run = execute(options)
-    except ImportError as error:
+    except (ImportError, NativeLaunchError) as error:
         print(f"conformance: {error}", file=sys.stderr)
         return 2
     if not run.reporter:
@@ -198,9 +207,25 @@ def cmd_shipped(args: argparse.Namespace) -> int:
     return shipped.main(chosen(args.impl), args.patterns, args.script_timeout, args.logs, args.markdown)
 
 
+def cmd_agree(args: argparse.Namespace) -> int:
+    from .tools import agreement
+    from .tools.torchrun import NativeRunError
+
+    try:
+        worlds = parse_worlds(args.worlds)
+    except ValueError as error:
+        print(f"conformance agree: error: --worlds: {error}", file=sys.stderr)
+        return 2
+    try:
+        return agreement.main(chosen(args.impl), worlds, args.patterns, args.exceptions)
+    except NativeRunError as error:
+        print(f"conformance agree: {str(error).splitlines()[0]}", file=sys.stderr)
+        return 2
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    commands = {"run": cmd_run, "list": cmd_list, "report": cmd_report, "parity": cmd_parity, "shipped": cmd_shipped,
+    commands = {"run": cmd_run, "list": cmd_list, "report": cmd_report, "parity": cmd_parity, "shipped": cmd_shipped, "agree": cmd_agree,
                 "differential": differential_cli.command, "mutation": mutation_cli.command}
     return commands[args.command](args)
 

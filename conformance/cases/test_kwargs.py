@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import os
 from datetime import timedelta
 
 import torch
@@ -13,7 +12,7 @@ from ..support.checks import expect_equal, expect_true
 from ..support.training import (
     DISTRIBUTED_WORLDS,
     FEATURES,
-    agreed_free_port,
+    fresh_rendezvous,
     case,
     index_batches,
     sample_loss,
@@ -65,7 +64,7 @@ def kwargs_init_process_group(impl, world):
     gc.collect()
     if dist.is_initialized():
         dist.destroy_process_group()
-    os.environ["MASTER_PORT"] = str(agreed_free_port(world))  # the worker restores the environment after the case
+    fresh_rendezvous(world)
     impl.Accelerator(kwargs_handlers=[impl.InitProcessGroupKwargs(timeout=timedelta(seconds=800))])
     expect_true(dist.is_initialized(), "the Accelerator should have created the process group")
     group = dist.distributed_c10d._get_default_group()

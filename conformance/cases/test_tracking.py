@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional
 
 from ..engine.case import NotSupported, case
 from ..support.checks import expect_equal, expect_ranks, expect_true
-from ..support.training import agreed_free_port
+from ..support.training import fresh_rendezvous
 
 CONFIG = {"learning_rate": 0.1, "batch_size": 2}
 LOGGED = [({"loss": 0.5}, 1), ({"loss": 0.25, "accuracy": 0.75}, 2)]
@@ -63,13 +63,12 @@ def _recorder_class(impl):
 def _reopen_process_group(impl, world, had_group: bool) -> None:
     """`end_training` may tear the process group down; the rank pool runs later cases in it, so build it again
     (on a fresh port, as the kwargs.init_process_group case does)."""
-    import os
 
     import torch.distributed as dist
 
     if not had_group or dist.is_initialized():
         return
-    os.environ["MASTER_PORT"] = str(agreed_free_port(world))  # the worker restores the environment after the case
+    fresh_rendezvous(world)
     impl.reset()
     impl.Accelerator()
     expect_true(dist.is_initialized(), "the process group could not be built again after end_training()")

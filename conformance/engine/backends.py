@@ -8,22 +8,15 @@
   or NPU (Ascend) device: every rank finds the stand-in ``torch_xla`` /
   ``torch_npu`` first on its import path (:mod:`simulators.devices`).
 * ``native``: the suite runs inside ranks that torchrun / ``accelerate
-  launch`` already started (a real GPU or TPU runner). Outcomes travel over a
-  ``TCPStore`` of their own, beside the process group under test. A rank that
-  hangs past the case timeout dumps its Python stack (faulthandler) and exits,
-  which ends the launch: the results reported so far are kept.
+  launch`` already started (a real GPU or TPU runner): :mod:`.native`.
 """
 
 from __future__ import annotations
 
-import faulthandler
-import os
-import pickle
 import shutil
 import sys
 import tempfile
 import time
-from datetime import timedelta
 from typing import Any, Callable
 
 from simulators.devices import world_settings
@@ -32,9 +25,9 @@ from simulators.pool import PoolResult, PoolStartError, RankPool
 from simulators.spawn import describe_exit
 from simulators.topology import World
 
-from . import worker
 from .case import Case, WorldInfo
 from .merge import merge_incomplete, merge_replies, result
+from .native import NativeBackend
 from .results import CaseResult, Status
 
 Emit = Callable[[CaseResult], None]
@@ -124,7 +117,8 @@ class SimBackend:
             missing = sorted(set(range(world.size)) - set(replies))
             status, message = merge_incomplete(replies, missing, cause, _incident(outcome))
         case_result = result(
-            case, info, self.name, self.impl, status, message, time.perf_counter() - started, replies, outcome.stacks
+            case, info, self.name, self.impl, status, message, time.perf_counter() - started, replies, outcome.stacks,
+            output=outcome.output_tail,
         )
         if outcome.collectives is not None:
             case_result.collectives = outcome.collectives.to_json()
@@ -191,86 +185,16 @@ def _replies(outcome: PoolResult) -> dict[int, dict[str, Any]]:
 
 
 def _incident(outcome: PoolResult) -> str:
-    """A readable account of a hang or crash: exit codes, the collectives ranks were in, output tails, stacks."""
+    """A readable account of a hang or crash: exit codes, the collectives ranks were in, stacks (each rank's
+    output is the result's ``output``)."""
     lines = []
     for rank, code in sorted(outcome.exit_codes.items()):
         lines.append(f"rank {rank} {describe_exit(code)}")
     if outcome.collectives is not None and outcome.collectives.groups:
         lines.append(outcome.collectives.text())
-    for rank, tail in sorted(outcome.output_tail.items()):
-        if tail.strip() and (outcome.status == "crash"):
-            lines.append(f"rank {rank} output (last lines):\n{tail.rstrip()}")
     for rank, stack in sorted(outcome.stacks.items()):
         lines.append(f"rank {rank} stack:\n{stack.rstrip()}")
     return "\n".join(lines)
-
-
-class NativeBackend:
-    """Cases run in-process on ranks another launcher started; one world, the launch's own."""
-
-    name = "native"
-
-    def __init__(self, impl: str, case_timeout: float) -> None:
-        self.impl = impl
-        self.case_timeout = case_timeout
-        self.rank = int(os.environ.get("RANK", "0"))
-        size = int(os.environ.get("WORLD_SIZE", "1"))
-        per_machine = int(os.environ.get("LOCAL_WORLD_SIZE", size))
-        self.world = World.of(size, machines=size // per_machine)
-        self._store = self._connect() if self.world.size > 1 else None
-
-    @property
-    def is_reporter(self) -> bool:
-        """Only rank 0 prints and writes reports."""
-        return self.rank == 0
-
-    def _connect(self) -> Any:
-        from torch.distributed import TCPStore
-
-        port = int(os.environ.get("CONFORMANCE_STORE_PORT", int(os.environ["MASTER_PORT"]) + 1))
-        return TCPStore(
-            os.environ.get("MASTER_ADDR", "127.0.0.1"),
-            port,
-            self.world.size,
-            is_master=self.rank == 0,
-            timeout=timedelta(seconds=max(60.0, self.case_timeout * 4)),
-        )
-
-    def worlds_supported(self, world: World) -> bool:
-        return world == self.world
-
-    def runs(self, case: Case) -> bool:
-        """Every case: one about a device family this machine lacks reports NOT_SUPPORTED itself."""
-        return True
-
-    def run_world(self, world: World, cases: list[Case], emit: Emit) -> None:
-        scratch = os.path.join(tempfile.gettempdir(), f"conformance-native-{os.environ.get('MASTER_PORT', 'solo')}")
-        for index, case in enumerate(cases):
-            shared_dir = os.path.join(scratch, case.name)
-            os.makedirs(shared_dir, exist_ok=True)
-            started = time.perf_counter()
-            timeout = case.timeout_within(self.case_timeout)
-            faulthandler.dump_traceback_later(timeout, exit=True)
-            try:
-                reply = worker.run_case(case.key, world.label, shared_dir)
-            finally:
-                faulthandler.cancel_dump_traceback_later()
-            replies = self._exchange(index, reply, timeout)
-            if self.is_reporter:
-                info = WorldInfo(world, shared_dir)
-                status, message = merge_replies(case, info, replies)
-                emit(result(case, info, self.name, self.impl, status, message, time.perf_counter() - started, replies))
-        if self.is_reporter:
-            shutil.rmtree(scratch, ignore_errors=True)
-
-    def _exchange(self, index: int, reply: dict[str, Any], timeout: float) -> dict[int, dict[str, Any]]:
-        """Every rank's reply, on rank 0; lock-step barrier for the others."""
-        if self._store is None:
-            return {0: reply}
-        self._store.set(f"case{index}/rank{self.rank}", pickle.dumps(reply))
-        keys = [f"case{index}/rank{rank}" for rank in range(self.world.size)]
-        self._store.wait(keys, timedelta(seconds=timeout * 2))
-        return {rank: pickle.loads(self._store.get(key)) for rank, key in enumerate(keys)}
 
 
 _SIMULATED = {backend.name: backend for backend in (SimBackend, SimXlaBackend, SimNpuBackend)}

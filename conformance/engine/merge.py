@@ -68,7 +68,9 @@ def result(
     duration_s: float,
     replies: dict[int, dict[str, Any]],
     stacks: dict[int, str] | None = None,
+    output: dict[int, str] | None = None,
 ) -> CaseResult:
+    """The result of ``case``; ``output`` is what each rank wrote while it ran (empty ones dropped)."""
     return CaseResult(
         id=case.id,
         case=case.name,
@@ -80,6 +82,7 @@ def result(
         message=message,
         ranks=rank_reports(replies),
         stacks=dict(stacks or {}),
+        output={rank: text for rank, text in sorted((output or {}).items()) if text.strip()},
     )
 
 

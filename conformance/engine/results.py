@@ -74,6 +74,8 @@ class CaseResult:
     #: At a HANG or CRASH: the collective each rank was in and who never joined
     #: (``simulators.flight_recorder.Diagnosis.to_json``), from torch's Flight Recorder.
     collectives: dict[str, Any] = field(default_factory=dict)
+    #: What each rank wrote (stdout and stderr) while the case ran, its last lines; ranks that wrote nothing left out.
+    output: dict[int, str] = field(default_factory=dict)
     #: Manifest reason when the status is XFAIL, or when a listed deviation passed.
     manifest_reason: str = ""
     unexpected_pass: bool = False
@@ -83,6 +85,7 @@ class CaseResult:
         data["status"] = self.status.value
         data["ranks"] = [rank.to_json() for rank in self.ranks]
         data["stacks"] = {str(rank): text for rank, text in self.stacks.items()}
+        data["output"] = {str(rank): text for rank, text in self.output.items()}
         return data
 
     @classmethod
@@ -93,4 +96,5 @@ class CaseResult:
             RankReport(r["rank"], Status(r["status"]), r.get("message", ""), r.get("duration_s", 0.0)) for r in fields.get("ranks", [])
         ]
         fields["stacks"] = {int(rank): text for rank, text in fields.get("stacks", {}).items()}
+        fields["output"] = {int(rank): text for rank, text in fields.get("output", {}).items()}
         return cls(**fields)

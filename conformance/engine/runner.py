@@ -21,14 +21,17 @@ from simulators.flight_recorder import DEBUG_ENV
 from simulators.topology import World
 
 from .. import catalog
-from .backends import NativeBackend, make_backend
+from .backends import SimBackend, make_backend
 from .case import LARGE_WORLDS, Case, all_cases, select
 from .impl import Implementation
 from .manifest import Manifest
+from .native import NativeBackend
 from .results import CaseResult, Status
 
 DEFAULT_WORLDS = ("1", "2", "3", "4", "2x2")
 DEFAULT_CASE_TIMEOUT = 6.0
+#: Lines of each rank's output the summary shows under a result that is a problem (the JSON keeps more).
+SHOWN_OUTPUT_LINES = 20
 #: Named sets of worlds ``--worlds`` accepts besides labels.
 WORLD_PRESETS = {"large": LARGE_WORLDS}
 
@@ -53,7 +56,8 @@ def parse_worlds(text: str) -> list[World]:
 class RunOptions:
     impl: str
     backend: str = "sim"
-    worlds: Sequence[str] = DEFAULT_WORLDS
+    #: World labels; empty: the backend's own (DEFAULT_WORLDS on the simulator, the launch's world natively).
+    worlds: Sequence[str] = ()
     patterns: Sequence[str] = ()
     case_timeout: float = DEFAULT_CASE_TIMEOUT
     manifest: Manifest | None = None
@@ -94,19 +98,25 @@ class Run:
         return cls(data["metadata"], [CaseResult.from_json(r) for r in data["results"]], data.get("warnings", []))
 
 
-def implementation_version(name: str) -> str:
-    """The implementation's version, importing it in the driver only if metadata does not say."""
-    return Implementation.load(name).version
+def imported(backend: SimBackend | NativeBackend) -> dict[str, str]:
+    """What the run tests: on the native backend, what rank 0 imported (after every rank agreed); on the
+    simulator, the module the driver imports from the path its ranks are given."""
+    if isinstance(backend, NativeBackend):
+        identity = backend.identity
+        return {"impl_version": identity.version, "impl_path": identity.path, "impl_read_by": "rank 0"}
+    loaded = Implementation.load(backend.impl)
+    return {"impl_version": loaded.version, "impl_path": getattr(loaded.module, "__file__", None) or "<no file>",
+            "impl_read_by": "driver"}
 
 
-def metadata(options: RunOptions) -> dict[str, Any]:
+def metadata(options: RunOptions, backend: SimBackend | NativeBackend, worlds: list[World]) -> dict[str, Any]:
     import torch
 
     return {
         "impl": options.impl,
-        "impl_version": implementation_version(options.impl),
+        **imported(backend),
         "backend": options.backend,
-        "worlds": list(options.worlds),
+        "worlds": [world.label for world in worlds],
         "case_timeout_s": options.case_timeout,
         "torch": torch.__version__,
         "python": platform.python_version(),
@@ -120,19 +130,30 @@ def metadata(options: RunOptions) -> dict[str, Any]:
 
 
 def execute(options: RunOptions, out: IO[str] = sys.stdout) -> Run:
-    """Run every selected case at every requested world it applies to."""
+    """Run every selected case at every requested world it applies to (the native backend: at the launch's
+    world, when ``options.worlds`` is empty). Raises NativeLaunchError where native ranks cannot run together."""
     backend = make_backend(options.backend, options.impl, options.case_timeout,
                            env=DEBUG_ENV if options.debug_collectives else None, machine=options.machine)
+    try:
+        return _execute(options, backend, out)
+    finally:
+        backend.close()
+
+
+def _execute(options: RunOptions, backend: SimBackend | NativeBackend, out: IO[str]) -> Run:
     reporting = not isinstance(backend, NativeBackend) or backend.is_reporter
     selected = select(all_cases(), options.patterns)
     cases = [c for c in selected if backend.runs(c)]
-    run = Run(metadata(options), reporter=reporting)
+    if options.worlds:
+        worlds = parse_worlds(",".join(options.worlds))
+    else:
+        worlds = [backend.world] if isinstance(backend, NativeBackend) else parse_worlds(",".join(DEFAULT_WORLDS))
+    run = Run(metadata(options, backend, worlds), reporter=reporting)
     #: IDs about another device family than the backend's: "n/a" in its column of the matrix.
     run.metadata["other_device_ids"] = sorted({c.id for c in selected} - {c.id for c in cases})
     say = out.write if reporting else (lambda text: None)
     say(_header(run.metadata, len(cases)))
     started = time.perf_counter()
-    worlds = parse_worlds(",".join(options.worlds))
     for world in worlds:
         if not backend.worlds_supported(world):
             run.warnings.append(f"backend {backend.name} cannot run world {world.label}: skipped")
@@ -163,6 +184,7 @@ def _header(meta: dict[str, Any], count: int) -> str:
     return (
         f"conformance: impl={meta['impl']} {meta['impl_version']}  backend={meta['backend']}  "
         f"worlds={','.join(meta['worlds'])}  torch={meta['torch']}  python={meta['python']}\n"
+        f"imported: {meta['impl_path']} (read by {meta['impl_read_by']})\n"
         f"manifest: {meta['manifest'] or 'none'}  case timeout: {meta['case_timeout_s']} s  cases: {count}\n"
         + "".join(f"machine: {name}={value}\n" for name, value in meta.get("machine", {}).items())
     )
@@ -203,6 +225,9 @@ def summary(run: Run) -> str:
         lines.append(f"{label} {r.id} [{r.case}] world={r.world}" + (f"  ({r.manifest_reason})" if r.manifest_reason else ""))
         if r.status.is_problem:
             lines.extend("    " + line for line in r.message.splitlines()[:40])
+            for rank, text in r.output.items():
+                lines.append(f"    rank {rank} output (last lines):")
+                lines.extend("      " + line for line in text.splitlines()[-SHOWN_OUTPUT_LINES:])
     lines.extend(f"warning: {w}" for w in run.warnings)
     total = {s: sum(1 for r in run.results if r.status == s) for s in statuses}
     lines.append(

@@ -21,10 +21,10 @@ from .results import Status
 _implementation: Implementation | None = None
 
 
-def setup() -> None:
-    """Import the implementation named by ``ACCELERATE_IMPL`` once per rank."""
+def setup(name: str | None = None) -> None:
+    """Import the implementation ``name`` (default: the one ``ACCELERATE_IMPL`` names) once per rank."""
     global _implementation
-    _implementation = Implementation.load(chosen())
+    _implementation = Implementation.load(chosen(name))
 
 
 def implementation() -> Implementation:

@@ -242,3 +242,11 @@ def agreed_free_port(world: Any, timeout: float = 10.0) -> int:
         time.sleep(0.01)
     with open(path, encoding="utf-8") as handle:
         return int(handle.read())
+
+
+def fresh_rendezvous(world: Any) -> None:
+    """Point the next ``init_process_group`` of every rank at a new port they agree on (:func:`agreed_free_port`),
+    served by rank 0's own store: under torchrun (``TORCHELASTIC_USE_AGENT_STORE``) ranks would otherwise look for
+    the launcher's store on that port and wait for ever. The worker restores the environment after the case."""
+    os.environ["MASTER_PORT"] = str(agreed_free_port(world))
+    os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
