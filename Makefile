@@ -22,7 +22,10 @@ MUTATION_STAMP := $(VENV)/.installed-mutation
 # Options of `python -m conformance mutation`, e.g. MUTATION_ARGS="--module hooks --sample 10".
 MUTATION_ARGS ?=
 
-.PHONY: conformance conformance-hf test extended bench clean faults scale shipped bytecode lint mutation
+# Ranks per machine of `make conformance-native` (torchrun's --nproc_per_node): one per GPU, 1 without any.
+NPROC      ?= $(shell $(PY) -c "import torch; print(max(torch.cuda.device_count(), 1))" 2>/dev/null || echo 1)
+
+.PHONY: conformance conformance-hf conformance-native test extended bench clean faults scale shipped bytecode lint mutation
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -57,6 +60,14 @@ conformance: $(STAMP) bytecode
 
 conformance-hf:
 	$(MAKE) conformance IMPL=accelerate
+
+# Issue 32: the suite on this machine's real devices, ranks started by torchrun (a GPU runner's job; the
+# bundled manifest of $(IMPL) applies). Reports: $(REPORTS)/conformance-$(IMPL)-native.{json,xml,md}.
+conformance-native: $(STAMP) bytecode
+	OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --nproc_per_node $(NPROC) --master_port $(shell $(PY) -c "from simulators.ports import free_port; print(free_port())") \
+		-m conformance run --backend native --impl $(IMPL) \
+		--json $(REPORTS)/conformance-$(IMPL)-native.json --junit $(REPORTS)/conformance-$(IMPL)-native.xml \
+		--markdown $(REPORTS)/conformance-$(IMPL)-native.md
 
 test: $(STAMP) bytecode lint
 	$(PY) -m pytest -n $(JOBS) $(PYTEST_ARGS)

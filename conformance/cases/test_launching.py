@@ -20,6 +20,7 @@ import logging
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import types
 from contextlib import contextmanager
@@ -44,9 +45,10 @@ def _folders(world, name: str) -> tuple[str, str]:
 
 
 def _launch_probe(impl, world, name: str, flags: list[str], **env: str) -> tuple[list[dict], object]:
+    """Launch the probe script with ``flags``; the reports of this launch's processes (and no earlier one's)."""
     folder, home = _folders(world, name)
     script = write_probe(folder, impl)
-    probe_dir = os.path.join(folder, "probe")
+    probe_dir = tempfile.mkdtemp(prefix="probe-", dir=folder)
     done = run_cli(impl, ["launch", *flags, script, "--probe-arg", "7"], clean_env(home, PROBE_DIR=probe_dir, **env), folder)
     expect_equal(done.returncode, 0, f"exit status of `launch {' '.join(flags)}` (stderr tail: {done.stderr[-600:]!r})")
     return read_reports(probe_dir), done
@@ -194,7 +196,8 @@ def launch_config_location(impl, world):
     }
     for rule, (env, config_dir) in places.items():
         _write_yaml(os.path.join(config_dir, "default_config.yaml"), dict(MULTI_DEVICE_CONFIG, distributed_type="NO", mixed_precision="bf16"))
-        reports, _ = _launch_probe(impl, world, f"location-{rule}", [], **env)
+        # One process pinned, whatever the machine's accelerators: the case counts the processes' reports.
+        reports, _ = _launch_probe(impl, world, f"location-{rule}", ["--num_processes", "1"], **env)
         expect_equal([r["mixed_precision"] for r in reports], ["bf16"], f"mixed_precision read from the default config found by {rule}")
 
 

@@ -18,7 +18,7 @@ import torch
 
 from ..engine.case import NotSupported
 from ..engine.case import case as _case
-from ..support.checks import expect_equal, expect_raises, expect_true
+from ..support.checks import expect_close, expect_equal, expect_raises, expect_true
 
 #: Building a process group, a device mesh and dynamo's first compile take seconds on a busy machine.
 PLUGIN_CASE_TIMEOUT = 60.0
@@ -383,15 +383,18 @@ def _check_compiles(impl: Any, label: str, **accelerator_kwargs: Any) -> None:
 
     torch._dynamo.reset()  # a graph cached by an earlier case would hide whether this one compiles
     x = torch.randn(3, WIDTH, generator=torch.Generator().manual_seed(7))
-    expected = _net()(x)
     acc = impl.Accelerator(**accelerator_kwargs)
     _require_traceable(acc)
+    x = x.to(acc.device)
+    with torch.no_grad():
+        expected = _net().to(acc.device)(x)  # the eager model on the same device: equivalence, not bit equality
     model = acc.prepare(_net())
     expect_true(isinstance(model, OptimizedModule), f"{label}: prepare returns a torch.compile module, got {type(model).__name__}")
     graphs = counters["stats"]["unique_graphs"]
-    got = model(x.to(acc.device)).cpu()
+    with torch.no_grad():
+        got = model(x)
     expect_true(counters["stats"]["unique_graphs"] > graphs, f"{label}: the forward ran through a compiled graph")
-    expect_true(torch.allclose(got, expected, atol=1e-6), f"{label}: compiled outputs equal the eager model's")
+    expect_close(got, expected, f"{label}: compiled outputs equal the eager model's")
     expect_true(isinstance(acc.unwrap_model(model), OptimizedModule), f"{label}: unwrap_model keeps torch.compile by default")
     bare = acc.unwrap_model(model, keep_torch_compile=False)
     expect_equal(type(bare).__name__, "_Net", f"{label}: unwrap_model(keep_torch_compile=False)")
@@ -422,26 +425,27 @@ def plugin_dynamo_regional(impl, world):
 
     torch._dynamo.reset()
     x = torch.randn(3, WIDTH, generator=torch.Generator().manual_seed(7))
-    eager = _net()
-    expected = eager(x)
-    expected.sum().backward()
     plugin = impl.utils.TorchDynamoPlugin(backend="eager", use_regional_compilation=True)
     acc = impl.Accelerator(dynamo_plugin=plugin)
     _require_traceable(acc)
+    x = x.to(acc.device)
+    eager = _net().to(acc.device)  # on the same device: equivalence, not bit equality
+    expected = eager(x)
+    expected.sum().backward()
     model = acc.prepare(_net())
     expect_true(not isinstance(model, OptimizedModule), "regional compilation does not wrap the whole model")
     inner = getattr(model, "module", model)
     expect_equal(type(inner).__name__, "_Net", "the user's class under the prepared model")
     compiled = sorted(name for name, sub in inner.named_modules() if isinstance(sub, OptimizedModule))
     expect_equal(compiled, ["blocks.0", "blocks.1", "head"], "the modules compiled one by one")
-    got = model(x.to(acc.device))
-    expect_true(torch.allclose(got.detach().cpu(), expected, atol=1e-6), "regionally compiled outputs equal the eager model's")
+    got = model(x)
+    expect_close(got.detach(), expected.detach(), "regionally compiled outputs equal the eager model's")
     acc.backward(got.sum())
     bare = acc.unwrap_model(model, keep_torch_compile=False)
     expect_equal(type(bare).__name__, "_Net", "unwrap_model(keep_torch_compile=False)")
-    grads = {name: p.grad.cpu() for name, p in bare.named_parameters()}  # the compiled modules share these
+    grads = {name: p.grad for name, p in bare.named_parameters()}  # the compiled modules share these
     for name, p in eager.named_parameters():
-        expect_true(torch.allclose(grads[name], p.grad, atol=1e-6), f"gradient of {name} equals the eager model's")
+        expect_close(grads[name], p.grad, f"gradient of {name} equals the eager model's")
     expect_true(not any(isinstance(sub, OptimizedModule) for sub in bare.modules()), "the unwrapped model has no compiled module")
 
 

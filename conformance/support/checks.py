@@ -21,6 +21,18 @@ def expect_true(condition: bool, what: str) -> None:
         raise AssertionError(what)
 
 
+def expect_close(got: Any, expected: Any, what: str) -> None:
+    """``got`` equals ``expected`` within the tolerances torch's own tests use for their dtype
+    (``torch.testing.assert_close``'s defaults), compared on ``expected``'s device: where the documents promise
+    equivalent results (compiled and eager code, another kernel), not bit-equal ones."""
+    import torch
+
+    try:
+        torch.testing.assert_close(got.to(expected.device), expected)
+    except AssertionError as error:
+        raise AssertionError(f"{what}: {' '.join(str(error).split())}") from None
+
+
 def expect_tensor(got: Any, expected: Any, what: str) -> None:
     """``got`` is a tensor with ``expected``'s shape and values."""
     import torch

@@ -57,6 +57,8 @@ BREAKS = [
     pbrk("plugin_dynamo_not_compiled", {"plugin.dynamo": F}, "1", SINGLE),
     # Issue 13: regional compilation (TorchDynamoPlugin.use_regional_compilation) ignored.
     pbrk("plugin_dynamo_regional_ignored", {"plugin_dynamo_regional": F}, "1", SINGLE),
+    # Issue 32: equivalence within torch's tolerances (no bit equality, which a GPU does not give) still fails this.
+    pbrk("plugin_dynamo_outputs_differ", {"plugin.dynamo": F}, "1", SINGLE),
     pbrk("plugin_dynamo_regional_fsdp_wraps", {"plugin_dynamo_regional_fsdp": (F, E)}, "2", ("plugin_dynamo_regional_fsdp",)),
     pbrk("plugin_deepspeed_auto_unfilled", {"plugin_deepspeed_config": F}, "1", SINGLE),
 ]
