@@ -21,10 +21,12 @@ from .merge import merge_command_parser
 from .test import test_command_parser
 from .to_fsdp2 import to_fsdp2_command_parser
 from .tpu import tpu_command_parser
+from .utils import CustomArgumentParser
 
 
-class OneLineParser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line (``prog: error: message``) and exit 2."""
+class OneLineParser(CustomArgumentParser):
+    """A ``CustomArgumentParser`` (every subcommand's options take ``_`` and ``-`` spellings, as under 🤗
+    Accelerate's console script) whose errors are one line (``prog: error: message``) and exit 2."""
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message}\n")

@@ -56,7 +56,7 @@ def env_command(args: argparse.Namespace) -> int:
         print(f"- {key}: {value}")
     try:
         config = load_config_from_file(path) if os.path.isfile(path) else None
-    except ConfigError as error:
+    except ValueError as error:  # unknown keys, no distributed_type, not a YAML mapping (ConfigError)
         print(f"- Active config: unusable ({error})")
         return 0
     if config is None:

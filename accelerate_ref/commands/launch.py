@@ -8,10 +8,16 @@ hosting the rendezvous at ``--main_process_ip:--main_process_port``
 (``launch.cpu_ranks``; 🤗 Accelerate starts one, accelerate issue #2741). One
 process on one machine runs the script directly. Flags override the config
 file, which overrides the defaults (``launch.cli``). Ranks get 🤗 Accelerate's
-environment (``utils.launch``), so its scripts run unchanged.
+environment (``utils.launch``), so its scripts run unchanged. The parser takes
+every option of 🤗 Accelerate 1.15's ``launch``, in either spelling, with its
+defaults (``_launch.options``); torchrun's own (``--max_restarts``, ``--tee``, ...)
+reach torchrun.
 
 Bad input (unknown flag, missing script or module, bad config, machine rank
-out of range, port in use) is one line on stderr and exit 2; a failing rank
+out of range, port in use, a flag asking for a launcher accelerate-ref lacks:
+DeepSpeed, Megatron-LM, a TPU pod, mpirun) is one line on stderr and exit 2;
+a config file that is missing or holds unknown keys raises 🤗 Accelerate's
+FileNotFoundError / ValueError (one line too on the command line); a failing rank
 ends the launch (its traceback first, then one line naming it) with exit 1,
 and so does a launch still running after ``--timeout`` seconds; every rank is
 stopped before the command returns (``launch.failure``).
@@ -57,7 +63,8 @@ from ..utils.environment import check_cuda_p2p_ib_support, str_to_bool  # noqa: 
 from ..utils.imports import is_rich_available, is_sagemaker_available  # noqa: F401  (as above)
 from .config.config_args import ConfigError, SageMakerConfig, current_default_config_file, default_config_file, load_config_from_file  # noqa: F401
 from .config.config_utils import DYNAMO_BACKENDS  # noqa: F401
-from .utils import CustomArgumentParser  # noqa: F401  (HF's commands.launch exposes it)
+from ._launch.options import DESCRIPTION, OWN_GROUP, add_launch_arguments
+from .utils import CustomArgumentParser
 
 
 logger = logging.getLogger(__name__)
@@ -88,23 +95,16 @@ DEFAULTS = {
 DISTRIBUTED_FLAGS = {"MULTI_GPU": "multi_gpu", "MULTI_NPU": "multi_gpu", "XLA": "tpu", "TPU": "tpu", "MULTI_CPU": "cpu",
                      "FSDP": "use_fsdp"}
 
-#: 🤗 Accelerate's FSDP and ParallelismConfig launch options with its parser's defaults: a flag, else the config
-#: file's ``fsdp_config`` / ``parallelism_config`` section, else these (catalog launch.cli).
-SECTION_DEFAULTS = {
-    "fsdp_version": "1", "fsdp_offload_params": "false", "fsdp_min_num_params": 100000000,
-    "fsdp_sharding_strategy": "FULL_SHARD", "fsdp_reshard_after_forward": "true", "fsdp_auto_wrap_policy": None,
-    "fsdp_transformer_layer_cls_to_wrap": None, "fsdp_backward_prefetch": None, "fsdp_state_dict_type": None,
-    "fsdp_forward_prefetch": "false", "fsdp_use_orig_params": "true", "fsdp_cpu_ram_efficient_loading": "true",
-    "fsdp_sync_module_states": "true", "fsdp_activation_checkpointing": "false",
-    "fsdp_activation_checkpointing_offload": "false",
-    "parallelism_config_dp_replicate_size": 1, "parallelism_config_dp_shard_size": 1, "parallelism_config_tp_size": 1,
-    "parallelism_config_cp_size": 1, "parallelism_config_cp_backend": "torch", "parallelism_config_cp_comm_strategy": "allgather",
-    "parallelism_config_sp_size": 1, "parallelism_config_sp_backend": "deepspeed", "parallelism_config_sp_seq_length": None,
-    "parallelism_config_sp_seq_length_is_variable": True, "parallelism_config_sp_attn_implementation": "sdpa",
+#: Config sections whose keys stand for launch options no flag gave, with the prefix their options have.
+SECTION_PREFIXES = {"fsdp_config": "fsdp_", "parallelism_config": "parallelism_config_"}
+
+#: 🤗 Accelerate's launch flags that pick a launcher accelerate-ref's ``launch`` does not have -> what it is.
+UNSUPPORTED_LAUNCHERS = {
+    "use_deepspeed": ("--use_deepspeed", "a DeepSpeed launch"),
+    "use_megatron_lm": ("--use_megatron_lm", "a Megatron-LM launch"),
+    "tpu_use_cluster": ("--tpu_cluster", "a TPU pod launch"),
+    "mpirun_hostfile": ("--mpirun_hostfile", "an mpirun launch"),
 }
-#: Options of ``SECTION_DEFAULTS`` that take numbers.
-_INT_OPTIONS = ("fsdp_min_num_params", "parallelism_config_dp_replicate_size", "parallelism_config_dp_shard_size",
-                "parallelism_config_tp_size", "parallelism_config_cp_size", "parallelism_config_sp_size")
 
 
 #: A launch option -> the help section it reveals (🤗 Accelerate's ``launch --help`` shows only used ones).
@@ -131,13 +131,13 @@ class CustomHelpFormatter(argparse.HelpFormatter):
 
     With more than one argument after ``launch``, options of groups outside the always-shown titles and
     the groups ``options_to_group`` names for the given options are hidden; hyphen spellings are not listed;
-    a section left with fewer than two entries is dropped.
+    a section left with fewer than two entries is dropped. accelerate-ref's own group is always shown.
     """
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.titles = ["Hardware Selection Arguments", "Resource Selection Arguments", "Training Paradigm Arguments",
-                       "positional arguments", "optional arguments"]
+                       "positional arguments", "optional arguments", OWN_GROUP[0]]
 
     def add_argument(self, action: argparse.Action):
         given = sys.argv[2:] if "accelerate" in sys.argv[0] and "launch" in sys.argv[1:] else sys.argv[1:]
@@ -160,72 +160,35 @@ class CustomHelpFormatter(argparse.HelpFormatter):
         super().end_section()
 
 
-def _flag(group, *names: str, **kwargs) -> None:
-    """Add a flag under its underscore name and its hyphen spelling, as 🤗 Accelerate accepts both."""
-    spellings = list(names) + [n.replace("_", "-") for n in names if "_" in n]
-    group.add_argument(*spellings, **kwargs)
-
-
 def launch_command_parser(subparsers=None):
-    """The ``launch`` parser: a subcommand of ``subparsers`` when given, else a parser of its own."""
+    """The ``launch`` parser: a subcommand of ``subparsers`` when given, else a ``CustomArgumentParser`` of its own.
+
+    Its options are 🤗 Accelerate 1.15's, then accelerate-ref's own (``_launch.options``); with a
+    ``CustomArgumentParser`` (standalone, or under the ``accelerate-ref`` console script) each takes its ``_``
+    and ``-`` spellings, and ``launch -h`` lists the ``_`` one alone (``CustomHelpFormatter``).
+    """
+    settings = {"description": DESCRIPTION, "add_help": False, "allow_abbrev": False, "formatter_class": CustomHelpFormatter}
     if subparsers is not None:
-        parser = subparsers.add_parser("launch", help="run a script on several ranks", allow_abbrev=False)
+        parser = subparsers.add_parser("launch", help="run a script on several ranks", **settings)
     else:
-        parser = argparse.ArgumentParser("accelerate-ref launch command", allow_abbrev=False)
-    _flag(parser, "--config_file", default=None, help="config to read (default: the HF cache location)")
-    _flag(parser, "--cpu", action="store_true", help="run on CPU ranks (gloo), whatever accelerators are present")
-    _flag(parser, "--multi_gpu", action="store_true", help="one rank per GPU")
-    _flag(parser, "--tpu", action="store_true", help="TPU (XLA) ranks")
-    _flag(parser, "--num_processes", "-n", type=int, default=None, help="ranks in all (across machines)")
-    _flag(parser, "--num_machines", type=int, default=None)
-    _flag(parser, "--machine_rank", type=int, default=None)
-    _flag(parser, "--main_process_ip", default=None)
-    _flag(parser, "--main_process_port", type=int, default=None)
-    _flag(parser, "--mixed_precision", choices=["no", "fp16", "bf16", "fp8"], default=None)
-    _flag(parser, "--gradient_accumulation_steps", type=int, default=None)
-    _flag(parser, "--dynamo_backend", default=None)
-    _flag(parser, "--gpu_ids", default=None)
-    _flag(parser, "--debug", action="store_true", help="ACCELERATE_DEBUG_MODE: check collective shapes")
-    _flag(parser, "--use_fsdp", action="store_true", default=None, help="FSDP ranks (the fsdp_* options, or the config's fsdp_config)")
-    _flag(parser, "--use_parallelism_config", action="store_true", default=None,
-          help="a ParallelismConfig from the parallelism_config_* options (FSDP 2)")
-    for option in SECTION_DEFAULTS:
-        _flag(parser, f"--{option}", type=int if option in _INT_OPTIONS else str, default=None,
-              help=argparse.SUPPRESS)
-    _flag(parser, "--module", "-m", action="store_true", help="the script is a module name (python -m)")
-    _flag(parser, "--no_python", action="store_true", help="run the script as an executable, not with python")
-    _flag(parser, "--timeout", type=float, default=None, help="stop every rank after this many seconds")
-    _flag(
-        parser,
-        "--simulate",
-        choices=["cpu", "cuda", "xla", "npu"],
-        default=None,
-        help="dry run on the simulator's ranks with that device family's mock, then a run summary",
-    )
-    _flag(parser, "--device-memory", dest="device_memory", default=None,
-          help="with --simulate cuda|xla|npu: each device's memory budget (bytes, or 40GiB, 16GB)")
-    _flag(parser, "--gpu", default=None, help="with --simulate: the budget of a GPU by name (a100-40gb, h100-80gb, l4-24gb, ...)")
-    _flag(parser, "--summary-json", dest="summary_json", default=None, help="with --simulate: also write the summary as JSON here")
-    _flag(parser, "--no-compute", dest="no_compute", action="store_true",
-          help="with --simulate cuda|xla|npu: tensors carry no values (shapes, dtypes, memory and collectives only)")
-    _flag(parser, "--steps", type=int, default=None, help="with --simulate cuda|xla|npu: end each rank after this many optimizer steps")
-    parser.add_argument("training_script", help="the script (or module, with -m) to run")
-    parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="arguments for the script")
+        parser = CustomArgumentParser("accelerate-ref launch command", **settings)
+    add_launch_arguments(parser)
     if subparsers is not None:
         parser.set_defaults(func=launch_command)
     return parser
 
 
 def _apply_config(args: argparse.Namespace) -> None:
-    """Fill what no flag gave from the config file, then from ``DEFAULTS`` (flags win)."""
+    """Fill what no flag gave from the config file, then from ``DEFAULTS`` (flags win; a flag given is in
+    ``args.nondefault``). The config is ``--config_file``, else the default file when there is one; a missing or
+    unusable file raises what ``load_config_from_file`` raises (🤗 Accelerate's FileNotFoundError and ValueError)."""
+    given = getattr(args, "nondefault", set())
     path = args.config_file
     if path is None and os.path.isfile(current_default_config_file()):
         path = current_default_config_file()
-    if path is not None and not os.path.isfile(path):
-        raise LaunchError(f"config file {path!r} does not exist")
     try:
         config = load_config_from_file(path) if path is not None else None
-    except ConfigError as error:
+    except ConfigError as error:  # not YAML or not a mapping: accelerate-ref's own one-line refusal
         raise LaunchError(str(error)) from None
     if isinstance(config, SageMakerConfig):
         raise LaunchError(f"{path} is an Amazon SageMaker config (compute_environment: AMAZON_SAGEMAKER); "
@@ -237,13 +200,10 @@ def _apply_config(args: argparse.Namespace) -> None:
                 setattr(args, flag, True)
         args.cpu = args.cpu or bool(config.use_cpu)
         args.debug = args.debug or bool(config.debug)
-        if args.use_parallelism_config is None:
+        if "use_parallelism_config" not in given:
             args.use_parallelism_config = bool(config.parallelism_config)
-        _fill_sections(args, config)
+        _fill_sections(args, config, given)
     args.use_fsdp, args.use_parallelism_config = bool(args.use_fsdp), bool(args.use_parallelism_config)
-    for name, default in SECTION_DEFAULTS.items():
-        if getattr(args, name) is None:
-            setattr(args, name, default)
     for name, default in DEFAULTS.items():
         if getattr(args, name) is None:
             from_config = getattr(config, name, None) if config is not None else None
@@ -252,13 +212,13 @@ def _apply_config(args: argparse.Namespace) -> None:
             setattr(args, name, from_config if from_config is not None else default)
 
 
-def _fill_sections(args: argparse.Namespace, config) -> None:
-    """The options no flag gave from the config's ``fsdp_config`` and ``parallelism_config`` sections (keys with
-    their option prefix, or without it as ``accelerate config`` writes some)."""
-    for section, prefix in (("fsdp_config", "fsdp_"), ("parallelism_config", "parallelism_config_")):
+def _fill_sections(args: argparse.Namespace, config, given: set[str]) -> None:
+    """The options no flag gave (not in ``given``) from the config's ``fsdp_config`` and ``parallelism_config``
+    sections (keys with their option prefix, or without it as ``accelerate config`` writes some)."""
+    for section, prefix in SECTION_PREFIXES.items():
         for key, value in (getattr(config, section, None) or {}).items():
             option = key if key.startswith(prefix) else prefix + key
-            if option in SECTION_DEFAULTS and getattr(args, option) is None:
+            if hasattr(args, option) and option not in given:
                 setattr(args, option, value)
 
 
@@ -449,8 +409,13 @@ def _validate_launch_command(args: argparse.Namespace):
 
 def validate(args: argparse.Namespace) -> None:
     """Raise LaunchError for a launch that cannot start (catalog "Launching", bad input); the flag combinations HF
-    refuses are its ValueErrors (``_check_launch_flags``)."""
+    refuses are its ValueErrors (``_check_launch_flags``); a flag picking a launcher it lacks
+    (``UNSUPPORTED_LAUNCHERS``) is refused, not ignored."""
     _check_launch_flags(args)
+    for name, (flag, what) in UNSUPPORTED_LAUNCHERS.items():
+        if getattr(args, name, None):
+            raise LaunchError(f"{flag} asks for {what}, which accelerate-ref launch does not run "
+                              "(it starts torchrun processes, or one process)")
     _apply_config(args)
     if args.num_processes < 1 or args.num_machines < 1:
         raise LaunchError("--num_processes and --num_machines must be at least 1")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 import logging
-import os
+from pathlib import Path
 
 import yaml
 
@@ -58,6 +58,7 @@ def convert_config_to_fsdp2(config: dict) -> dict:
         return config
     if fsdp_config.get("fsdp_version", 1) == 2:
         logger.warning("Config already specifies FSDP2, skipping conversion...")
+        logger.warning("If the config doesn't use new argument names, change `fsdp_version` to `1` and rerun the command.")
         return config
     converted = {}
     for key, value in fsdp_config.items():
@@ -83,14 +84,22 @@ def load_config(config_file: str) -> dict:
     return config
 
 
-def to_fsdp2_command(args):
-    """Convert ``args.config_file`` into ``args.output_file`` (or over itself with ``--overwrite``)."""
-    if not os.path.exists(args.config_file):
+def _validate_to_fsdp2_args(args) -> None:
+    """Refuse, in 🤗 Accelerate's order and words: a ``--config_file`` that does not exist (FileNotFoundError), no
+    ``--output_file`` without ``--overwrite`` (ValueError), an ``--output_file`` that exists without ``--overwrite``
+    (FileExistsError). Existence is asked of ``pathlib.Path.exists``, as 🤗 Accelerate asks it (its tests patch it)."""
+    if not Path(args.config_file).exists():
         raise FileNotFoundError(f"Config file {args.config_file} not found")
     if not args.overwrite and args.output_file is None:
         raise ValueError("If --overwrite is not set, --output_file must be provided")
-    if not args.overwrite and os.path.exists(args.output_file):
+    if not args.overwrite and Path(args.output_file).exists():
         raise FileExistsError(f"Output file {args.output_file} already exists and --overwrite is not set")
+
+
+def to_fsdp2_command(args):
+    """Convert ``args.config_file`` into ``args.output_file`` (or over itself with ``--overwrite``); the file is
+    read and written only once ``_validate_to_fsdp2_args`` accepted the arguments."""
+    _validate_to_fsdp2_args(args)
     config = load_config(args.config_file)
     if args.overwrite and args.output_file is None:
         args.output_file = args.config_file

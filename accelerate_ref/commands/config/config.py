@@ -95,7 +95,7 @@ def config_command(args: argparse.Namespace) -> None:
         config.to_json_file(config_file)
     else:
         config.to_yaml_file(config_file)
-    print(f"accelerate-ref configuration saved at {config_file}")
+    print(f"accelerate configuration saved at {config_file}")
 
 
 def config_command_parser(subparsers=None):

@@ -12,8 +12,10 @@ The keys are those of 🤗 Accelerate's ``default_config.yaml`` (catalog
 ``launch.config_file``): ``BaseConfig``, ``ClusterConfig`` and ``SageMakerConfig``
 have its fields and defaults, so a file written by either tool is read by both
 with equal fields. A file without ``distributed_type`` or with an unknown key is
-a ``ConfigError`` (a ``ValueError``, as 🤗 Accelerate raises), and so is a file
-that is not a YAML mapping.
+refused with 🤗 Accelerate's ValueError and text (the unknown keys sorted, the
+path as given); a file that is not a YAML (or JSON) mapping is a ``ConfigError``
+(a ValueError saying so, where 🤗 Accelerate fails inside ``yaml`` or with an
+AttributeError).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from ...utils.dataclasses import ComputeEnvironment, DistributedType, SageMakerD
 
 
 class ConfigError(ValueError):
-    """A config file that cannot be used (missing keys, unknown keys, not a mapping, not YAML)."""
+    """A config file that is not a YAML (or JSON) mapping, or a config command without a file to work on."""
 
 
 def current_cache_dir() -> str:
@@ -140,7 +142,7 @@ class BaseConfig:
         if "compute_environment" not in config_dict:
             config_dict["compute_environment"] = ComputeEnvironment.LOCAL_MACHINE
         if "distributed_type" not in config_dict:
-            raise ConfigError("A `distributed_type` must be specified in the config file.")
+            raise ValueError("A `distributed_type` must be specified in the config file.")
         if "num_processes" not in config_dict and config_dict["distributed_type"] == DistributedType.NO:
             config_dict["num_processes"] = 1
         if "mixed_precision" not in config_dict:
@@ -155,10 +157,15 @@ class BaseConfig:
 
     @classmethod
     def _from_mapping(cls, config_dict: dict[str, Any], path: str):
+        """The config of ``config_dict`` read from ``path``; a key that is no field of ``cls`` is refused (all of
+        them, sorted, in 🤗 Accelerate's words)."""
         config_dict = cls.process_config(config_dict)
         unknown = sorted(set(config_dict) - set(cls.__dataclass_fields__))
         if unknown:
-            raise ConfigError(f"The config file at {path} had unknown keys ({unknown}); remove them or upgrade.")
+            raise ValueError(
+                f"The config file at {path} had unknown keys ({unknown}), please try upgrading your `accelerate` "
+                "version or fix (and potentially remove) these keys from your config file."
+            )
         return cls(**config_dict)
 
     @classmethod

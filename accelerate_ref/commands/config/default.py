@@ -87,7 +87,7 @@ def default_config_command(args: argparse.Namespace) -> None:
     save_location = args.save_location if args.save_location is not None else current_default_config_file()
     written = write_basic_config(args.mixed_precision, save_location)
     if written:
-        print(f"accelerate-ref configuration saved at {written}")
+        print(f"accelerate configuration saved at {written}")
 
 
 def default_command_parser(parser, parents):

@@ -12,14 +12,18 @@ description = "Update an existing config file with the latest defaults while mai
 
 
 def update_config(args):
-    """Read ``args.config_file`` (default: the default config, which must exist), write it back; return its path."""
+    """Read ``args.config_file`` (default: the default config, which must exist), write it back; return its path.
+
+    A ``--config_file`` that does not exist is 🤗 Accelerate's ValueError. Without ``--config_file`` and without a
+    default file, a ConfigError says so (🤗 Accelerate 1.15 fails there with a TypeError from ``Path(None)``).
+    """
     config_file = args.config_file
     if config_file is None:
         config_file = current_default_config_file()
         if not os.path.isfile(config_file):
             raise ConfigError(f"no config file to update: {config_file} does not exist (pass --config_file)")
     elif not os.path.isfile(config_file):
-        raise ConfigError(f"The passed config file located at {config_file} doesn't exist.")
+        raise ValueError(f"The passed config file located at {config_file} doesn't exist.")
     config = load_config_from_file(config_file)
     if config_file.endswith(".json"):
         config.to_json_file(config_file)
