@@ -69,6 +69,8 @@ class Agreement:
     native_only: list[str] = field(default_factory=list)
     #: Cases only the simulated run has: a case the native backend skipped is a fault of the native path.
     sim_only: list[str] = field(default_factory=list)
+    #: The native run's results, as rank 0 reported them.
+    native: list[CaseResult] = field(default_factory=list)
 
     @property
     def compared(self) -> int:
@@ -95,7 +97,7 @@ def _label(result: CaseResult) -> str:
 def compare(impl: str, world: str, native: list[CaseResult], simulated: list[CaseResult],
             exceptions: Sequence[Listed]) -> Agreement:
     """Case by case, the native status against the simulated one (results matched by ID and case name)."""
-    agreement = Agreement(impl, world)
+    agreement = Agreement(impl, world, native=list(native))
     by_key = {(r.id, r.case): r for r in simulated}
     native_keys = {(r.id, r.case) for r in native}
     for result in native:
