@@ -34,6 +34,8 @@ Emit = Callable[[CaseResult], None]
 #: Seconds of case timeout added per rank beyond 8: gloo's full-mesh rendezvous in a case's first
 #: ``init_process_group`` grows with the world (about 15 s for 64 ranks on 2 cores).
 RENDEZVOUS_S_PER_RANK = 0.5
+#: A HANG's second run, alone in fresh ranks, gets this many times the case's timeout.
+CONFIRM_TIMEOUT_FACTOR = 2.0
 
 
 class SimBackend:
@@ -72,6 +74,8 @@ class SimBackend:
         self.case_timeout = case_timeout
         self.start_timeout = start_timeout
         self._pools: dict[World, RankPool] = {}
+        #: Whether a HANG result is confirmed by a second run (the runner declines for hangs a manifest expects).
+        self.confirm_hang: Callable[[CaseResult], bool] = lambda hung: True
         self._scratch = tempfile.TemporaryDirectory(prefix="conformance-")
 
     def worlds_supported(self, world: World) -> bool:
@@ -90,7 +94,30 @@ class SimBackend:
             self.close_pools()
 
     def run_case(self, case: Case, world: World) -> CaseResult:
-        """Run one case on every rank of ``world`` and merge the outcome."""
+        """Run one case on every rank of ``world`` and merge the outcome; a HANG is confirmed before it is reported.
+
+        A case that is slow is not a hang (a long-lived rank collecting garbage, a machine half as fast as on
+        other days): after a HANG that ``confirm_hang`` asks to confirm, the same case runs alone in fresh ranks
+        with CONFIRM_TIMEOUT_FACTOR times its timeout. A second HANG is reported as confirmed; any other ending
+        is reported instead, its message saying the first try was slow, not hung.
+        """
+        first = self._run_once(case, world, case.timeout_within(self.case_timeout))
+        if first.status is not Status.HANG or not self.confirm_hang(first):
+            return first
+        self.close_pools()
+        timeout = case.timeout_within(self.case_timeout) * CONFIRM_TIMEOUT_FACTOR
+        again = self._run_once(case, world, timeout)
+        if again.status is Status.HANG:
+            again.message = f"HANG confirmed: it hung again alone in fresh ranks, given {timeout:g} s\n{again.message}"
+        else:
+            again.message = (f"slow, not hung: past its {case.timeout_within(self.case_timeout):g} s timeout in the "
+                             f"run's ranks, it ended {again.status.value} alone in fresh ranks in "
+                             f"{again.duration_s:.1f} s (given {timeout:g} s)\n{again.message}").rstrip()
+        again.duration_s = round(first.duration_s + again.duration_s, 4)
+        return again
+
+    def _run_once(self, case: Case, world: World, timeout: float) -> CaseResult:
+        """Run ``case`` once on every rank of ``world`` with ``timeout`` seconds (plus rendezvous time)."""
         pool = self._pool(world)
         shared_dir = tempfile.mkdtemp(prefix=f"{case.name}-", dir=self._scratch.name)
         info = WorldInfo(world, shared_dir)
@@ -99,7 +126,7 @@ class SimBackend:
             outcome = pool.run(
                 "conformance.engine.worker:run_case",
                 (case.key, world.label, shared_dir),
-                case.timeout_within(self.case_timeout) + RENDEZVOUS_S_PER_RANK * max(0, world.size - 8),
+                timeout + RENDEZVOUS_S_PER_RANK * max(0, world.size - 8),
                 failed=_rank_failed,
             )
         except PoolStartError as error:

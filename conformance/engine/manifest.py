@@ -97,6 +97,10 @@ class Manifest:
             return None
         return cls.parse(resource.read_text(encoding="utf-8"), f"conformance/manifests/{resource.name}")
 
+    def expects(self, result: CaseResult, status: Status) -> bool:
+        """Whether a deviation matching ``result`` expects ``status`` (nothing is marked)."""
+        return any(d.status == status and d.matches(result) for d in self.deviations)
+
     def apply(self, result: CaseResult) -> CaseResult:
         """Mark ``result`` XFAIL (or an unexpected pass) where a deviation matches it.
 

@@ -93,6 +93,8 @@ def test_manifest_marks_expected_failures_and_unexpected_passes():
     assert other_case.status == Status.FAIL, "a deviation naming one case must not excuse another case of the ID"
     named_case = manifest.apply(replace(result("gather.nested", Status.FAIL), case="gather_nested_tuples"))
     assert named_case.status == Status.XFAIL
+    assert manifest.expects(result("reduce.none", Status.FAIL), Status.FAIL)
+    assert not manifest.expects(result("reduce.none", Status.HANG), Status.HANG), "the deviation expects FAIL"
     assert [d.id for d in manifest.unused()] == ["never.run"], "split.padding is limited to world 4, which has not run"
     manifest.apply(result("other.id", Status.PASS, world="4"))
     assert [d.id for d in manifest.unused()] == ["split.padding", "never.run"]

@@ -45,9 +45,31 @@ def backend():
 def test_hang_reports_stacks_and_the_pool_recovers(backend):
     result = backend.run_case(incidents.last_rank_hangs, WORLD)
     assert result.status == Status.HANG, result.message
+    assert result.message.startswith("HANG confirmed: it hung again alone in fresh ranks, given 8 s"), result.message
     assert "stuck_here" in result.stacks.get(1, ""), f"rank 1's stack should show where it hangs: {result.stacks}"
     assert "stuck_here" in result.message
     assert backend.run_case(incidents.passes, WORLD).status == Status.PASS
+
+
+def test_a_slow_case_is_run_again_alone_and_reported_as_slow_not_hung(tmp_path):
+    """Issue 32: a case past its timeout in long-lived ranks (a garbage collection, a slow day) is no HANG."""
+    sim = SimBackend("accelerate_ref", case_timeout=3.0, env={incidents.SLOW_MARKER_ENV: str(tmp_path / "marker")})
+    try:
+        result = sim.run_case(incidents.slow_the_first_time, WORLD)
+    finally:
+        sim.close()
+    assert result.status == Status.PASS, result.message
+    assert result.message.startswith("slow, not hung: past its 3 s timeout in the run's ranks, it ended PASS alone in fresh ranks"), result.message
+
+
+def test_a_hang_the_manifest_expects_is_not_run_again(backend):
+    backend.confirm_hang = lambda hung: False
+    try:
+        result = backend.run_case(incidents.last_rank_hangs, WORLD)
+    finally:
+        backend.confirm_hang = lambda hung: True
+    assert result.status == Status.HANG and "confirmed" not in result.message, result.message
+    assert result.duration_s < 8, f"one run of 4 s, not two: {result.duration_s} s"
 
 
 def test_a_failure_that_makes_the_others_hang_is_reported_as_the_failure(backend):

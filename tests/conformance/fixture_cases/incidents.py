@@ -24,6 +24,20 @@ def last_rank_hangs(impl, world):
     return world.rank
 
 
+#: A file the test names: ``slow_the_first_time`` is slow while it is missing (then creates it).
+SLOW_MARKER_ENV = "CONFORMANCE_FIXTURE_SLOW_MARKER"
+
+
+@case("fixture.slow", worlds=[2])
+def slow_the_first_time(impl, world):
+    """Past any short timeout on its first run (rank 0 sleeps), quick on the next: slow, not hung."""
+    marker = os.environ[SLOW_MARKER_ENV]
+    if world.rank == 0 and not os.path.exists(marker):
+        open(marker, "w").close()
+        time.sleep(60)
+    return world.rank
+
+
 @case("fixture.fail_then_hang", worlds=[2])
 def rank0_fails_rank1_waits(impl, world):
     acc = impl.Accelerator()
