@@ -223,9 +223,18 @@ class DeviceTensor(torch.Tensor):
         (torch's C++ side sees every mock tensor on index 0, so it would take
         ``npu:2 -> npu:0`` for a no-op, and send the gradient of ``npu:0 ->
         npu:1`` back on ``npu:1``: :class:`_MoveBetweenIndices` does both.)
+        A move to the device the tensor is on, its dtype and layout kept and no
+        ``copy=True``, returns the tensor itself, as torch does (a parameter
+        stays that parameter: ``nn.Parameter(t).to("cuda") is`` the parameter
+        on a GPU, where torch's C++ side, seeing ``cuda`` as another device
+        than the mock's own, would copy).
         """
         parsed = {key: value for key, value in kwargs.items() if key != "copy"}  # _parse_to knows no ``copy``
         device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args, **parsed)
+        if (device is not None and device.type == self.device_type and self.index_of(device) == self.device_index
+                and dtype in (None, self.dtype) and memory_format in (None, torch.preserve_format)
+                and not kwargs.get("copy", False)):
+            return self
         if device is None or device.type != self.device_type or self.index_of(device) == self.device_index:
             return super().to(*args, **kwargs)
         return _MoveBetweenIndices.apply(self, self.index_of(device), dtype or self.dtype, memory_format)

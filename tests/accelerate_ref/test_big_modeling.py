@@ -149,3 +149,23 @@ def test_the_hook_appends_to_a_hook_already_there():
     hooks = getattr(layer._hf_hook, "hooks", ())
     assert [type(h) for h in hooks] == [LayerwiseCastingHook, LayerwiseCastingHook]
     assert layer.weight.dtype == torch.float16
+
+
+@pytest.fixture(scope="module")
+def one_gpu():
+    """A rank on the simulator's mock CUDA family (its device count and budget set by the rank function)."""
+    from tests.simulators.devices.worlds import device_world
+
+    yield from device_world("cuda", "1")
+
+
+@pytest.mark.timeout(240)
+def test_tied_weights_with_nested_cpu_offload_are_brought_to_the_gpu_once_as_hf(one_gpu):
+    """HF's test_dispatch_model_tied_weights_memory_with_nested_offload_cpu on a mock GPU: the offloaded weight, read
+    by its module and four submodules, comes to the GPU once per forward and leaves no copy behind; the dispatch
+    places the GPU block's weight alone."""
+    from tests.accelerate_ref import big_modeling_rank_functions as functions
+
+    ours, theirs = (one_gpu.one(functions.tied_weights_with_nested_cpu_offload, impl) for impl in ("accelerate_ref", "accelerate"))
+    assert ours == theirs
+    assert ours == {"dispatch peak MB": 4.0, "forward peak MB": 8.0, "output matches": True, "GPU copies kept": [0, 0]}

@@ -154,6 +154,22 @@ def storage_resizes():
     return sizes
 
 
+def moves_to_the_device_a_tensor_is_on():
+    """What ``Tensor.to`` returns for the device a tensor is on: itself, as torch on a GPU, unless asked to copy or
+    convert (a parameter stays the module's parameter, so HF's big-model hooks can tie it again)."""
+    import torch
+
+    torch.cuda.set_device(1)
+    parameter = torch.nn.Parameter(torch.ones(2, device="cuda"))
+    plain = torch.ones(2, device="cuda")
+    return {
+        "same object": [parameter.to(device) is parameter for device in ("cuda", "cuda:1", torch.device("cuda", 1))],
+        "still a parameter": isinstance(parameter.to("cuda"), torch.nn.Parameter),
+        "plain": [plain.to("cuda") is plain, plain.to(torch.float32) is plain, plain.to("cuda", copy=True) is plain],
+        "converted": [str(plain.to(torch.float16).dtype), str(plain.to("cpu").device)],
+    }
+
+
 # -- tests (run in pytest) -------------------------------------------------------------------
 
 
@@ -192,3 +208,10 @@ def test_out_ops_inplace_views_vmap_and_attention_keep_shapes_and_cpu_values(cud
         assert got["shapes"] == [[4], [0, 1, 2, 3], [2, 3], [3, 2], [1, 3]], got["shapes"]
         assert got["mask"] and got["attention equal"]
         assert got["losses"]["cuda"] == got["losses"]["cpu"], got["losses"]
+
+
+def test_a_move_to_the_device_a_tensor_is_on_returns_the_tensor_as_torch_does(cuda2):
+    assert cuda2.run(moves_to_the_device_a_tensor_is_on) == [{
+        "same object": [True, True, True], "still a parameter": True, "plain": [True, True, False],
+        "converted": ["torch.float16", "cpu"],
+    }] * 2
