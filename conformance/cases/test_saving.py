@@ -440,6 +440,86 @@ def _orders_are_shuffled(values, world):
         expect_true(epochs[0] != epochs[1], f"{name}: epochs 0 and 1 have the same order; the case needs a shuffled loader")
 
 
+PATTERN_SEED, PATTERN_STEPS, PATTERN_SAVED_AT, PATTERN_EPOCHS = 42, 4, 2, 2
+
+
+def _checkpointing_script(impl, folder: str, resume: bool) -> dict[int, tuple]:
+    """The documents' checkpointing script (HF's ``examples/by_feature/checkpointing.py``), run once.
+
+    An `Accelerator`, ``set_seed``, a shuffled loader of ``PATTERN_STEPS``
+    batches per process and a model with dropout, all prepared;
+    ``PATTERN_EPOCHS`` epochs, the step counted over them,
+    ``save_state(folder)`` after step ``PATTERN_SAVED_AT`` (the script's
+    ``step_2``), then on. With ``resume``
+    the same script resumes instead: ``load_state(folder)`` right after
+    ``prepare``, then the starting epoch and the step in it from the
+    checkpoint's step, ``skip_first_batches(loader, step)`` for the rest of
+    that epoch and the loader for the next ones. Returns, per step made,
+    the rows its batch holds and one number from each RNG (`_draws`), taken
+    as the step begins.
+    """
+    acc = impl.Accelerator()
+    impl.utils.set_seed(PATTERN_SEED)
+    rows = torch.arange(PATTERN_STEPS * RESUME_BATCH * acc.num_processes)
+    loader = DataLoader(rows, batch_size=RESUME_BATCH, shuffle=True)
+    model = _net(PATTERN_SEED, dropout=0.5)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, optimizer, loader = acc.prepare(model, optimizer, loader)
+    overall_step, starting_epoch, resume_step = 0, 0, None
+    if resume:
+        acc.load_state(folder)
+        starting_epoch, resume_step = divmod(PATTERN_SAVED_AT, len(loader))
+        overall_step = PATTERN_SAVED_AT
+    seen = {}
+    for epoch in range(starting_epoch, PATTERN_EPOCHS):
+        active = acc.skip_first_batches(loader, resume_step) if resume and epoch == starting_epoch else loader
+        for batch in active:
+            draws = _draws()
+            loss = model(batch.float().unsqueeze(1).expand(-1, FEATURES) / rows.numel()).pow(2).mean()
+            acc.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            overall_step += 1
+            seen[overall_step] = (batch.tolist(), draws)
+            if not resume and overall_step == PATTERN_SAVED_AT:
+                acc.save_state(folder)
+    acc.wait_for_everyone()
+    return seen
+
+
+@case("save_state.resume_data_order", timeout=MODEL_CASE_TIMEOUT)
+def save_state_resume_as_documented(impl, world):
+    """Resuming as the documents' checkpointing script does continues the run: each resumed step sees the rows
+    and the random numbers the same step of the uninterrupted run saw (accelerate issue #3996).
+
+    The pattern (`_checkpointing_script`): the script runs, saving at step
+    ``PATTERN_SAVED_AT`` of epoch 0 and going on; the same script, started
+    afresh (same seed), calls ``load_state`` and ``skip_first_batches`` for
+    the rest of epoch 0, then trains epoch 1. Unlike
+    `save_state_resume_data_order` (another seed, a checkpoint in epoch 1,
+    batches only), the resumed loader here begins its first epoch after
+    ``load_state`` put back the random states of the moment of the save:
+    whatever the resumed loader draws as it starts (its iterator's seed,
+    a sampler's seed) comes from those states, which the interrupted run
+    had already moved past. The random numbers are save_state.roundtrip's
+    promise (RNG states restored, training continues) in this pattern.
+    """
+    folder = _path(world, "step_2")
+    uninterrupted = _checkpointing_script(impl, folder, resume=False)
+    resumed = _checkpointing_script(impl, folder, resume=True)
+    expected_steps = [step for step in uninterrupted if step > PATTERN_SAVED_AT]
+    expect_equal(list(resumed), expected_steps, "the steps the resumed script makes")
+    per_epoch = [[uninterrupted[s][0] for s in range(1 + e * PATTERN_STEPS, 1 + (e + 1) * PATTERN_STEPS)] for e in (0, 1)]
+    expect_true(per_epoch[0] != per_epoch[1], "epochs 0 and 1 have the same order; the case needs a shuffled loader")
+    for part, what in ((0, "rows"), (1, "random numbers (random, numpy, torch)")):
+        expect_equal(
+            {step: resumed[step][part] for step in expected_steps},
+            {step: uninterrupted[step][part] for step in expected_steps},
+            f"rank {world.rank}: step -> the {what} each step resumed from the step {PATTERN_SAVED_AT} checkpoint sees, "
+            "against the uninterrupted run",
+        )
+
+
 def _model_optimizer(acc):
     model = _net()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
