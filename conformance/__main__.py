@@ -127,6 +127,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         strict=args.strict,
         debug_collectives=args.debug_collectives,
         machine=machine,
+        on_interrupt=lambda interrupted: _write_reports(args, interrupted),
     )
     try:
         run = execute(options)
@@ -135,6 +136,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
     if not run.reporter:
         return 0
+    _write_reports(args, run)
+    if not run.results:
+        print("no case ran: check -k and --worlds", file=sys.stderr)
+        return 5
+    if options.strict and run.unexpected_passes:
+        print(f"--strict: {len(run.unexpected_passes)} unexpected pass(es) of manifest entries", file=sys.stderr)
+        return 1
+    return 1 if run.failed else 0
+
+
+def _write_reports(args: argparse.Namespace, run) -> None:
+    """The reports ``--json``, ``--junit``, ``--markdown`` and ``--html`` ask for."""
     if args.json:
         report.write_json(run, args.json)
     if args.junit:
@@ -143,13 +156,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         report.write_markdown([run], args.markdown)
     if args.html:
         report.write_html([run], args.html)
-    if not run.results:
-        print("no case ran: check -k and --worlds", file=sys.stderr)
-        return 5
-    if options.strict and run.unexpected_passes:
-        print(f"--strict: {len(run.unexpected_passes)} unexpected pass(es) of manifest entries", file=sys.stderr)
-        return 1
-    return 1 if run.failed else 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:

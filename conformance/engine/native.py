@@ -10,8 +10,9 @@
 * **Output captured.** Each case's output on file descriptors 1 and 2 (Python's, a C library's, tqdm's bars) goes
   to a file per rank and comes back in the result, as the simulator keeps its ranks' logs.
 * **A scratch folder per run**, made by rank 0, named in the agreement, removed at the end.
-* A rank that hangs past the case timeout dumps its Python stack (faulthandler, on the console) and exits, which
-  ends the launch: the results reported so far are kept by rank 0's report only if rank 0 was not the one.
+* A rank past the case timeout prints every thread's stack on its console and exits, which ends the launch; rank 0
+  first reports the case as a HANG and has the reports written with the results so far. A rank that never replies
+  is a HANG too.
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ import shutil
 import socket
 import sys
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Iterator
+from functools import partial
+from typing import Any, Callable, Iterator, NoReturn
 
 from simulators.spawn import TAIL_LINES
 from simulators.topology import World
@@ -41,6 +44,15 @@ from .results import CaseResult, Status
 Emit = Callable[[CaseResult], None]
 #: Seconds the ranks wait for each other at the start (imports on a loaded machine) and at the end.
 AGREE_TIMEOUT_S = 120.0
+#: Seconds past a case's timeout before faulthandler ends a rank whose watchdog thread never ran.
+WATCHDOG_GRACE_S = 30.0
+#: Seconds past a case's timeout rank 0 waits for the others' replies: a rank still running by then is past its
+#: own timeout (it started the case before rank 0 finished it), and its watchdog has fired.
+EXCHANGE_GRACE_S = 10.0
+#: Exit status of a rank ended by a hang.
+HANG_EXIT_STATUS = 3
+#: Seconds a rank ended by a hang waits for rank 0 to have written the reports.
+REPORT_WAIT_S = 90.0
 #: Bytes of a case's output kept per rank (its last TAIL_LINES lines within them).
 OUTPUT_TAIL_BYTES = 64 * 1024
 
@@ -116,9 +128,9 @@ def _one_line(error: BaseException) -> str:
 
 
 @contextmanager
-def captured_output(path: str) -> Iterator[int]:
-    """File descriptors 1 and 2 (and Python's streams over them) into ``path`` for the block, which gets a
-    descriptor of the console's stderr (for what must still reach it: a hang's stack dump)."""
+def captured_output(path: str) -> Iterator[tuple[int, int]]:
+    """File descriptors 1 and 2 (and Python's streams over them) into ``path`` for the block, which gets
+    descriptors of the console's stdout and stderr (for what must still reach it: a hang's report)."""
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
@@ -127,7 +139,7 @@ def captured_output(path: str) -> Iterator[int]:
             os.dup2(sink.fileno(), 1)
             os.dup2(sink.fileno(), 2)
             try:
-                yield saved[1]
+                yield saved
             finally:
                 sys.stdout.flush()
                 sys.stderr.flush()
@@ -171,6 +183,8 @@ class NativeBackend:
 
     def __init__(self, impl: str, case_timeout: float, agree_timeout: float = AGREE_TIMEOUT_S) -> None:
         self.impl = impl
+        #: Called on rank 0 when a case hangs, just before the process ends (the runner writes the reports).
+        self.interrupted: Callable[[], None] = lambda: None
         self.case_timeout = case_timeout
         self.agree_timeout = agree_timeout
         self.world = launch_world()
@@ -268,11 +282,18 @@ class NativeBackend:
             started = time.perf_counter()
             timeout = case.timeout_within(self.case_timeout)
             with captured_output(output_file) as console:
-                faulthandler.dump_traceback_later(timeout, exit=True, file=console)
+                on_hang = partial(self._hung, index, case, WorldInfo(world, shared_dir), started, output_file, console,
+                                  emit)
+                watchdog = threading.Timer(timeout, on_hang)
+                watchdog.daemon = True
+                watchdog.start()
+                # The backstop, should the watchdog never get the interpreter (C code holding the GIL).
+                faulthandler.dump_traceback_later(timeout + WATCHDOG_GRACE_S, exit=True, file=console[1])
                 try:
                     reply = worker.run_case(case.key, world.label, shared_dir)
                 finally:
                     faulthandler.cancel_dump_traceback_later()
+                    watchdog.cancel()
             reply["output"] = output_tail(output_file)
             replies, missing = self._exchange(index, reply, timeout)
             if self.is_reporter:
@@ -285,24 +306,73 @@ class NativeBackend:
                 emit(result(case, info, self.name, self.impl, status, message, time.perf_counter() - started,
                             replies, output=output))
             if missing:
-                return  # the ranks are out of step: nothing after this case could be trusted
+                self._end_launch()  # the ranks are out of step: nothing after this case could be trusted
+
+    def _hung(self, index: int, case: Case, info: WorldInfo, started: float, output_file: str,
+              console: tuple[int, int], emit: Emit) -> None:
+        """The watchdog of a case past its timeout: print every thread's stack on the console; on rank 0, report
+        the case (a HANG, or the failure another rank replied with, which explains it); end the launch (a rank
+        stuck in a collective cannot be brought back into step)."""
+        os.dup2(console[0], 1)
+        os.dup2(console[1], 2)
+        timeout = case.timeout_within(self.case_timeout)
+        print(f"conformance: rank {self.rank}: {case.id} [{case.name}] passed its {timeout:g} s timeout; "
+              "every thread's stack:", file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(file=console[1], all_threads=True)
+        if self.is_reporter:
+            replies, missing = self._replies(index)
+            detail = f"the launch ends here (each rank's stack is on its console); {_MISSING_DETAIL}"
+            status, message = merge_incomplete(replies, missing, Status.HANG, detail)
+            output = {rank: reply.get("output", "") for rank, reply in replies.items()}
+            emit(result(case, info, self.name, self.impl, status, message, time.perf_counter() - started, replies,
+                        output={**output, 0: output_tail(output_file)}))
+        self._end_launch()
+
+    def _end_launch(self) -> NoReturn:
+        """End this rank after a hang. Rank 0 has the reports written (``interrupted``) and says so; the others wait
+        for that (bounded), so that the launcher, which stops every rank once one exits, does not stop rank 0
+        before its reports are written."""
+        if self.is_reporter:
+            self.interrupted()
+            if self._store is not None:
+                self._store.set("reported", b"1")
+        elif self._store is not None:
+            try:
+                self._store.wait(["reported"], timedelta(seconds=REPORT_WAIT_S))
+            except Exception:
+                print(f"conformance: rank {self.rank}: rank 0 wrote no report within {REPORT_WAIT_S:g} s",
+                      file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if self.local_rank == 0:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+        os._exit(HANG_EXIT_STATUS)
 
     def _exchange(self, index: int, reply: dict[str, Any], timeout: float) -> tuple[dict[int, dict[str, Any]], list[int]]:
         """Every rank's reply on rank 0 (a lock-step barrier for the others), and the ranks that never replied.
 
-        A rank other than 0 that waits in vain (rank 0 hung or died) raises NativeLaunchError.
+        A rank other than 0 that waits in vain (rank 0 or another rank hung) ends the launch.
         """
         if self._store is None:
             return {0: reply}, []
         self._store.set(f"case{index}/{self.rank}", pickle.dumps(reply))
         keys = [f"case{index}/{rank}" for rank in range(self.world.size)]
         try:
-            self._wait(keys, timeout * 2, f"ranks {{missing}} did not finish case {index + 1} within {timeout * 2:g} s")
-        except NativeLaunchError:
+            wait = timeout + EXCHANGE_GRACE_S
+            self._wait(keys, wait, f"ranks {{missing}} did not finish case {index + 1} within {wait:g} s")
+        except NativeLaunchError as error:
             if self.rank != 0:
-                raise
-        present = {rank: key for rank, key in enumerate(keys) if self._store.check([key])}
-        missing = sorted(set(range(self.world.size)) - set(present))
+                print(f"conformance: {error}", file=sys.stderr, flush=True)
+                self._end_launch()
+        return self._replies(index)
+
+    def _replies(self, index: int) -> tuple[dict[int, dict[str, Any]], list[int]]:
+        """The replies to case ``index`` in the store now, and the ranks that have not replied."""
+        if self._store is None:
+            return {}, [0]
+        keys = {rank: f"case{index}/{rank}" for rank in range(self.world.size)}
+        present = {rank: key for rank, key in keys.items() if self._store.check([key])}
+        missing = sorted(set(keys) - set(present))
         return {rank: pickle.loads(self._store.get(key)) for rank, key in present.items()}, missing
 
     def close(self) -> None:

@@ -14,7 +14,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import IO, Any, Sequence
+from typing import IO, Any, Callable, Sequence
 
 from simulators.capacity import check_world
 from simulators.flight_recorder import DEBUG_ENV
@@ -66,6 +66,8 @@ class RunOptions:
     debug_collectives: bool = False
     #: The mock accelerators' environment for every rank (``--device-count``, ``--device-memory``).
     machine: dict[str, str] = field(default_factory=dict)
+    #: Called with the run so far when a native run ends at a hang (the process then exits): write the reports.
+    on_interrupt: Callable[[Run], None] | None = None
 
 
 @dataclass
@@ -158,6 +160,17 @@ def _execute(options: RunOptions, backend: SimBackend | NativeBackend, out: IO[s
     say = out.write if reporting else (lambda text: None)
     say(_header(run.metadata, len(cases)))
     started = time.perf_counter()
+    if isinstance(backend, NativeBackend):
+
+        def interrupted() -> None:
+            run.metadata["duration_s"] = round(time.perf_counter() - started, 2)
+            run.metadata["interrupted"] = "a case hung: the launch ended after it"
+            say("\n" + summary(run))
+            out.flush()
+            if options.on_interrupt is not None:
+                options.on_interrupt(run)
+
+        backend.interrupted = interrupted
     for world in worlds:
         if not backend.worlds_supported(world):
             run.warnings.append(f"backend {backend.name} cannot run world {world.label}: skipped")

@@ -3,7 +3,8 @@
 For an implementation and a world W, every case's status at W natively (torchrun on this host,
 :mod:`conformance.tools.torchrun`) must equal its status at W on the ``sim`` backend, both without a manifest, except
 the cases listed in ``conformance/agreement.toml`` with their reason (a case that needs the simulator's mock devices,
-or whose outcome depends on the machine). Cases the simulator does not run (about another device family: ``sim`` runs
+or whose outcome depends on the machine). A case that hangs natively ends its launch; the cases after it run in
+the next launch. Cases the simulator does not run (about another device family: ``sim`` runs
 them only on their family's mock) are counted apart, not compared.
 
 ``python -m conformance agree --impl accelerate --worlds 1,2,2x2 [-k PATTERN]`` prints one line per world (compared,
@@ -16,10 +17,11 @@ import io
 import sys
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import IO, Sequence
+from typing import IO, Any, Sequence
 
 from simulators.topology import World
 
+from ..engine.case import all_cases, select
 from ..engine.results import CaseResult
 from ..engine.runner import RunOptions, execute
 from .torchrun import run_native
@@ -118,14 +120,29 @@ def compare(impl: str, world: str, native: list[CaseResult], simulated: list[Cas
     return agreement
 
 
+def native_results(impl: str, world: World, patterns: Sequence[str], **options: Any) -> list[CaseResult]:
+    """Every selected case's native result at ``world``. A hang ends a launch (its ranks are out of step): the
+    cases after it run in a new launch, until every case has a result."""
+    remaining = [c for c in select(all_cases(), patterns) if c.runs_at(world.label)]
+    results: list[CaseResult] = []
+    while remaining:
+        run = run_native(impl, world, sorted({c.name for c in remaining}), **options).run
+        results += run.results
+        if not run.metadata.get("interrupted"):
+            break
+        done = {(r.id, r.case) for r in results}
+        remaining = [c for c in remaining if (c.id, c.name) not in done]
+    return results
+
+
 def check(impl: str, world: World, patterns: Sequence[str] = (), *, exceptions: Sequence[Listed] | None = None,
           case_timeout: float | None = None, pythonpath: Sequence[str] = ()) -> Agreement:
     """Run ``impl``'s cases matching ``patterns`` at ``world`` natively and on the simulator; compare them."""
-    native = run_native(impl, world, patterns, case_timeout=case_timeout, pythonpath=pythonpath).run
+    native = native_results(impl, world, patterns, case_timeout=case_timeout, pythonpath=pythonpath)
     options = RunOptions(impl=impl, worlds=[world.label], patterns=list(patterns), manifest=None,
                          **({"case_timeout": case_timeout} if case_timeout else {}))
     simulated = execute(options, out=io.StringIO())
-    return compare(impl, world.label, native.results, simulated.results,
+    return compare(impl, world.label, native, simulated.results,
                    listed() if exceptions is None else exceptions)
 
 

@@ -208,3 +208,17 @@ def test_a_bad_world_shape_is_refused(monkeypatch):
     monkeypatch.setenv("MASTER_PORT", "1")
     with pytest.raises(NativeLaunchError, match="not a whole number of machines"):
         launch_world()
+
+
+def test_a_hang_ends_the_launch_with_the_reports_written_and_the_agreement_runs_the_rest_in_a_new_one():
+    """``broken_impls.collective_skipped_on_one_rank``: the last rank skips gather's collective, rank 0 blocks in
+    it. Rank 0 reports the case (a HANG, or the other rank's FAIL), the reports are written before the launch ends,
+    and the cases after it get a launch of their own and pass."""
+    results = agreement.native_results("broken_impls.collective_skipped_on_one_rank", World.parse("2"),
+                                       ("gather.first_dim", "reduce.mean", "broadcast.from_process"),
+                                       case_timeout=4.0, pythonpath=[str(META)])
+    statuses = {r.case: r.status for r in results}
+    hung = [r for r in results if r.id == "gather.first_dim"]
+    assert len(hung) == 1 and hung[0].status in (Status.HANG, Status.FAIL), statuses
+    assert set(statuses) - {hung[0].case} and all(
+        status is Status.PASS for case, status in statuses.items() if case != hung[0].case), statuses
