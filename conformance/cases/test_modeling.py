@@ -11,6 +11,7 @@ import json
 import os
 
 import torch
+from safetensors.torch import save_file
 
 from ..engine.case import case
 from ..support.checks import expect_equal, expect_raises, expect_tensor, expect_true
@@ -216,6 +217,35 @@ def tied_parameters(impl, world):
     modeling.retie_parameters(model, [["embed.weight", "head.weight"]])
     expect_true(model.head.weight is model.embed.weight, "retie_parameters: head.weight is embed.weight again (not a copy)")
     expect_equal(modeling.find_tied_parameters(model), [["embed.weight", "head.weight"]], "tied again")
+
+
+
+@case("modeling.tied_parameters", worlds=[1])
+def load_checkpoint_reties(impl, world):
+    """`load_checkpoint_in_model` with a device map restores the ties loading broke: the tied weights are one
+    Parameter again, holding the checkpoint's values.
+
+    Loading puts a new tensor under each name it reads, which unties a
+    group; the loader ties it again at the end. Two checkpoints into an
+    empty tied model: a pickle holding both names, and a safetensors file
+    holding one name per shared tensor (as a tied model is saved, the
+    other name left to the tie).
+    """
+    modeling = _modeling(impl)
+    reference = built(width=8, depth=1, tie=True)
+    state = reference.state_dict()
+    both = os.path.join(world.shared_dir, "tied.bin")
+    torch.save(state, both)
+    one = os.path.join(world.shared_dir, "tied.safetensors")
+    save_file({k: v.contiguous() for k, v in state.items() if k != "head.weight"}, one, metadata={"format": "pt"})
+    for checkpoint, what in ((both, "a pickle with both names"), (one, "a safetensors file with embed.weight only")):
+        with impl.part("big_modeling").init_empty_weights():
+            model = Net(width=8, depth=1)
+        model.head.weight = model.embed.weight  # tied after the build, as a model's tie_weights() does
+        modeling.load_checkpoint_in_model(model, checkpoint, device_map={"": "cpu"})
+        expect_true(model.head.weight is model.embed.weight, f"{what}: head.weight is embed.weight after loading (tied again)")
+        expect_tensor(model.head.weight, reference.embed.weight, f"{what}: the tied weight holds the checkpoint's values")
+        expect_equal(modeling.find_tied_parameters(model), [["embed.weight", "head.weight"]], f"{what}: find_tied_parameters")
 
 
 # -- modeling.tensor_to_device -------------------------------------------------------

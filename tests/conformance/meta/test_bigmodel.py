@@ -45,6 +45,7 @@ BREAKS = [
         BIGMODEL,
         case_timeout=TIMEOUT,
     ),
+    brk("bigmodel_load_keeps_untied", {"load_checkpoint_reties": F}, WORLD, BIGMODEL, case_timeout=TIMEOUT),
 ]
 
 PLAN = [Break(REFERENCE, {}, WORLD, BIGMODEL, case_timeout=TIMEOUT)] + BREAKS
