@@ -657,7 +657,14 @@ TRANSFORMERS_CASE_TIMEOUT = 120.0
 @case("save.transformers_save_pretrained", worlds=DISTRIBUTED_WORLDS, timeout=TRANSFORMERS_CASE_TIMEOUT)
 def transformers_save_pretrained(impl, world):
     """A tiny Transformers model from a config, prepared, saved with ``save_pretrained(dir, is_main_process=...,
-    save_function=accelerator.save)``, written once and reloaded with ``from_pretrained``; NOT_SUPPORTED without Transformers."""
+    save_function=accelerator.save)``, written once and reloaded with ``from_pretrained``; NOT_SUPPORTED without Transformers.
+
+    Transformers 5 dropped ``save_function`` (huggingface/transformers#42734, huggingface/accelerate#3913): its
+    ``save_pretrained`` takes the documented call and ignores the hook with its other keyword arguments, and writes
+    the weights itself on rank 0. Where Transformers never calls the hook, the rest of the pattern is still checked
+    (the prepared model unwraps to the user's, the folder reloads as its weights) and the case is NOT_SUPPORTED
+    naming that: never a PASS that checked no ``accelerator.save``.
+    """
     try:
         import transformers
     except ImportError as error:
@@ -666,7 +673,8 @@ def transformers_save_pretrained(impl, world):
     config = transformers.BertConfig(vocab_size=32, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16)
     model = acc.prepare(transformers.BertModel(config))
     folder = _path(world, "pretrained")
-    writes = []  # torch.save calls made on this rank through accelerator.save (Transformers calls save_function on every rank)
+    hooked = []  # save_function calls on this rank (Transformers 4 calls it on every rank; 5 on none)
+    writes = []  # torch.save calls made on this rank through accelerator.save
     real_torch_save = torch.save
 
     def counting_torch_save(obj, f, *args, **kwargs):
@@ -674,6 +682,7 @@ def transformers_save_pretrained(impl, world):
         return real_torch_save(obj, f, *args, **kwargs)
 
     def save_function(obj, f, **kwargs):
+        hooked.append(str(f))
         torch.save = counting_torch_save
         try:
             acc.save(obj, f, **kwargs)
@@ -684,6 +693,13 @@ def transformers_save_pretrained(impl, world):
     acc.wait_for_everyone()
     reloaded = transformers.BertModel.from_pretrained(folder)
     expect_equal(_flat(reloaded.state_dict().values()), _flat(acc.unwrap_model(model).state_dict().values()), "from_pretrained weights")
+    if not hooked:
+        raise NotSupported(
+            f"🤗 Transformers {transformers.__version__} is installed here: its save_pretrained ignores save_function "
+            "(dropped in Transformers 5: huggingface/transformers#42734, huggingface/accelerate#3913), so the documented "
+            "save_function=accelerator.save cannot be checked; the rest held (unwrap_model(model).save_pretrained(dir, "
+            "is_main_process=...) wrote the folder, from_pretrained(dir) read the prepared weights back)"
+        )
     return bool(writes)
 
 

@@ -8,7 +8,10 @@ Accelerator's ranks, the data-parallel shares of the loaders, FSDP over the
 mesh, and the DTensor checks on a tensor-parallel model. HF's Accelerator
 refuses every ParallelismConfig of total size > 1 on MULTI_CPU (its
 ``multi_device`` leaves the CPU out), so there the documented rule is
-checked directly against the mesh HF's configuration builds.
+checked directly against the mesh HF's configuration builds. With transformers
+installed (4 or 5), the tp handler's version gate is compared, and one launch of
+2 ranks loads a model sharded by Transformers' own tensor parallelism, which
+HF's `get_model_tp_size` reads where each major version keeps the degree.
 No catalog ID covers N-D parallelism yet.
 """
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.metadata
 import warnings
 from types import SimpleNamespace
 from unittest import mock
@@ -42,8 +46,9 @@ PROPERTIES = [
     "tp_enabled", "cp_enabled", "sp_enabled", "active_mesh_dims", "device_mesh", "_sizes",
 ]
 
-#: A handler stand-in for tp and sp: HF's default ones need transformers (absent here) or are another area's
-#: (DeepSpeedSequenceParallelConfig); neither configuration checks a given tp or sp handler's type.
+#: A handler stand-in for tp and sp: HF's default ones need transformers (an extra: these configurations must not
+#: depend on it) or are another area's (DeepSpeedSequenceParallelConfig); neither configuration checks a given tp or
+#: sp handler's type.
 class _Handler:
     """Named in test ids (an `object()`'s address would differ between pytest-xdist workers)."""
 
@@ -119,6 +124,35 @@ def test_tensor_parallel_handler_needs_transformers_as_hf():
     for config in (HfConfig, ParallelismConfig, hf_utils.TorchTensorParallelConfig, TorchTensorParallelConfig):
         with pytest.raises(ImportError):
             config(tp_size=2) if config in (HfConfig, ParallelismConfig) else config()
+
+
+def _handler_outcomes() -> list:
+    """HF's and our default tp handlers, built through a configuration and alone: the class built, or the refusal."""
+    outcomes = []
+    for build in (lambda: HfConfig(tp_size=2).tp_handler, lambda: ParallelismConfig(tp_size=2).tp_handler,
+                  hf_utils.TorchTensorParallelConfig, TorchTensorParallelConfig):
+        try:
+            outcomes.append(type(build()).__name__)
+        except ValueError as error:
+            outcomes.append(f"ValueError: {error}")
+    return outcomes
+
+
+@pytest.mark.skipif(not is_transformers_available(), reason="transformers is not installed (extra transformers)")
+@pytest.mark.parametrize("installed", ["as installed", "4.51.0"])
+def test_tensor_parallel_handler_is_gated_on_the_transformers_version_as_hf(installed, monkeypatch):
+    """HF 1.15 builds the default tp handler with transformers >= 4.52 (4.57 and 5.x alike: the extra's bound admits
+    both) and refuses an older one naming the version; the installed version is read from its metadata each time."""
+    expected = ["TorchTensorParallelConfig"] * 4
+    if installed != "as installed":
+        real_version = importlib.metadata.version
+        monkeypatch.setattr(importlib.metadata, "version", lambda name: installed if name == "transformers" else real_version(name))
+        expected = [f"ValueError: TP requires transformers >= {hf_utils.dataclasses.BETA_TP_AVAILABLE_TRANSFORMERS_VERSION}"] * 4
+    assert _handler_outcomes() == expected
+    if installed == "as installed":
+        for handler in (hf_utils.TorchTensorParallelConfig, TorchTensorParallelConfig):
+            with pytest.warns(UserWarning, match="Async tensor parallelism is currently not supported"):
+                handler(enable_async_tp=True)
 
 
 def test_context_parallel_handler_matches_hf(monkeypatch):
@@ -363,3 +397,57 @@ def test_four_ranks_match_hf_meshes_and_share_batches_by_data_parallel_rank():
         assert per_rank[0] == per_rank[1] and per_rank[2] == per_rank[3], f"{name}: a tp group reads the same batches"
         assert per_rank[0] != per_rank[2], f"{name}: data-parallel ranks read different batches"
         assert sorted(sum(per_rank[0] + per_rank[2], [])) == list(range(16)), f"{name}: together they read the data once"
+
+
+# -- a model sharded by Transformers' own tensor parallelism, 2 ranks ------------------
+
+def transformers_tensor_parallel(folder: str) -> dict:
+    """A tiny Llama loaded from ``folder`` with Transformers' tensor parallelism over this world of 2
+    (``tp_plan="auto"`` under Transformers 4; under 5 ``DistributedConfig(tp_size=2)``, which Transformers keeps in
+    ``model.config.distributed_config``): how accelerate_ref and HF read it, and accelerate_ref's refusal of tp."""
+    import transformers
+
+    fresh()  # gloo over the world: the process group Transformers shards over
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        from transformers.distributed import DistributedConfig
+
+        options = {"distributed_config": DistributedConfig(tp_size=2)}
+    else:
+        options = {"tp_plan": "auto"}
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, **options)
+    tokens = torch.arange(8)[None] % 32
+    report = {
+        "tp_size": (get_model_tp_size(model), hf_other.get_model_tp_size(model)),
+        "dtensor": (model_has_dtensor(model), hf_other.model_has_dtensor(model)),
+        "distributed_config": getattr(getattr(model.config, "distributed_config", None), "tp_size", None),
+        "loss": model(input_ids=tokens, labels=tokens).loss.item(),
+    }
+    try:
+        fresh(parallelism_config=ParallelismConfig(tp_size=2))  # the default tp handler: transformers >= 4.52
+        report["refusal"] = None
+    except NotImplementedError as error:
+        report["refusal"] = str(error)
+    return report
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not is_transformers_available(), reason="transformers is not installed (extra transformers)")
+def test_a_model_sharded_by_transformers_tensor_parallelism_reads_as_in_hf(tmp_path):
+    """HF 1.15's prepare checks a tp model's degree with `get_model_tp_size`, which reads ``model.tp_size``
+    (Transformers < 5) or ``config.distributed_config`` (>= 5): on a real sharded model, under whichever Transformers
+    is installed, ours reads what HF's does, and `Accelerator(parallelism_config=...)` with tp > 1 is refused by name."""
+    transformers = pytest.importorskip("transformers")
+    from packaging.version import Version
+
+    if Version(transformers.__version__) < Version(hf_utils.dataclasses.BETA_TP_AVAILABLE_TRANSFORMERS_VERSION):
+        pytest.skip("HF's tensor parallelism needs a newer transformers")
+    folder = tmp_path / "llama"
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                                           num_attention_heads=2, num_key_value_heads=2)).save_pretrained(folder)
+    reports = simulators.run(transformers_tensor_parallel, world=2, args=(str(folder),), timeout=240, env={"ACCELERATE_USE_CPU": "1"})
+    for report in reports:
+        assert report["tp_size"] == (2, 2) and report["dtensor"] == (True, True), report
+        if Version(transformers.__version__).major >= 5:
+            assert report["distributed_config"] == 2, "Transformers 5 keeps the degree in config.distributed_config"
+        assert report["refusal"] is not None and "tp" in report["refusal"], report["refusal"]
+    assert reports[0]["loss"] == reports[1]["loss"], "the sharded forward agrees across ranks"

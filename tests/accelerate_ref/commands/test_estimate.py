@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import sys
 from unittest import mock
 
 import pytest
@@ -129,6 +130,18 @@ def test_refusals_are_hfs(models, model, flags, error):
     assert ours == _hf_outcome([str(models / model), *flags])
 
 
+def _repository_not_found(message: str) -> Exception:
+    """huggingface_hub's RepositoryNotFoundError, as the Hub's 404 raises it: huggingface_hub 1 and later (which
+    Transformers 5 brings) require the HTTP response, from the HTTP library that version uses; 0.x takes none."""
+    from huggingface_hub import errors
+
+    try:
+        return errors.RepositoryNotFoundError(message)
+    except TypeError:
+        http = sys.modules[errors.Response.__module__.partition(".")[0]]
+        return errors.RepositoryNotFoundError(message, response=errors.Response(404, request=http.Request("GET", "https://huggingface.co/api/models/org/model")))
+
+
 def test_hub_names_fail_as_in_hf(tmp_path):
     # a path that is no repo ID fails in huggingface_hub's validation, before any request
     absent = str(tmp_path / "absent")
@@ -136,9 +149,7 @@ def test_hub_names_fail_as_in_hf(tmp_path):
     assert ours[0] == "raised" and issubclass(ours[1], ValueError) and ours == _outcome(hf_estimate, [absent])
     # an unreadable repository (offline, gated) and a missing one, the Hub's answers stood in for: both are
     # "gated" in HF 1.15 (RepositoryNotFoundError is an OSError, caught first), and so in accelerate_ref
-    from huggingface_hub.utils import RepositoryNotFoundError
-
-    for answer in (OSError("offline"), RepositoryNotFoundError("no repo")):
+    for answer in (OSError("offline"), _repository_not_found("no repo")):
         with mock.patch("huggingface_hub.model_info", side_effect=answer), \
                 mock.patch.object(hf_estimate, "model_info", side_effect=answer):
             ours, theirs = _outcome(ref_estimate, ["org/model"]), _outcome(hf_estimate, ["org/model"])

@@ -14,11 +14,14 @@ To reproduce one break by hand::
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 
 import pytest
+from packaging.version import Version
 
-from tests.conformance.meta.support import REFERENCE, Break, F, brk, judge
+from conformance.engine.results import Status
+from tests.conformance.meta.support import REFERENCE, Break, E, F, brk, judge
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -53,16 +56,34 @@ BREAKS = [
 #: Per world, the reference first (it must pass every case the breaks use), then the breaks, in one pool.
 PLAN = [entry for world in ("1", "2") for entry in [Break(REFERENCE, {}, world, SAVING)] + [b for b in BREAKS if b.world == world]]
 
-#: With 🤗 Transformers installed (extra `transformers`), its case too: a save on every rank is caught there.
-if importlib.util.find_spec("transformers") is not None:
-    TRANSFORMERS = ("save.once_per_machine", "save.transformers_save_pretrained")
+#: With 🤗 Transformers installed (extra `transformers`), its case too. Transformers 4 calls save_pretrained's
+#: save_function (accelerator.save) on every rank: a save on every rank is caught there. Transformers 5 ignores
+#: save_function (and writes on rank 0 itself): the reference is NOT_SUPPORTED there, naming why
+#: (test_transformers_5_case_names_the_dropped_hook), and the rest of the pattern still catches a break:
+#: unwrap_model returning the DDP wrapper, under both.
+HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
+#: Read from the installed version, not by importing Transformers (seconds) when the module is collected.
+TRANSFORMERS_HOOK = HAS_TRANSFORMERS and Version(importlib.metadata.version("transformers")).major < 5
+TRANSFORMERS = ("save.once_per_machine", "save.transformers_save_pretrained")
+if HAS_TRANSFORMERS:
+    NS = frozenset({Status.NOT_SUPPORTED})
     PLAN += [
-        Break(REFERENCE, {}, "2", TRANSFORMERS),
-        brk("save_every_rank", {"save.once_per_machine": F, "save.transformers_save_pretrained": F}, "2", TRANSFORMERS),
+        Break(REFERENCE, {} if TRANSFORMERS_HOOK else {"save.transformers_save_pretrained": NS}, "2", TRANSFORMERS),
+        brk("train_unwrap_returns_wrapper", {"save.transformers_save_pretrained": E}, "2", TRANSFORMERS),
     ]
+    if TRANSFORMERS_HOOK:
+        PLAN.append(brk("save_every_rank", {"save.once_per_machine": F, "save.transformers_save_pretrained": F}, "2", TRANSFORMERS))
 
 
 @pytest.mark.parametrize("entry", PLAN, ids=lambda entry: entry.label)
 def test_suite_reports_saving_breaks(entry: Break, request) -> None:
     # The judgement of `support.judge`, on this module's entries and pool.
     judge(entry, request)
+
+
+@pytest.mark.skipif(not HAS_TRANSFORMERS or TRANSFORMERS_HOOK, reason="only Transformers 5 ignores save_pretrained's save_function")
+def test_transformers_5_case_names_the_dropped_hook(shared_pools) -> None:
+    """Under Transformers 5 the case checks the rest of the pattern, then says why accelerator.save went unchecked."""
+    results = shared_pools.run(Break(REFERENCE, {}, "2", ("save.transformers_save_pretrained",)))
+    assert [r.status for r in results] == [Status.NOT_SUPPORTED], results
+    assert "ignores save_function" in results[0].message and "accelerate#3913" in results[0].message, results[0].message
