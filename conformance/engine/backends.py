@@ -28,9 +28,8 @@ from simulators.topology import World
 from .case import Case, WorldInfo
 from .merge import merge_incomplete, merge_replies, result
 from .native import NativeBackend
-from .results import CaseResult, Status
+from .results import CaseResult, Emit, Status
 
-Emit = Callable[[CaseResult], None]
 #: Seconds of case timeout added per rank beyond 8: gloo's full-mesh rendezvous in a case's first
 #: ``init_process_group`` grows with the world (about 15 s for 64 ranks on 2 cores).
 RENDEZVOUS_S_PER_RANK = 0.5
@@ -101,18 +100,19 @@ class SimBackend:
         with CONFIRM_TIMEOUT_FACTOR times its timeout. A second HANG is reported as confirmed; any other ending
         is reported instead, its message saying the first try was slow, not hung.
         """
-        first = self._run_once(case, world, case.timeout_within(self.case_timeout))
+        timeout = case.timeout_within(self.case_timeout)
+        first = self._run_once(case, world, timeout)
         if first.status is not Status.HANG or not self.confirm_hang(first):
             return first
         self.close_pools()
-        timeout = case.timeout_within(self.case_timeout) * CONFIRM_TIMEOUT_FACTOR
-        again = self._run_once(case, world, timeout)
+        longer = timeout * CONFIRM_TIMEOUT_FACTOR
+        again = self._run_once(case, world, longer)
         if again.status is Status.HANG:
-            again.message = f"HANG confirmed: it hung again alone in fresh ranks, given {timeout:g} s\n{again.message}"
+            again.message = f"HANG confirmed: it hung again alone in fresh ranks, given {longer:g} s\n{again.message}"
         else:
-            again.message = (f"slow, not hung: past its {case.timeout_within(self.case_timeout):g} s timeout in the "
+            again.message = (f"slow, not hung: past its {timeout:g} s timeout in the "
                              f"run's ranks, it ended {again.status.value} alone in fresh ranks in "
-                             f"{again.duration_s:.1f} s (given {timeout:g} s)\n{again.message}").rstrip()
+                             f"{again.duration_s:.1f} s (given {longer:g} s)\n{again.message}").rstrip()
         again.duration_s = round(first.duration_s + again.duration_s, 4)
         return again
 

@@ -39,9 +39,8 @@ from simulators.topology import World
 from . import worker
 from .case import Case, WorldInfo, all_cases
 from .merge import merge_incomplete, merge_replies, result
-from .results import CaseResult, Status
+from .results import Emit, Status
 
-Emit = Callable[[CaseResult], None]
 #: Seconds the ranks wait for each other at the start (imports on a loaded machine) and at the end.
 AGREE_TIMEOUT_S = 120.0
 #: Seconds past a case's timeout before faulthandler ends a rank whose watchdog thread never ran.

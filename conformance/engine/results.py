@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 
 class Status(str, enum.Enum):
@@ -98,3 +98,7 @@ class CaseResult:
         fields["stacks"] = {int(rank): text for rank, text in fields.get("stacks", {}).items()}
         fields["output"] = {int(rank): text for rank, text in fields.get("output", {}).items()}
         return cls(**fields)
+
+
+#: How a backend hands each result to the runner as the case ends.
+Emit = Callable[[CaseResult], None]

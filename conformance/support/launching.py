@@ -40,6 +40,14 @@ def cli_root(impl: ModuleType) -> str:
     return impl.Accelerator.__module__.split(".")[0]
 
 
+def imported_folders(known: list[str]) -> list[str]:
+    """Folders this process imports from beyond the interpreter's own and ``known`` (where a vendor's package, the
+    project's source or its broken implementations may be found), so that processes it launches import the same;
+    never the simulator's mock device sites."""
+    return [p for p in sys.path if p and os.path.isdir(p) and p not in known and "devices/sites" not in p
+            and not p.startswith((sys.prefix, sys.base_prefix))]
+
+
 def clean_env(home: str, **extra: str) -> dict[str, str]:
     """This process's environment without launch variables and mock device paths, ``HF_HOME`` at ``home``, and
     ``PYTHONPATH`` naming the folders this process imports from beyond the interpreter's own."""
@@ -49,11 +57,7 @@ def clean_env(home: str, **extra: str) -> dict[str, str]:
         if key not in LAUNCH_VARIABLES and not key.startswith(("ACCELERATE_", "TORCHELASTIC_", "XDG_"))
     }
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and "devices/sites" not in p]
-    # Folders this process imports from beyond the interpreter's own (where a vendor's package, or the
-    # project's broken implementations, may be found), so that the launched processes import the same.
-    added = [p for p in sys.path if p and os.path.isdir(p) and p not in paths and "devices/sites" not in p
-             and not p.startswith((sys.prefix, sys.base_prefix))]
-    env["PYTHONPATH"] = os.pathsep.join(paths + added)
+    env["PYTHONPATH"] = os.pathsep.join(paths + imported_folders(paths))
     env["HF_HOME"] = home
     # The implementation's console scripts (``accelerate test`` runs ``accelerate-launch``) are found
     # on PATH, as they are for a user who installed it.

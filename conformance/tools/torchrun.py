@@ -27,6 +27,7 @@ from simulators.ports import free_port
 from simulators.topology import World
 
 from ..engine import report
+from ..support.launching import imported_folders
 from ..engine.runner import Run
 
 #: Seconds a native run of the whole suite at one world may take here, beyond which every agent is stopped.
@@ -99,9 +100,7 @@ def _ranks_env(env: dict[str, str] | None, pythonpath: Sequence[str], store_port
     if not _has_accelerator():
         ranks_env.setdefault("ACCELERATE_USE_CPU", "1")
     paths = [*pythonpath, *[p for p in ranks_env.get("PYTHONPATH", "").split(os.pathsep) if p]]
-    # The folders this process imports the project from (a source checkout), so ranks import the same.
-    paths += [p for p in sys.path if p and os.path.isdir(p) and p not in paths and not p.startswith((sys.prefix, sys.base_prefix))]
-    ranks_env["PYTHONPATH"] = os.pathsep.join(paths)
+    ranks_env["PYTHONPATH"] = os.pathsep.join(paths + imported_folders(paths))
     if store_port is not None:
         ranks_env["CONFORMANCE_STORE_PORT"] = str(store_port)
     ranks_env.update(env or {})
