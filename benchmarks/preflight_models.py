@@ -2,7 +2,8 @@
 peak device memory as torch reports it.
 
 Run plainly on a GPU (``python benchmarks/preflight_models.py mlp``) it prints
-``torch.cuda.max_memory_allocated()``; with ``--memtracker``, the peak of torch's own tracker
+``torch.cuda.max_memory_allocated()`` (on a machine without a GPU it trains on the CPU and the peak is null:
+``benchmarks/dry_run_cost.py`` times it so); with ``--memtracker``, the peak of torch's own tracker
 (``torch.distributed._tools.mem_tracker.MemTracker``, the second step's) on the GPU if there is one (a mock
 GPU in a dry run), else on the CPU; dry-run on mock GPUs
 (``accelerate-ref launch --simulate cuda --summary-json out.json benchmarks/preflight_models.py mlp``) the
@@ -101,10 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         model = distribute(model, args.distributed, device, args.replicate, args.bf16)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        torch.cuda.reset_peak_memory_stats()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
         with _autocast(device, args):
             _steps(model, loss_of, optimizer, device)
-        peak = torch.cuda.max_memory_allocated()
+        peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else None
     seconds = time.perf_counter() - started  # wrapping (DDP, FSDP2) and the two steps
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     print(json.dumps({"model": args.model, "parameters": parameters, "peak": peak, "seconds": round(seconds, 3),
