@@ -68,7 +68,7 @@ def _check_family_runs(args: argparse.Namespace) -> None:
 
 def dry_run(args: argparse.Namespace) -> int:
     """Run ``args.training_script`` on the simulator and print the summary; return the launcher's exit status."""
-    from simulators.devices.machine import NO_COMPUTE_ENV, STEPS_ENV, machine_env, parse_size
+    from simulators.devices.machine import NO_COMPUTE_ENV, STEPS_ENV, gpu_env, machine_env, parse_size
     from simulators.dryrun import DEFAULT_TIMEOUT, family_env, preload, record, summary, watch_interval
     from simulators.launcher import launch
     from simulators.topology import World
@@ -80,7 +80,7 @@ def dry_run(args: argparse.Namespace) -> int:
     _check_mock_device_flags(args, memory)
     world = World.of(args.num_processes, machines=args.num_machines)
     env = {**launch_env(args, base={}), "ACCELERATE_USE_CPU": str(args.simulate == "cpu" or bool(args.cpu)),
-           **family_env(args.simulate), **machine_env(args.simulate, memory=memory),
+           **family_env(args.simulate), **machine_env(args.simulate, memory=memory), **(gpu_env(preset) if preset else {}),
            **({NO_COMPUTE_ENV: "1"} if getattr(args, "no_compute", False) else {}),
            **({STEPS_ENV: str(args.steps)} if getattr(args, "steps", None) else {})}
     result = launch([args.training_script, *args.training_script_args], world,

@@ -64,7 +64,7 @@ import torch
 import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 
-from simulators.devices import backend
+from simulators.devices import backend, cuda_libraries
 from simulators.devices.memory import DeviceMemory
 from simulators.devices.runtime import DeviceRuntime, RuntimeTensor
 
@@ -87,6 +87,11 @@ class CudaTensor(RuntimeTensor):
     @property
     def is_cuda(self) -> bool:
         return True
+
+    @classmethod
+    def observe(cls, func: Any, tensors: list) -> None:
+        """The library workspaces ``func`` takes on a GPU (:mod:`simulators.devices.cuda_libraries`)."""
+        cuda_libraries.observe(cls, func, tensors)
 
 
 #: ``torch.cuda``'s device API in this process.
@@ -185,6 +190,7 @@ def install() -> None:
     # default device): a CUDA build says ``cuda``, not the PrivateUse1 name (which a mesh refuses: not alphabetic).
     torch._C._get_accelerator = torch._C._accelerator_getAccelerator = _cuda_accelerator
     torch.Tensor.pin_memory = _pinned
+    cuda_libraries.plain_for_optimizers(CudaTensor)
     # DeepSpeed wraps its engine's forward, backward and step in NVTX ranges (torch.cuda.nvtx.range_push);
     # a CPU build's NVTX stub raises "NVTX functions not installed": the mock's ranges mark nothing.
     torch.cuda.nvtx._nvtx = _Nvtx()

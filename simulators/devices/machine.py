@@ -115,20 +115,43 @@ def machine_env(kind: str, count: int | None = None, memory: str | None = None) 
     return env
 
 
-#: Budgets of common GPUs, by name (``--gpu``): the memory each is sold with, which torch reports a little
-#: above what a script can use (the CUDA context takes a few hundred MiB on a real card).
+#: Common GPUs, by name (``--gpu``): the memory each is sold with, which torch reports a little above what a
+#: script can use (the CUDA context takes a few hundred MiB on a real card), and its compute capability (the
+#: architecture: which library workspaces and kernels it gets, :mod:`simulators.devices.cuda_libraries`).
 GPU_PRESETS = {
-    "t4-16gb": "16GiB", "v100-32gb": "32GiB", "a10g-24gb": "24GiB", "l4-24gb": "24GiB", "rtx4090-24gb": "24GiB",
-    "a100-40gb": "40GiB", "a100-80gb": "80GiB", "h100-80gb": "80GiB", "h200-141gb": "141GB",
+    "t4-16gb": ("16GiB", (7, 5)), "v100-32gb": ("32GiB", (7, 0)), "a10g-24gb": ("24GiB", (8, 6)),
+    "l4-24gb": ("24GiB", (8, 9)), "rtx4090-24gb": ("24GiB", (8, 9)), "a100-40gb": ("40GiB", (8, 0)),
+    "a100-80gb": ("80GiB", (8, 0)), "h100-80gb": ("80GiB", (9, 0)), "h200-141gb": ("141GB", (9, 0)),
 }
+#: The GPU a dry run simulates when no ``--gpu`` names one: the most common data-centre GPU's architecture.
+DEFAULT_GPU = "h100-80gb"
+#: The simulated GPU's compute capability (``"8.0"``), set from ``--gpu``; unset: :data:`DEFAULT_GPU`'s.
+CAPABILITY_VARIABLE = "SIMULATORS_GPU_CAPABILITY"
 
 
-def gpu_budget(name: str) -> str:
-    """The memory budget of GPU preset ``name``; ValueError naming the presets for an unknown one."""
+def _preset(name: str) -> tuple[str, tuple[int, int]]:
     try:
         return GPU_PRESETS[name.lower()]
     except KeyError:
         raise ValueError(f"--gpu: unknown GPU {name!r}; known: {', '.join(GPU_PRESETS)}") from None
+
+
+def gpu_budget(name: str) -> str:
+    """The memory budget of GPU preset ``name``; ValueError naming the presets for an unknown one."""
+    return _preset(name)[0]
+
+
+def gpu_env(name: str) -> dict[str, str]:
+    """The environment simulating GPU preset ``name``'s architecture (ValueError for an unknown one)."""
+    major, minor = _preset(name)[1]
+    return {CAPABILITY_VARIABLE: f"{major}.{minor}"}
+
+
+def gpu_capability() -> tuple[int, int]:
+    """The simulated GPU's compute capability: ``SIMULATORS_GPU_CAPABILITY`` (``"9.0"``), else :data:`DEFAULT_GPU`'s."""
+    value = os.environ.get(CAPABILITY_VARIABLE, "")
+    match = re.fullmatch(r"\s*(\d+)\.(\d+)\s*", value)
+    return (int(match.group(1)), int(match.group(2))) if match else GPU_PRESETS[DEFAULT_GPU][1]
 
 
 def human(size: int) -> str:
@@ -142,4 +165,5 @@ def human(size: int) -> str:
 __all__ = [
     "COUNT_VARIABLES", "MEMORY_VARIABLE", "UNBUDGETED_TOTAL",
     "parse_size", "device_memory", "device_count", "parse_count", "machine_env", "human", "GPU_PRESETS", "gpu_budget",
+    "DEFAULT_GPU", "CAPABILITY_VARIABLE", "gpu_env", "gpu_capability",
 ]

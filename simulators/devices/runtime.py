@@ -14,8 +14,11 @@ and ``torch.npu``:
   with torch's default seed); ``manual_seed_all`` seeds every device, and
   ``torch.manual_seed`` calls it;
 - the memory queries report each device's books (the live tensors' storages
-  against the ``SIMULATORS_DEVICE_MEMORY`` budget); nothing is cached, so
-  reserved equals allocated;
+  against the ``SIMULATORS_DEVICE_MEMORY`` budget); reserved memory is what
+  the device's model of torch's caching allocator holds in segments (on
+  ``cuda``; see :mod:`simulators.devices.memory`; elsewhere it equals
+  allocated), ``empty_cache`` releases the fully free ones, and
+  ``reset_peak_memory_stats`` restarts both peaks;
 - the mock's ops finish at once: ``synchronize``, streams and events wait for
   nothing (a `Stream` is a context manager, an `Event` records nothing and
   reports 0 ms between two records).
@@ -128,9 +131,9 @@ class DeviceRuntime:
         return f"simulated {self.tensor_class.device_type.upper()} device"
 
     def get_device_capability(self, device: DeviceArg = None) -> tuple[int, int]:
-        """A recent accelerator's (9, 0): bf16 and fp16 work on the mock."""
+        """The simulated GPU's (:func:`simulators.devices.machine.gpu_capability`; an H100's 9.0 by default)."""
         self.index(device)
-        return (9, 0)
+        return machine.gpu_capability()
 
     def get_device_properties(self, device: DeviceArg = None) -> SimpleNamespace:
         """The device's name, capability, memory (its budget) and processor count (the mock says 1)."""
@@ -164,7 +167,8 @@ class DeviceRuntime:
 
     # -- memory -------------------------------------------------------------
     def empty_cache(self) -> None:
-        """Release cached device memory (the mock caches none)."""
+        """Release the cached segments no tensor uses (every device's allocator model)."""
+        self.tensor_class.memory.empty_cache()
 
     def ipc_collect(self) -> None:
         """Release memory other processes no longer share (the mock shares none)."""
@@ -178,21 +182,22 @@ class DeviceRuntime:
         return self.tensor_class.memory.peak(self.index(device))
 
     def memory_reserved(self, device: DeviceArg = None) -> int:
-        """Bytes reserved on the device: what is allocated (the mock caches nothing)."""
-        return self.memory_allocated(device)
+        """Bytes the device's caching allocator model holds in segments (allocated or cached)."""
+        return self.tensor_class.memory.reserved(self.index(device))
 
     def max_memory_reserved(self, device: DeviceArg = None) -> int:
-        return self.max_memory_allocated(device)
+        """The most bytes the device reserved since the start or the last ``reset_peak_memory_stats``."""
+        return self.tensor_class.memory.peak_reserved(self.index(device))
 
     def reset_peak_memory_stats(self, device: DeviceArg = None) -> None:
-        """Start the device's peak again from what it holds now."""
+        """Start the device's peaks (allocated and reserved) again from what it holds and reserves now."""
         self.tensor_class.memory.reset_peak(self.index(device))
 
     def reset_max_memory_allocated(self, device: DeviceArg = None) -> None:
         self.reset_peak_memory_stats(device)
 
     def mem_get_info(self, device: DeviceArg = None) -> tuple[int, int]:
-        """``(free, total)`` bytes of the device: its budget (64 GiB without one) less what it holds."""
+        """``(free, total)`` bytes of the device: its budget (64 GiB without one) less what it reserves."""
         return self.tensor_class.memory.info(self.index(device))
 
     # -- random numbers -----------------------------------------------------
