@@ -118,17 +118,24 @@ def _state(result: LaunchResult, rank: int) -> str:
     return "stopped after another rank failed"
 
 
+def _reserved(device: dict) -> int:
+    """The most a device reserved (a report without the figure: its peak, a device that caches nothing)."""
+    return device.get("reserved", device["peak"])
+
+
 def _verdict(report: dict | None, budget: int | None) -> dict:
-    """What a rank's memory report says against ``budget``: ``fits`` (with the headroom left at the
-    highest peak of its devices), ``out_of_memory`` (where, and torch's message), or ``unknown``."""
+    """What a rank's memory report says against ``budget``: ``fits`` (with the headroom the highest reserved
+    peak of its devices leaves: what the caching allocator took from the card, as on a GPU, where running out
+    is reserving past it), ``out_of_memory`` (where, and torch's message), or ``unknown``."""
     if report is None:
         return {"verdict": "unknown", "reason": "no memory report (no mock device, or stopped before using it)"}
     if report.get("out_of_memory"):
         return {"verdict": "out_of_memory", **report["out_of_memory"]}
     peak = max((device["peak"] for device in report["devices"].values()), default=0)
+    reserved = max(map(_reserved, report["devices"].values()), default=0)
     if budget is None:
-        return {"verdict": "no_budget", "peak": peak}
-    return {"verdict": "fits", "peak": peak, "headroom": budget - peak}
+        return {"verdict": "no_budget", "peak": peak, "reserved": reserved}
+    return {"verdict": "fits", "peak": peak, "reserved": reserved, "headroom": budget - reserved}
 
 
 def _fingerprint(text: str) -> str:
@@ -167,8 +174,9 @@ def _collective_findings(result: LaunchResult, rank: int, tail: str, script: str
 
 def record(result: LaunchResult, world: World, script: str, budget: int | None = None) -> dict:
     """The dry run's findings, machine-readable (``--summary-json``): per rank its exit state, device
-    mixing, XLA recompilations, memory (peak per device, when and where, what it held, the verdict) and, without
-    computing, where the script got placeholders for values."""
+    mixing, XLA recompilations, memory (peak and reserved peak per device, when and where, what it held, the
+    verdict against the budget by the reserved peak) and, without computing, where the script got placeholders
+    for values."""
     ranks = []
     for rank in range(world.size):
         tail = result.output_tail.get(rank, "")
@@ -194,12 +202,13 @@ def _memory_line(rank: dict) -> str | None:
         return f"rank {rank['rank']}: out of memory on {rank['device']} at step {rank['step']}, {rank['at'] or '?'}: {rank['message']}"
     if rank["verdict"] == "unknown" or not rank["memory"]:
         return None
-    device, peak = max(rank["memory"].items(), key=lambda item: item[1]["peak"])
+    device, peak = max(rank["memory"].items(), key=lambda item: (_reserved(item[1]), item[1]["peak"]))
     parts = ", ".join(f"{name.replace('_', ' ')} {human(size)}" for name, size in peak["parts"].items())
     verdict = (f"fits, {human(rank['headroom'])} headroom" if rank["verdict"] == "fits"
                else "no budget given (--device-memory or --gpu)")
     when = f"at step {peak['step']}" if peak["step"] else "before any optimizer step"
-    return f"rank {rank['rank']}: peak {human(peak['peak'])} on {device} {when}, {peak['at'] or '?'} ({parts}): {verdict}"
+    return (f"rank {rank['rank']}: peak {human(peak['peak'])}, reserved {human(_reserved(peak))} on {device} {when}, "
+            f"{peak['at'] or '?'} ({parts}): {verdict}")
 
 
 def _placeholder_lines(ranks: list[dict]) -> list[str]:

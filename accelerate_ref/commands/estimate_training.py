@@ -13,10 +13,12 @@ dtypes and collectives, no values), with batches of ``--batch_size`` sequences
 of ``--seq_len`` random tokens. ``--distributed``: ``ddp`` (every rank holds the
 model), ``fsdp`` (FSDP2 full shard, each decoder layer then the root), ``zero2``
 (DeepSpeed, the ``deepspeed`` extra); ``zero3`` is refused (`NO_ZERO3`). The table gives per rank
-the peak, its parts (parameters, gradients, optimizer state: the optimizer's
-tensors; the rest: activations, temporaries, communication buffers) and where
-it was reached; ranks with the same figures share a row. With ``--gpu`` (or
-``--device-memory``) each row ends with the verdict against that budget.
+the peak, the peak of what torch's caching allocator reserved (its model's, see
+``simulators.devices.caching_allocator``), the peak's parts (parameters, gradients,
+optimizer state: the optimizer's tensors; the rest: activations, temporaries,
+communication buffers) and where it was reached; ranks with the same figures share
+a row. With ``--gpu`` (or ``--device-memory``) each row ends with the verdict of the
+reserved peak against that budget.
 
 Refusals, one line each before anything runs (ValueError, exit 2): a model
 that is not a local folder or config file, a folder without ``config.json``,
@@ -149,19 +151,21 @@ def estimate_training(args: argparse.Namespace) -> int:
 
 
 def rows(found: dict) -> list[list[str]]:
-    """One row per group of ranks with the same peak and parts: ranks, peak, the parts, where, the verdict."""
+    """One row per group of ranks with the same peak and parts: ranks, peak, reserved peak, the parts, where, the
+    verdict (by the reserved peak: what the caching allocator took from the card)."""
     grouped: dict[tuple, list[int]] = {}
     for rank in found["ranks"]:
         if not rank["memory"]:
-            key = ("-", "-", "-", "-", "-", rank["state"], rank.get("reason", rank["verdict"]))
+            key = ("-", "-", "-", "-", "-", "-", rank["state"], rank.get("reason", rank["verdict"]))
         else:
-            device = max(rank["memory"].values(), key=lambda books: books["peak"])
+            device = max(rank["memory"].values(), key=lambda books: (books.get("reserved", books["peak"]), books["peak"]))
             parts = device["parts"]
             verdict = {"fits": lambda: f"fits ({convert_bytes(rank['headroom'])} free)", "no_budget": lambda: "-",
                        "out_of_memory": lambda: f"out of memory at {rank.get('at') or '?'}"}[rank["verdict"]]()
             if rank["verdict"] != "out_of_memory" and rank["state"] != "exit 0":
                 verdict = f"failed: {rank['state']} (see below)"
-            key = (convert_bytes(device["peak"]), convert_bytes(parts["parameters"]), convert_bytes(parts["gradients"]),
+            key = (convert_bytes(device["peak"]), convert_bytes(device.get("reserved", device["peak"])),
+                   convert_bytes(parts["parameters"]), convert_bytes(parts["gradients"]),
                    convert_bytes(parts["optimizer_state"]), convert_bytes(parts["other"]),
                    f"step {device['step']}, {device['at'] or '?'}", verdict)
         grouped.setdefault(key, []).append(rank["rank"])
@@ -176,7 +180,7 @@ def table(found: dict, args: argparse.Namespace) -> str:
     """The per-rank table of a dry run's summary (``--summary-json``) for ``args``."""
     from .estimate import create_ascii_table
 
-    headers = ["Ranks", "Peak", "Parameters", "Gradients", "Optimizer state", "Other", "Reached at", "Verdict"]
+    headers = ["Ranks", "Peak", "Reserved", "Parameters", "Gradients", "Optimizer state", "Other", "Reached at", "Verdict"]
     title = (f"Training `{args.model_name}`: {args.num_processes} GPU(s) on {args.num_machines} machine(s), {args.distributed}, "
              f"mixed precision {args.mixed_precision}, batch {args.batch_size} x {args.seq_len} tokens per GPU")
     return create_ascii_table(headers, rows(found), title)

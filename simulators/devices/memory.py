@@ -10,12 +10,23 @@ Rules (the budget is :func:`simulators.devices.machine.device_memory`):
   that fill an empty tensor) changes its size in the books, and so does a
   resize of the storage itself (``tensor.untyped_storage().resize_(0)``, how
   FSDP2 frees an unsharded parameter it still references);
+- on ``cuda``, each device also runs a model of torch's caching allocator
+  (:mod:`simulators.devices.caching_allocator`, settings from the process's
+  ``PYTORCH_ALLOC_CONF`` / ``PYTORCH_CUDA_ALLOC_CONF``): a new storage is a
+  malloc of its bytes, its release a free, a resize a malloc of the new size
+  then a free of the old (torch's ``resize_bytes_cuda``; a resize to 0 bytes
+  only frees); what the model's segments take is the device's reserved
+  memory (``memory_reserved``), ``empty_cache`` releases its fully free
+  segments, and ``mem_get_info`` counts reserved memory as used. The other
+  families (``npu``, ``xla``) reserve what they hold;
 - a new storage (or a resize) that would take a device past its budget raises torch's
   ``torch.OutOfMemoryError`` (what ``torch.cuda`` raises) naming the device,
   the size asked for, the budget, what is allocated and what is free; nothing
-  is counted then;
+  is counted then. On ``cuda`` that is a segment the allocator model cannot
+  reserve (its reserved memory plus the segment would pass the budget once
+  its cache is released), as on a GPU;
 - the peak is the most a device held since the process started or since
-  :meth:`DeviceMemory.reset_peak`.
+  :meth:`DeviceMemory.reset_peak`, and so is the peak of its reserved memory.
 
 Each process keeps its own books: a rank is a machine of its own.
 
@@ -31,10 +42,13 @@ from dataclasses import dataclass, field
 import torch
 
 from simulators.devices import machine
+from simulators.devices.caching_allocator import AllocatorOutOfMemory, Block, CachingAllocator, Settings
 
 
 #: Where payloads live: the CPU, or nowhere (meta) in no-compute mode; a meta storage counts at its size as well.
 _PAYLOAD_DEVICES = ("cpu", "meta")
+#: The families whose devices run the caching allocator model.
+CACHING_FAMILIES = ("cuda",)
 
 
 def storage_key(payload: torch.Tensor) -> int:
@@ -49,6 +63,8 @@ class _Storage:
 
     size: int
     holders: int = 0
+    #: Its block in the device's caching allocator model (None: no model, or 0 bytes).
+    block: Block | None = None
 
 
 @dataclass
@@ -61,16 +77,21 @@ class _Device:
     peak_at: str = ""
     split: dict[str, int] | None = None
     split_at: int = 0
+    allocator: CachingAllocator | None = None
 
 
 class DeviceMemory:
     """The books of one mock device family's devices in this process (indexed by device)."""
 
-    def __init__(self, device_type: str) -> None:
+    def __init__(self, device_type: str, caching: bool | None = None) -> None:
         self.device_type = device_type
+        self.caching = device_type in CACHING_FAMILIES if caching is None else caching
         self._devices: dict[int, _Device] = {}
         # Re-entrant: a weakref callback may run (garbage collection) while the lock is held.
         self._lock = threading.RLock()
+        # A release that garbage collection runs while an allocator model is mid-call waits for the call to end.
+        self._busy = False
+        self._pending: list[tuple[CachingAllocator, Block]] = []
         self._watchers: set[weakref.ref] = set()
         #: :mod:`simulators.devices.peaks` once a dry run asked for memory reports (None: no records kept).
         self.recorder = None
@@ -84,11 +105,12 @@ class DeviceMemory:
             return
         key, size = storage_key(payload), payload.untyped_storage().nbytes()
         with self._lock:
-            device = self._devices.setdefault(index, _Device())
+            device = self._device(index)
             known = device.storages.get(key)
             if known is None:
+                block = self._malloc(device, index, size)
                 self._grow(device, index, size)
-                known = device.storages[key] = _Storage(size)
+                known = device.storages[key] = _Storage(size, block=block)
             known.holders += 1
             # The payload, not the tensor: torch swaps a module's parameters only when they have no weakref.
             self._watchers.add(weakref.ref(payload, self._releaser(index, key)))
@@ -103,9 +125,7 @@ class DeviceMemory:
             known = device.storages.get(storage_key(payload)) if device else None
             if known is None or known.size == storage.nbytes():
                 return
-            growth = storage.nbytes() - known.size
-            self._grow(device, index, growth)
-            known.size += growth
+            self._resize(device, index, known, storage.nbytes())
 
     def storage_resizing(self, storage: torch.UntypedStorage, nbytes: int) -> None:
         """Count ``storage`` (a mock tensor's payload storage, when the books know it) at ``nbytes`` before torch
@@ -116,13 +136,63 @@ class DeviceMemory:
             for index, device in self._devices.items():
                 known = device.storages.get(key)
                 if known is not None:
-                    self._grow(device, index, nbytes - known.size)
-                    known.size = nbytes
+                    self._resize(device, index, known, nbytes)
                     return
 
+    def _device(self, index: int) -> _Device:
+        device = self._devices.get(index)
+        if device is None:
+            allocator = CachingAllocator(Settings.from_env()) if self.caching else None
+            device = self._devices[index] = _Device(allocator=allocator)
+        return device
+
+    def _resize(self, device: _Device, index: int, known: _Storage, nbytes: int) -> None:
+        """Count ``known`` at ``nbytes``: the new block is taken before the old one is freed (``resize_bytes_cuda``)."""
+        block = self._malloc(device, index, nbytes)
+        self._grow(device, index, nbytes - known.size)
+        if known.block is not None:
+            self._free(device.allocator, known.block)
+        known.size, known.block = nbytes, block
+
+    def _malloc(self, device: _Device, index: int, nbytes: int) -> Block | None:
+        """The allocator model's block for ``nbytes`` (None without a model or for 0 bytes, which torch does not
+        allocate); OutOfMemoryError when the model cannot reserve a segment for it within the budget."""
+        if device.allocator is None or nbytes == 0:
+            return None
+        device.allocator.capacity = machine.device_memory()
+        self._busy = True
+        try:
+            return device.allocator.malloc(nbytes)
+        except AllocatorOutOfMemory as error:
+            refused = error.size
+        finally:
+            self._settle()
+        self._out_of_memory(device, index, refused)
+        return None  # not reached: _out_of_memory raises
+
+    def _free(self, allocator: CachingAllocator, block: Block) -> None:
+        if self._busy:
+            self._pending.append((allocator, block))
+            return
+        self._busy = True
+        try:
+            allocator.free(block)
+        finally:
+            self._settle()
+
+    def _settle(self) -> None:
+        """Make the releases that came during an allocator call, then let the next call in."""
+        try:
+            while self._pending:
+                allocator, block = self._pending.pop()
+                allocator.free(block)
+        finally:
+            self._busy = False
+
     def _grow(self, device: _Device, index: int, size: int) -> None:
-        """Add ``size`` bytes (which may be negative) to ``device``; OutOfMemoryError past its budget."""
-        if size > 0:
+        """Add ``size`` bytes (which may be negative) to ``device``; OutOfMemoryError past its budget (without an
+        allocator model: with one, the model has reserved the memory already)."""
+        if size > 0 and device.allocator is None:
             self._check_budget(device, index, size)
         device.allocated += size
         if device.allocated > device.peak:
@@ -145,37 +215,73 @@ class DeviceMemory:
         with self._lock:
             return self._devices.get(index, _Device()).peak
 
-    def reset_peak(self, index: int) -> None:
-        """Start device ``index``'s peak again from what it holds now."""
+    def reserved(self, index: int) -> int:
+        """Bytes device ``index`` reserves now: its allocator model's segments (without a model, what it holds)."""
         with self._lock:
-            device = self._devices.setdefault(index, _Device())
+            device = self._devices.get(index, _Device())
+            return device.allocator.reserved if device.allocator else device.allocated
+
+    def peak_reserved(self, index: int) -> int:
+        """The most bytes device ``index`` reserved since the start or the last :meth:`reset_peak`."""
+        with self._lock:
+            device = self._devices.get(index, _Device())
+            return device.allocator.max_reserved if device.allocator else device.peak
+
+    def reset_peak(self, index: int) -> None:
+        """Start device ``index``'s peaks (held and reserved) again from what it holds and reserves now."""
+        with self._lock:
+            device = self._device(index)
             device.peak, device.split_at = device.allocated, 0
+            if device.allocator is not None:
+                device.allocator.reset_peak()
+
+    def empty_cache(self) -> None:
+        """Release the fully free segments of every device's allocator model (``torch.cuda.empty_cache``)."""
+        with self._lock:
+            for device in self._devices.values():
+                if device.allocator is not None:
+                    self._busy = True
+                    try:
+                        device.allocator.empty_cache()
+                    finally:
+                        self._settle()
 
     def summaries(self) -> dict[int, dict]:
-        """Per device: its peak, the step and line where it was reached, what it held then, what it holds now."""
+        """Per device: its peak, the step and line where it was reached, what it held then, what it holds now, and
+        its peak of reserved memory."""
         with self._lock:
             summaries = {}
             for index, device in sorted(self._devices.items()):
                 parts = dict(device.split or {})
                 parts["other"] = device.peak - sum(parts.values())
-                summaries[index] = {"peak": device.peak, "step": device.peak_step, "at": device.peak_at,
-                                    "parts": parts, "allocated": device.allocated}
+                reserved = device.allocator.max_reserved if device.allocator else device.peak
+                summaries[index] = {"peak": device.peak, "reserved": reserved, "step": device.peak_step,
+                                    "at": device.peak_at, "parts": parts, "allocated": device.allocated}
             return summaries
 
     def info(self, index: int) -> tuple[int, int]:
-        """``(free, total)`` bytes of device ``index``, as ``torch.cuda.mem_get_info`` reports them."""
+        """``(free, total)`` bytes of device ``index``, as ``torch.cuda.mem_get_info`` reports them: the budget less
+        what the device reserves."""
         total = machine.device_memory() or machine.UNBUDGETED_TOTAL
-        return max(total - self.allocated(index), 0), total
+        return max(total - self.reserved(index), 0), total
 
     def _check_budget(self, device: _Device, index: int, size: int) -> None:
         budget = machine.device_memory()
         if budget is None or device.allocated + size <= budget:
             return
-        name = self.device_type.upper()
+        self._out_of_memory(device, index, size)
+
+    def _out_of_memory(self, device: _Device, index: int, size: int) -> None:
+        """Raise torch's OutOfMemoryError for ``size`` bytes asked of device ``index`` (recorded first)."""
+        budget = machine.device_memory() or 0
+        used, reserved = device.allocated, ""
+        if device.allocator is not None:
+            used = device.allocator.reserved
+            reserved = f"{machine.human(device.allocator.reserved)} reserved in total by PyTorch; "
         message = (
-            f"{name} out of memory. Tried to allocate {machine.human(size)} ({self.device_type}:{index}; "
-            f"{machine.human(budget)} total capacity; {machine.human(device.allocated)} already allocated; "
-            f"{machine.human(max(budget - device.allocated, 0))} free; simulators mock device budget "
+            f"{self.device_type.upper()} out of memory. Tried to allocate {machine.human(size)} ({self.device_type}:{index}; "
+            f"{machine.human(budget)} total capacity; {machine.human(device.allocated)} already allocated; {reserved}"
+            f"{machine.human(max(budget - used, 0))} free; simulators mock device budget "
             f"{machine.MEMORY_VARIABLE}={os.environ.get(machine.MEMORY_VARIABLE)})"
         )
         if self.recorder is not None:
@@ -192,5 +298,7 @@ class DeviceMemory:
                 if storage.holders == 0:
                     del device.storages[key]
                     device.allocated -= storage.size
+                    if storage.block is not None:
+                        self._free(device.allocator, storage.block)
 
         return release
