@@ -6,8 +6,10 @@ import importlib
 import os
 from typing import Any
 
-#: One weight of the tied-weights model: a ``SIZE x SIZE`` float32 matrix (4 MB).
-SIZE = 1000
+#: One weight of the tied-weights model: a ``SIZE x SIZE`` float32 matrix (16 MiB: a large-pool request of 10 MiB
+#: or more takes a segment of its own size from the caching allocator, as HF's 100 MB weights do; a smaller one
+#: would take a 20 MiB segment, more than the headroom below holds).
+SIZE = 2048
 #: HF's test leaves 1.5 weights free beside the two the forward needs (150 MB beside 2 x 100 MB).
 HEADROOM = 1.5
 
@@ -47,14 +49,17 @@ def _tied_weights_model() -> Any:
 
 
 def tied_weights_with_nested_cpu_offload(impl: str) -> dict[str, Any]:
-    """HF's test_dispatch_model_tied_weights_memory_with_nested_offload_cpu, scaled down, on one mock GPU of 64 MB:
+    """HF's test_dispatch_model_tied_weights_memory_with_nested_offload_cpu, scaled down, on one mock GPU of 256 MB:
     ``compute`` on the GPU, ``compute1`` offloaded to the CPU, the GPU filled but for the two weights and 1.5 more.
     Returns the GPU memory the dispatch and the forward took (MB over the filler), whether the output matches the
     CPU model's, and the GPU copies the tied-weights map keeps for the offloaded weight after the forward; or the
     error, with its type."""
     import torch
 
-    os.environ["SIMULATORS_CUDA_DEVICE_COUNT"], os.environ["SIMULATORS_DEVICE_MEMORY"] = "1", "64MB"
+    os.environ["SIMULATORS_CUDA_DEVICE_COUNT"], os.environ["SIMULATORS_DEVICE_MEMORY"] = "1", "256MB"
+    torch.cuda.empty_cache()  # the segments an earlier call left cached (one rank serves both implementations)
+    # the cuBLAS workspace a thread's first matmul keeps (32 MiB on Hopper), taken before the filler is sized
+    (torch.ones(1, 1, device="cuda") @ torch.ones(1, 1, device="cuda")).cpu()
     dispatch_model = importlib.import_module(f"{impl}.big_modeling").dispatch_model
     model = _tied_weights_model()
     x = torch.randn(1, SIZE)

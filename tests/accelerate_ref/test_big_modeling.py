@@ -168,4 +168,6 @@ def test_tied_weights_with_nested_cpu_offload_are_brought_to_the_gpu_once_as_hf(
 
     ours, theirs = (one_gpu.one(functions.tied_weights_with_nested_cpu_offload, impl) for impl in ("accelerate_ref", "accelerate"))
     assert ours == theirs
-    assert ours == {"dispatch peak MB": 4.0, "forward peak MB": 8.0, "output matches": True, "GPU copies kept": [0, 0]}
+    weight_mb = functions.SIZE**2 * 4 / 1e6  # one weight: the dispatch places it, the forward adds the offloaded one
+    assert ours == {"dispatch peak MB": weight_mb, "forward peak MB": round(2 * weight_mb, 1), "output matches": True,
+                    "GPU copies kept": [0, 0]}
