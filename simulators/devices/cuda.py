@@ -64,7 +64,7 @@ import torch
 import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 
-from simulators.devices import backend, cuda_libraries
+from simulators.devices import attention, backend, cuda_libraries
 from simulators.devices.memory import DeviceMemory
 from simulators.devices.runtime import DeviceRuntime, RuntimeTensor
 
@@ -191,6 +191,7 @@ def install() -> None:
     torch._C._get_accelerator = torch._C._accelerator_getAccelerator = _cuda_accelerator
     torch.Tensor.pin_memory = _pinned
     cuda_libraries.plain_for_optimizers(CudaTensor)
+    attention.install(CudaTensor)
     # DeepSpeed wraps its engine's forward, backward and step in NVTX ranges (torch.cuda.nvtx.range_push);
     # a CPU build's NVTX stub raises "NVTX functions not installed": the mock's ranges mark nothing.
     torch.cuda.nvtx._nvtx = _Nvtx()

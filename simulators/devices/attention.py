@@ -1,0 +1,109 @@
+"""``scaled_dot_product_attention`` on the mock GPU keeps what the GPU's fused kernel keeps, not the CPU's math.
+
+A CPU run of ``torch.nn.functional.scaled_dot_product_attention`` with dropout (``nn.MultiheadAttention``
+in training) takes torch's math path, which materialises the attention matrix, its softmax and the
+dropout mask and keeps them for backward. A GPU picks a fused kernel instead (torch's
+``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp``: flash attention or cuDNN attention for fp16/bf16
+on compute capability 8.0 and up, memory-efficient attention for every floating dtype from 5.0) which
+keeps for backward only the output and the row-wise log-sum-exp, in float32 (real H200 snapshots
+``../shared/gpu/encoder.pickle``: ``_efficient_attention_forward`` allocates the output, 4,194,304 bytes,
+and the log-sum-exp, 65,536 bytes, per layer; ``encoder_bf16.pickle``: ``run_cudnn_SDP_fprop`` the same
+for bf16). Rules, for inputs on the mock GPU where a fused kernel is enabled
+(``torch.backends.cuda.*_sdp_enabled``, ``torch.nn.attention.sdpa_kernel``) and the dtype is not float64:
+
+- forward: the output, computed from the payloads (no intermediate is on the device), and a float32
+  log-sum-exp of ``query.shape[:-1]``, its last dimension padded to a multiple of 32 where
+  memory-efficient attention runs (float32, or an attention mask, or before compute capability 8.0);
+- backward: the gradients, recomputed from the payloads with the forward's random state, so dropout drops
+  the same elements; what the GPU's backward kernel allocates and frees within itself is not counted.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from simulators.devices import machine
+
+#: Rows of the memory-efficient kernel's log-sum-exp are padded to a multiple of this (``kAlignLSE``).
+LSE_ALIGNMENT = 32
+
+
+_libraries: list[torch.library.Library] = []
+
+
+def install(tensor_class: type) -> None:
+    """Run ``aten::scaled_dot_product_attention`` on ``tensor_class``'s tensors as the GPU does (the rules above).
+
+    The kernel is registered for PrivateUse1's autograd key, ahead of torch's composite one, which a
+    Python-level hook would miss where a library calls it under its own ``__torch_function__`` handling
+    (``nn.MultiheadAttention``)."""
+    library = torch.library.Library("aten", "IMPL")
+    library.impl("scaled_dot_product_attention", _kernel(tensor_class), "AutogradPrivateUse1")
+    _libraries.append(library)
+
+
+def fused(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, tensor_class: type) -> bool:
+    """Whether attention over these inputs runs a fused kernel on the simulated GPU."""
+    backends = torch.backends.cuda
+    return (all(type(tensor) is tensor_class for tensor in (query, key, value)) and query.dtype != torch.float64
+            and (backends.flash_sdp_enabled() or backends.mem_efficient_sdp_enabled() or backends.cudnn_sdp_enabled()))
+
+
+def _kernel(tensor_class: type) -> Any:
+    def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                     attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
+                                     is_causal: bool = False, scale: float | None = None,
+                                     enable_gqa: bool = False) -> torch.Tensor:
+        if fused(query, key, value, tensor_class):
+            return _FusedAttention.apply(query, key, value, attn_mask, (dropout_p, is_causal, scale, enable_gqa))
+        return torch.ops.aten._scaled_dot_product_attention_math(
+            query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)[0]
+
+    return scaled_dot_product_attention
+
+
+def _log_sum_exp_rows(query: torch.Tensor, masked: bool) -> int:
+    rows = query.shape[-2]
+    flash = (query.dtype in (torch.float16, torch.bfloat16) and not masked and machine.gpu_capability() >= (8, 0)
+             and query.shape[-1] <= 256)
+    return rows if flash else -(-rows // LSE_ALIGNMENT) * LSE_ALIGNMENT
+
+
+def _payload(value: Any) -> Any:
+    return value._payload if isinstance(value, torch.Tensor) and hasattr(value, "_payload") else value
+
+
+class _FusedAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Any,
+                options: tuple) -> torch.Tensor:
+        dropout_p, is_causal, scale, enable_gqa = options
+        ctx.rng_state = torch.get_rng_state()
+        with torch.no_grad():
+            out = torch.nn.functional.scaled_dot_product_attention(
+                _payload(query), _payload(key), _payload(value), _payload(attn_mask), dropout_p, is_causal,
+                scale=scale, enable_gqa=enable_gqa)
+        output = type(query).wrap(out, query.device_index)
+        shape = (*query.shape[:-2], _log_sum_exp_rows(query, attn_mask is not None))
+        log_sum_exp = torch.empty(shape, dtype=torch.float32, device=query.device)
+        ctx.options = options
+        ctx.save_for_backward(query, key, value, attn_mask, output, log_sum_exp)
+        return output
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        query, key, value, attn_mask, _output, _log_sum_exp = ctx.saved_tensors
+        dropout_p, is_causal, scale, enable_gqa = ctx.options
+        inputs = [_payload(tensor).detach().requires_grad_(tensor.requires_grad) for tensor in (query, key, value)]
+        with torch.random.fork_rng(devices=[]), torch.enable_grad():
+            torch.set_rng_state(ctx.rng_state)
+            out = torch.nn.functional.scaled_dot_product_attention(
+                *inputs, _payload(attn_mask), dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+            wanted = [payload for payload in inputs if payload.requires_grad]
+            grads = iter(torch.autograd.grad(out, wanted, _payload(grad)))
+        return (*(type(query).wrap(next(grads), query.device_index) if payload.requires_grad else None
+                  for payload in inputs), None, None)
+
+
+__all__ = ["LSE_ALIGNMENT", "install", "fused"]
