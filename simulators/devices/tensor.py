@@ -38,6 +38,9 @@ case that runs on ``sim-xla`` / ``sim-npu``):
 - with ``SIMULATORS_NO_COMPUTE=1`` the payload is a meta tensor: nothing is
   computed, values asked for are placeholders, collectives only check that
   the ranks agree (:mod:`simulators.devices.no_compute`);
+- a bf16 or fp16 matrix product, convolution or attention op computes as
+  on a GPU: in float32, its results rounded once to their dtype
+  (:mod:`simulators.devices.lowp_matmul`);
 - :meth:`DeviceTensor.observe` sees every op first (XLA counts its step
   graphs there).
 
@@ -59,7 +62,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import return_and_correct_aliasing
 
-from simulators.devices import no_compute
+from simulators.devices import lowp_matmul, no_compute
 from simulators.devices.memory import DeviceMemory
 
 #: Ops allowed to take tensors of different devices: they are how data moves between them.
@@ -314,8 +317,10 @@ class DeviceTensor(torch.Tensor):
             out = no_compute.collective(func, payload_args, payload_kwargs)
         elif func.namespace == "c10d":
             out = _collective_on_aliases(func, payload_args, payload_kwargs)
-        else:
+        elif first._payload.is_meta:
             out = func(*payload_args, **payload_kwargs)
+        else:  # bf16/fp16 matrix ops as a GPU computes them: fp32 accumulation, rounded once
+            out = lowp_matmul.run(func, payload_args, payload_kwargs)
         wrapped = _map(_rewrapper(type(first), index, on_device), out)
         if torch.Tag.inplace_view in func.tags:  # resize_, t_, set_...: the rewrap gave ``self`` its payload's new shape
             return args[0]
