@@ -154,6 +154,39 @@ def storage_resizes():
     return sizes
 
 
+def reserved_memory_of_the_caching_allocator():
+    """``torch.cuda``'s reserved memory is the caching allocator model's (issue 33, item 3): segments kept when their
+    tensors die, released by ``empty_cache``, a new peak from ``reset_peak_memory_stats``, what ``mem_get_info`` counts
+    as used; past the budget, out of memory when a segment cannot be reserved."""
+    import os
+
+    import torch
+
+    torch.cuda.set_device(0)
+    torch.cuda.empty_cache()
+    start = torch.cuda.memory_reserved()
+    large = torch.empty(3 * 2**20 - 100, device="cuda")  # 12 MiB less 400 bytes: a segment of 12 MiB (2 MiB steps)
+    held = torch.cuda.memory_reserved() - start
+    del large
+    kept = torch.cuda.memory_reserved() - start
+    torch.cuda.reset_peak_memory_stats()
+    torch.cuda.empty_cache()
+    emptied = torch.cuda.memory_reserved() - start
+    peak = torch.cuda.max_memory_reserved() - start
+    os.environ["SIMULATORS_DEVICE_MEMORY"] = str(torch.cuda.memory_reserved() + 64 * 2**20)  # 64 MiB more than reserved
+    try:
+        free = torch.cuda.mem_get_info()[0]
+        refused = None
+        try:
+            torch.empty(2 * free // 4, device="cuda")
+        except torch.OutOfMemoryError as error:
+            refused = str(error)
+    finally:
+        del os.environ["SIMULATORS_DEVICE_MEMORY"]
+    return {"held": held, "kept after the free": kept, "after empty_cache": emptied, "peak since the reset": peak,
+            "free": free, "refused": refused}
+
+
 def moves_to_the_device_a_tensor_is_on():
     """What ``Tensor.to`` returns for the device a tensor is on: itself, as torch on a GPU, unless asked to copy or
     convert (a parameter stays the module's parameter, so HF's big-model hooks can tie it again)."""
@@ -194,6 +227,14 @@ def test_a_training_step_autocasts_seeds_and_counts_memory_on_the_gpu(cuda2):
 
 def test_a_storage_resized_in_place_is_counted_at_its_new_size(cuda2):
     assert cuda2.run(storage_resizes) == [[4096, 0, 4096]] * 2
+
+
+def test_reserved_memory_is_the_caching_allocators_segments(cuda2):
+    for got in cuda2.run(reserved_memory_of_the_caching_allocator):
+        refused = got.pop("refused")
+        assert got == {"held": 12 * 2**20, "kept after the free": 12 * 2**20, "after empty_cache": 0,
+                       "peak since the reset": 12 * 2**20, "free": 64 * 2**20}
+        assert refused.startswith("CUDA out of memory. Tried to allocate ") and "reserved in total by PyTorch" in refused
 
 
 def test_nccl_the_default_and_named_is_gloo_on_cuda_tensors_and_reports_its_name(cuda2):
