@@ -23,6 +23,8 @@ one PrivateUse1 device):
   as it always does;
 - sends ``variable.data = other`` across the CPU and the device to
   :func:`simulators.devices.tensor.swap_in` (FSDP moves and reshards so);
+- in no-compute mode, makes the script's large CPU tensors lazy
+  (:mod:`simulators.devices.lazy_host`);
 - tells the memory books of a storage resized in place (FSDP2 frees and
   re-allocates its unsharded parameters with ``UntypedStorage.resize_``);
 - makes ``Tensor.record_stream`` a no-op for the family's tensors (the mock's
@@ -50,7 +52,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-from simulators.devices import autocast, loading, no_compute, peaks
+from simulators.devices import autocast, lazy_host, loading, no_compute, peaks
 from simulators.devices.tensor import PAYLOAD_ADAPTERS, DeviceTensor, SwappingData, swap_tensors
 
 _installed: list[type[DeviceTensor]] = []
@@ -89,6 +91,7 @@ def install(
     loading.install(tensor_class.device_type, hidden_name)
     peaks.install(tensor_class.memory)
     SwappingData().__enter__()
+    lazy_host.install(tensor_class)
     torch.utils.swap_tensors = swap_tensors  # Module._apply calls it through the module
     torch.Tensor.record_stream = _recording_on_mock_streams(torch.Tensor.record_stream)
     torch.UntypedStorage.resize_ = _counting_resizes(torch.UntypedStorage.resize_, tensor_class.memory)

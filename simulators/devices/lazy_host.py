@@ -1,0 +1,355 @@
+"""Lazy host tensors: in no-compute mode, the large CPU tensors a script makes hold no host memory either.
+
+Most scripts build their model on the CPU (``LlamaForCausalLM(config)``, a
+state dict loaded there) before ``accelerator.prepare`` moves it to the GPUs;
+with ``SIMULATORS_NO_COMPUTE=1`` (:mod:`simulators.devices.no_compute`) the
+mock devices' tensors carry meta payloads, and so, by these rules, do the
+script's large host tensors (issue 33, item 4):
+
+- a CPU tensor the script makes of at least :func:`threshold` bytes (1 MiB;
+  ``SIMULATORS_LAZY_HOST_MIN_BYTES`` sets another) is a `LazyHostTensor`: it
+  reports ``device.type == "cpu"`` (checks in user code, accelerate and
+  transformers hold) and carries a meta payload. Made so: the factories
+  (``torch.empty``, ``zeros``, ``ones``, ``full``, ``rand``, ``randn``,
+  ``randint``, ``randperm``, ``arange``, ``linspace``, ``logspace``, ``eye``,
+  ``empty_strided``, ``Tensor.new_empty`` / ``new_zeros`` / ``new_ones`` /
+  ``new_full``) on the CPU, ``torch.load`` (a file path is mapped, not read:
+  a tensor whose storage is that large becomes lazy, views of one storage
+  stay views of one payload; the other tensors are copied out of the
+  mapping with their values) and ``safetensors.torch.load_file`` (a large
+  tensor's bytes are not read). A smaller tensor is an ordinary one, with
+  values, so control flow on small host data works;
+- every op on a lazy tensor runs on the payloads (shape, dtype and
+  broadcasting rules, nothing computed; ``nn.init``'s in-place fills, views,
+  ``.data``, ``nn.Parameter(...)``, ``state_dict`` / ``load_state_dict``); an
+  ordinary CPU tensor taking part is read as a meta tensor of its shape.
+  Results on the CPU are lazy; a result on the mock device (``.to("cuda")``,
+  ``Module.to``, accelerate's ``prepare``, ``torch.empty_like(t,
+  device="cuda")``) is a tensor of that device with a meta payload, counted
+  in its memory books at its size in bytes, as a computed copy would be;
+- a value asked of a lazy tensor (``.item()``, ``bool(t)``, ``.tolist()``,
+  ``.numpy()``, ``f"{t}"``) is a placeholder (zeros), recorded as the
+  mock devices' are (:func:`simulators.devices.no_compute.record`); so is an
+  ordinary CPU tensor written from a lazy one (it gets zeros: ``"cpu copy"``
+  for ``copy_``, ``"cpu value"`` for another op) and a lazy tensor pickled
+  (``torch.save``: zeros of its shape taking one element, ``"save"``);
+- ``variable.data = other`` between a lazy tensor and another tensor gives
+  ``variable`` the other's payload or, across kinds, swaps it for a tensor of
+  the other's kind (the same object, still a parameter), as for the mock devices;
+- a lazy tensor meeting a mock device tensor in an op other than a copy raises
+  the mock's mixing error (``cuda:0 and cpu``), as an ordinary CPU tensor does.
+
+Not lazy: CPU tensors made from Python or numpy data (``torch.tensor``,
+``torch.from_numpy``), by ops on ordinary tensors, or read by
+``safetensors``' ``safe_open`` directly (``transformers``' ``from_pretrained``).
+Nothing changes while no-compute mode is off (the factories check it at each
+call).
+"""
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any, Callable
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import return_and_correct_aliasing
+from torch.utils._pytree import tree_flatten, tree_map, tree_map_only
+
+from simulators.devices import no_compute
+from simulators.devices.tensor import DeviceTensor, _aliases, _follow_payload, swap_in
+
+#: Bytes from which a host tensor made in no-compute mode is lazy, unless this variable gives another number.
+THRESHOLD_ENV = "SIMULATORS_LAZY_HOST_MIN_BYTES"
+DEFAULT_THRESHOLD = 1 << 20
+
+_META = torch.device("meta")
+_CPU = torch.device("cpu")
+_aten = torch.ops.aten
+#: The installed mock device family (its tensor class): where a lazy tensor goes on ``.to(<its device>)``.
+_family: list[type[DeviceTensor]] = []
+
+_SET_DATA = torch.Tensor.data.__set__
+_SET_DATA_OF = torch._C.TensorBase.data.__set__
+_GET_DATA_OF = torch._C.TensorBase.data.__get__
+
+
+def threshold() -> int:
+    """Bytes from which a host tensor is lazy in no-compute mode (see the module docstring)."""
+    text = os.environ.get(THRESHOLD_ENV, "").strip()
+    return int(text) if text else DEFAULT_THRESHOLD
+
+
+class LazyHostTensor(torch.Tensor):
+    """A CPU tensor without host memory: see the module docstring."""
+
+    _payload: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, payload: torch.Tensor, requires_grad: bool = False) -> "LazyHostTensor":
+        tensor = torch.Tensor._make_wrapper_subclass(
+            cls, payload.size(), strides=payload.stride(), storage_offset=payload.storage_offset(),
+            dtype=payload.dtype, layout=payload.layout, device=_CPU, requires_grad=requires_grad,
+        )
+        tensor._payload = payload
+        return tensor
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @property
+    def data(self) -> torch.Tensor:
+        return _GET_DATA_OF(self)
+
+    @data.setter
+    def data(self, value: torch.Tensor) -> None:
+        set_data(self, value)
+
+    def untyped_storage(self) -> torch.UntypedStorage:
+        return self._payload.untyped_storage()
+
+    def data_ptr(self) -> int:
+        return self._payload.data_ptr()
+
+    def tolist(self) -> Any:
+        no_compute.record("tolist")
+        return no_compute.host_copy(self.shape, self.dtype).tolist()
+
+    def numpy(self, *, force: bool = False) -> Any:
+        no_compute.record("numpy")
+        return no_compute.host_copy(self.shape, self.dtype).numpy()
+
+    def __format__(self, format_spec: str) -> str:
+        if self.dim() == 0:
+            return self.item().__format__(format_spec)
+        return object.__format__(self, format_spec)
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:
+        return repr(self._payload).replace(", device='meta'", "")
+
+    def __reduce_ex__(self, protocol: int) -> Any:
+        no_compute.record("save")
+        return no_compute.host_copy(self.shape, self.dtype).__reduce_ex__(protocol)
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if any(issubclass(kind, DeviceTensor) for kind in types):
+            return NotImplemented  # a mock device tensor takes part: its rules (a copy, or the mixing error)
+        kwargs = kwargs or {}
+        if func is _aten._local_scalar_dense.default:
+            no_compute.record("item")
+            return no_compute.scalar(args[0].dtype)
+        if func is _aten.copy_.default and not isinstance(args[0], LazyHostTensor):
+            return _copied_from_lazy(args[0], args[1])
+        target = kwargs.get("device")
+        target = torch.device(target) if target is not None else None
+        lazies = [leaf for leaf in tree_flatten((args, kwargs))[0] if isinstance(leaf, LazyHostTensor)]
+        real: dict[int, torch.Tensor] = {}
+
+        def payload_of(value: Any) -> Any:
+            if isinstance(value, LazyHostTensor):
+                return value._payload
+            if isinstance(value, torch.Tensor) and not value.is_meta:  # an ordinary CPU tensor: read as its shape
+                twin = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=_META)
+                real[id(twin)] = value
+                return twin
+            return value
+
+        payload_args, payload_kwargs = tree_map(payload_of, (args, kwargs))
+        if target is not None:
+            payload_kwargs["device"] = _META
+        payload_kwargs.pop("generator", None)
+        if payload_kwargs.get("pin_memory"):
+            payload_kwargs["pin_memory"] = False
+        out = func(*payload_args, **payload_kwargs)
+        wrapped = tree_map(_rewrapper(lazies, real, target), out)
+        if torch.Tag.inplace_view in func.tags:
+            return args[0]
+        return return_and_correct_aliasing(func, args, kwargs, wrapped) if _aliases(func) else wrapped
+
+
+def _rewrapper(lazies: list[LazyHostTensor], real: dict[int, torch.Tensor], target: torch.device | None) -> Callable[[Any], Any]:
+    """Maps an op's results on payloads back: an input's own payload to that input, new payloads to lazy tensors
+    (or to the mock device / left on meta, where the op named that device)."""
+    by_payload = {id(tensor._payload): tensor for tensor in lazies}
+    family = _family[0] if _family else None
+
+    def rewrap(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        known = by_payload.get(id(value))
+        if known is not None:
+            _follow_payload(known)
+            return known
+        written = real.get(id(value))
+        if written is not None:  # an ordinary CPU tensor an op wrote into from a lazy one
+            no_compute.record("cpu value")
+            return written.zero_()
+        if not value.is_meta or (target is not None and target.type == "meta"):
+            return value
+        if target is not None and family is not None and _is_family(target, family):
+            return family.wrap(value, family.index_of(target))
+        return LazyHostTensor(value)
+
+    return rewrap
+
+
+def _is_family(device: torch.device, family: type[DeviceTensor]) -> bool:
+    return device.type in (family.device_type, torch._C._get_privateuse1_backend_name())
+
+
+def _copied_from_lazy(destination: torch.Tensor, source: LazyHostTensor) -> torch.Tensor:
+    """``destination.copy_(source)`` where only the source is lazy: onto a meta tensor (a mock tensor's payload,
+    the mock device's copy from the host) the shapes are checked; an ordinary CPU tensor gets zeros."""
+    if destination.is_meta:
+        return destination.copy_(source._payload)
+    no_compute.record("cpu copy")
+    return destination.zero_()
+
+
+def lazy_like(tensor: torch.Tensor) -> LazyHostTensor:
+    """A lazy tensor with ``tensor``'s shape, strides, offset and dtype (its storage's size), a parameter if it is one."""
+    base = torch.empty(tensor.untyped_storage().nbytes(), dtype=torch.uint8, device=_META)
+    return _lazy_view(base.untyped_storage(), tensor)
+
+
+def _lazy_view(storage: torch.UntypedStorage, tensor: torch.Tensor) -> torch.Tensor:
+    payload = torch.empty(0, dtype=tensor.dtype, device=_META)
+    payload.set_(storage, tensor.storage_offset(), tensor.shape, tensor.stride())
+    lazy = LazyHostTensor(payload, requires_grad=tensor.requires_grad and tensor.is_leaf)
+    if isinstance(tensor, torch.nn.Parameter):
+        return torch.nn.Parameter(lazy, requires_grad=tensor.requires_grad)
+    return lazy
+
+
+def set_data(variable: torch.Tensor, data: torch.Tensor) -> None:
+    """``variable.data = data`` where either is lazy (see the module docstring)."""
+    if isinstance(variable, LazyHostTensor) and isinstance(data, LazyHostTensor):
+        with torch._C.DisableTorchFunction():
+            _SET_DATA_OF(variable, data)
+        variable._payload = data._payload
+        return
+    swap_in(variable, data)
+
+
+# -- making them -------------------------------------------------------------------------------------
+
+
+#: The factories whose CPU results are lazy from the threshold on (the ``*_like`` ones and ``new_*`` on a lazy
+#: tensor are lazy by the dispatch rules).
+FACTORIES = frozenset({
+    torch.empty, torch.zeros, torch.ones, torch.full, torch.rand, torch.randn, torch.randint, torch.randperm,
+    torch.arange, torch.linspace, torch.logspace, torch.eye, torch.empty_strided,
+    torch.Tensor.new_empty, torch.Tensor.new_zeros, torch.Tensor.new_ones, torch.Tensor.new_full,
+})
+
+
+class LazyFactories(TorchFunctionMode):
+    """Makes the factories' large CPU results lazy in no-compute mode, and sends ``variable.data = other`` with
+    an ordinary variable and lazy data to :func:`set_data` (a lazy variable's own setter takes the others)."""
+
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func in FACTORIES:
+            if no_compute.enabled() and "out" not in kwargs:
+                made = _made_lazy(func, args, kwargs)
+                if made is not None:
+                    return made
+        elif func == _SET_DATA and isinstance(args[1], LazyHostTensor) and not isinstance(args[0], DeviceTensor):
+            return set_data(*args)
+        return func(*args, **kwargs)
+
+
+def _made_lazy(func: Callable, args: tuple, kwargs: dict) -> LazyHostTensor | None:
+    """The lazy result of factory ``func`` when it makes a CPU tensor of at least :func:`threshold` bytes."""
+    device = kwargs.get("device")
+    if device is None and args and isinstance(args[0], torch.Tensor) and func.__name__.startswith("new_"):
+        device = args[0].device
+    if device is not None and torch.device(device).type != "cpu":
+        return None
+    probe_kwargs = {key: value for key, value in kwargs.items() if key not in ("generator", "pin_memory")}
+    probe_kwargs["device"] = _META
+    with torch._C.DisableTorchFunction():
+        probe = func(*args, **probe_kwargs)
+    if probe.untyped_storage().nbytes() < threshold():
+        return None
+    return LazyHostTensor(probe.detach(), requires_grad=probe.requires_grad)
+
+
+def made_lazy(loaded: Any) -> Any:
+    """``loaded`` (a ``torch.load`` result: containers of tensors) with each ordinary CPU tensor whose storage has
+    at least :func:`threshold` bytes made lazy (tensors of one storage: views of one payload) and the others copied
+    (out of a mapped file: the mapping goes with the large tensors)."""
+    storages: dict[int, torch.UntypedStorage] = {}
+    limit = threshold()
+
+    def lazy(tensor: torch.Tensor) -> torch.Tensor:
+        if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.device.type != "cpu" or tensor.layout is not torch.strided:
+            return tensor
+        storage = tensor.untyped_storage()
+        if storage.nbytes() < limit:
+            copy = tensor.detach().clone()
+            if isinstance(tensor, torch.nn.Parameter):
+                return torch.nn.Parameter(copy, requires_grad=tensor.requires_grad)
+            return copy.requires_grad_(tensor.requires_grad)
+        key = storage._cdata
+        if key not in storages:
+            storages[key] = torch.empty(storage.nbytes(), dtype=torch.uint8, device=_META).untyped_storage()
+        return _lazy_view(storages[key], tensor)
+
+    return tree_map_only(torch.Tensor, lazy, loaded)
+
+
+def _lazy_loading(load: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.load`` that, in no-compute mode, maps a file path instead of reading it and makes the large tensors
+    lazy (:func:`made_lazy`)."""
+
+    @functools.wraps(load)
+    def loading(f: Any, map_location: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if not no_compute.enabled():
+            return load(f, map_location, *args, **kwargs)
+        if kwargs.get("mmap") is None and isinstance(f, (str, os.PathLike)):
+            try:
+                return made_lazy(load(f, map_location, *args, mmap=True, **kwargs))
+            except RuntimeError as error:  # a file of torch's legacy format cannot be mapped
+                if "mmap can only be used" not in str(error):
+                    raise
+        return made_lazy(load(f, map_location, *args, **kwargs))
+
+    return loading
+
+
+def _lazy_safetensors(module: Any) -> None:
+    """``safetensors.torch.load_file`` that, in no-compute mode, reads only the small tensors' bytes."""
+    read = module.load_file
+
+    @functools.wraps(read)
+    def load_file(filename: Any, device: Any = "cpu", **kwargs: Any) -> dict[str, torch.Tensor]:
+        if not no_compute.enabled():
+            return read(filename, device, **kwargs)
+        loaded = {}
+        limit = threshold()
+        with module.safe_open(filename, framework="pt", device="cpu") as opened:
+            for name in opened.keys():
+                part = opened.get_slice(name)
+                payload = torch.empty(part.get_shape(), dtype=module._getdtype(part.get_dtype()), device=_META)
+                if payload.untyped_storage().nbytes() >= limit:
+                    loaded[name] = LazyHostTensor(payload)
+                else:
+                    loaded[name] = opened.get_tensor(name)
+        if torch.device(device if not isinstance(device, int) else f"cuda:{device}").type != "cpu":
+            loaded = {name: tensor.to(device) for name, tensor in loaded.items()}
+        return loaded
+
+    module.load_file = load_file
+
+
+def install(family: type[DeviceTensor]) -> None:
+    """Enter `LazyFactories` for the process's life (a no-op while no-compute mode is off) and make ``torch.load``
+    and ``safetensors.torch.load_file`` lazy in no-compute mode; ``family``'s device is where ``.to(device)``
+    puts a lazy tensor."""
+    from simulators.devices.backend import _after_import
+
+    _family[:] = [family]
+    LazyFactories().__enter__()
+    torch.load = _lazy_loading(torch.load)
+    _after_import("safetensors.torch", _lazy_safetensors)
