@@ -13,8 +13,13 @@ own MemTracker measures for the same two steps, on the same mock GPUs (the same 
 independently of the mock, on the CPU with gloo (neither counts what gloo allocates inside a collective: NCCL's
 buffers are not torch's).
 
+With ``--against SUMMARY`` it holds the dry run against a real GPU instead (:mod:`simulators.calibration`): the
+script that measured ``SUMMARY`` (``capture.py`` beside it) dry-run on a mock GPU of the same kind, and for every
+run its allocated and reserved peaks, real, predicted and their ratio (``--no-compute`` for the no-compute dry run).
+
     python benchmarks/preflight.py [--repeat 3] [--steps 50] [--collectives 300]
     python benchmarks/preflight.py --accuracy [--models mlp conv transformer encoder embedding] [--worlds 1 2 4]
+    python benchmarks/preflight.py --against ../shared/gpu/summary.json [--no-compute]
 """
 
 from __future__ import annotations
@@ -122,10 +127,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worlds", nargs="+", type=int, default=[1, 2, 4])
     parser.add_argument("--setups", nargs="+", choices=["ddp", "fsdp2"], default=["ddp", "fsdp2"])
     parser.add_argument("--trackers", nargs="+", choices=["mock", "cpu"], default=["mock", "cpu"])
+    parser.add_argument("--against", metavar="SUMMARY", help="compare with a real GPU's summary.json instead")
+    parser.add_argument("--no-compute", action="store_true", help="with --against: a no-compute dry run")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--collectives", type=int, default=300)
     args = parser.parse_args(argv)
+    if args.against:
+        from simulators import calibration
+
+        truth = calibration.load(args.against)
+        print(f"{truth['gpu']}, torch {truth['torch']}: the dry run (--simulate cuda --gpu "
+              f"{calibration.preset_of(truth['gpu'])}{', --no-compute' if args.no_compute else ''}) against it", flush=True)
+        print(calibration.table(calibration.compare(truth, calibration.predict(args.against, no_compute=args.no_compute))))
+        return 0
     if args.accuracy:
         accuracy(args.models, args.worlds, args.setups, args.trackers)
         return 0

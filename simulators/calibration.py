@@ -53,12 +53,14 @@ def load(summary: str | os.PathLike) -> dict:
 
 
 def preset_of(gpu_name: str) -> str:
-    """The ``--gpu`` preset of a card ``torch.cuda.get_device_name()`` names (``"NVIDIA H200"`` -> ``h200-141gb``);
-    ValueError when none matches."""
-    words = gpu_name.lower().replace("nvidia", "").split()
-    for preset in GPU_PRESETS:
-        if words and preset.split("-")[0] == words[0]:
-            return preset
+    """The ``--gpu`` preset of a card ``torch.cuda.get_device_name()`` names (``"NVIDIA H200"`` -> ``h200-141gb``,
+    ``"NVIDIA A100-SXM4-80GB"`` -> ``a100-80gb``); ValueError when none matches."""
+    name = gpu_name.lower().replace("nvidia", "").strip()
+    family = name.replace("-", " ").split()[0] if name else ""
+    kinds = [preset for preset in GPU_PRESETS if preset.split("-")[0] == family]
+    sized = [preset for preset in kinds if preset.split("-")[1] in name]
+    if kinds:
+        return (sized or kinds)[0]
     raise ValueError(f"no --gpu preset for {gpu_name!r}; known: {', '.join(GPU_PRESETS)}")
 
 
