@@ -152,11 +152,7 @@ def round_size(size: int) -> int:
 
 def allocation_size(size: int) -> int:
     """``get_allocation_size``: the segment cudaMalloc'd for a rounded request that no cached block holds."""
-    if size <= SMALL_SIZE:
-        return SMALL_BUFFER
-    if size < MIN_LARGE_ALLOC:
-        return LARGE_BUFFER
-    return -(-size // ROUND_LARGE) * ROUND_LARGE
+    return SMALL_BUFFER if size <= SMALL_SIZE else LARGE_BUFFER if size < MIN_LARGE_ALLOC else -(-size // ROUND_LARGE) * ROUND_LARGE
 
 
 class CachingAllocator:
