@@ -19,6 +19,7 @@ for bf16). Rules, for inputs on the mock GPU where a fused kernel is enabled
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -39,7 +40,9 @@ def install(tensor_class: type) -> None:
     Python-level hook would miss where a library calls it under its own ``__torch_function__`` handling
     (``nn.MultiheadAttention``)."""
     library = torch.library.Library("aten", "IMPL")
-    library.impl("scaled_dot_product_attention", _kernel(tensor_class), "AutogradPrivateUse1")
+    with warnings.catch_warnings():  # "Overriding a previously registered kernel": torch's composite one, meant
+        warnings.simplefilter("ignore")
+        library.impl("scaled_dot_product_attention", _kernel(tensor_class), "AutogradPrivateUse1")
     _libraries.append(library)
 
 
