@@ -77,6 +77,7 @@ class _Device:
     peak_at: str = ""
     split: dict[str, int] | None = None
     split_at: int = 0
+    split_step: int = -1
     allocator: CachingAllocator | None = None
 
 

@@ -154,12 +154,13 @@ def user_line() -> str:
 
 
 def on_peak(books: Any, index: int, device: Any) -> None:
-    """Device ``index`` of ``books`` reached a new peak: note its step and line, and its split if it grew 1%."""
+    """Device ``index`` of ``books`` reached a new peak: note its step and line, and its split if it grew 1% or is
+    the step's first (a split of an earlier step would miss what the optimizer step since made)."""
     device.peak_step = RECORDER.step
     device.peak_at = user_line()
-    if device.peak >= device.split_at * SPLIT_GROWTH:
+    if device.peak >= device.split_at * SPLIT_GROWTH or device.split_step != device.peak_step:
         device.split = RECORDER.split(books.device_type, index, device.storages)
-        device.split_at = device.peak
+        device.split_at, device.split_step = device.peak, device.peak_step
 
 
 def on_out_of_memory(books: Any, index: int, message: str) -> None:
