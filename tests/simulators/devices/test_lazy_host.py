@@ -1,0 +1,267 @@
+"""Lazy host tensors (issue 33, item 4): in no-compute mode the large CPU tensors a script makes carry meta payloads
+too (:mod:`simulators.devices.lazy_host`), so a model built on the CPU before ``prepare`` takes no host memory.
+
+Probes run in a rank of a mock-GPU world and turn no-compute mode on there (and off again before they return); the
+last test dry-runs a small Llama built on the CPU both ways and compares the summaries' books.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.simulators.devices.worlds import device_world
+
+pytestmark = pytest.mark.timeout(240)
+
+MIB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def cuda1():
+    yield from device_world("cuda", "1")
+
+
+# -- probes (run in the rank) ------------------------------------------------------------
+
+
+def _mode(on: bool) -> None:
+    import os
+
+    from simulators.devices.machine import NO_COMPUTE_ENV
+
+    if on:
+        os.environ[NO_COMPUTE_ENV] = "1"
+        os.environ["SIMULATORS_SCRIPT"] = __file__  # placeholders are recorded at this file's lines
+    else:
+        os.environ.pop(NO_COMPUTE_ENV, None)
+        os.environ.pop("SIMULATORS_SCRIPT", None)
+
+
+def _placeholders() -> list:
+    import os
+
+    from simulators.devices import peaks
+
+    mine = os.path.basename(__file__)
+    return sorted((entry["what"], entry["count"]) for entry in peaks.RECORDER.report()["placeholders"]
+                  if entry["at"].startswith(mine))
+
+
+def made_and_moved():
+    """What the factories make on and below the threshold, a module built on the CPU, its state dict, its move to
+    the GPU, mixing, values asked for, and the same factories with the mode off."""
+    import torch
+
+    from simulators.devices import peaks
+
+    peaks.RECORDER.placeholders.clear()
+    _mode(True)
+    try:
+        got = {}
+        big, small = torch.zeros(512, 1024), torch.arange(6.0)  # 2 MiB and 24 bytes
+        got["kinds"] = [type(big).__name__, big.device.type, big.untyped_storage().device.type, type(small).__name__,
+                        small.tolist()]
+        got["factories"] = sorted({type(made).__name__ for made in (
+            torch.empty(1 << 18), torch.ones(1 << 18, dtype=torch.float64), torch.randn(512, 1024), torch.rand(512, 1024),
+            torch.full((512, 1024), 2.0), torch.arange(1 << 20), torch.randint(0, 5, (1 << 18,)), torch.eye(1024),
+            small.new_zeros(1 << 18), torch.empty_strided((512, 1024), (1024, 1)), torch.zeros_like(big))})
+        got["below"] = sorted({type(made).__name__ for made in (torch.empty((1 << 18) - 1), torch.ones(512, 511))})
+        layer = torch.nn.Linear(1024, 1024)  # a 4 MiB weight (lazy), a 4 KiB bias (values)
+        weight = layer.weight
+        got["parameter"] = [type(weight).__name__, isinstance(weight, torch.nn.Parameter), weight.requires_grad,
+                            weight.is_leaf, weight.device.type, type(layer.bias).__name__]
+        got["view shares the storage"] = big[:10].untyped_storage()._cdata == big.untyped_storage()._cdata
+        got["data"] = [type(weight.data).__name__, weight.data.untyped_storage()._cdata == weight.untyped_storage()._cdata]
+        layer.to(torch.bfloat16)
+        got["cast"] = [layer.weight is weight, type(weight).__name__, str(weight.dtype), str(weight._payload.dtype)]
+        layer.float()
+        twin = torch.nn.Linear(1024, 1024)
+        twin.load_state_dict(layer.state_dict())
+        got["state dict"] = [type(value).__name__ for value in twin.state_dict().values()]
+
+        before = torch.cuda.memory_allocated()
+        layer.to("cuda")
+        got["moved"] = [layer.weight is weight, type(weight).__name__, weight.device.type, weight._payload.device.type,
+                        isinstance(weight, torch.nn.Parameter), torch.cuda.memory_allocated() - before]
+        on_gpu = big.to("cuda", torch.bfloat16)
+        got["to"] = [type(on_gpu).__name__, str(on_gpu.device), str(on_gpu.dtype), on_gpu._payload.device.type]
+        try:
+            layer(torch.randn(4, 1024, 1024))
+            got["mixing"] = ""
+        except RuntimeError as error:
+            got["mixing"] = str(error)
+
+        real = torch.ones(3)
+        real.copy_(big[0, :3])
+        asked = [big.sum().item(), big[0, :3].tolist(), f"{big.mean():.1f}", bool(big.max() > 1), real.tolist(),
+                 big.numpy().shape]
+        got["asked"] = asked
+        got["placeholders"] = _placeholders()
+        _mode(False)
+        got["mode off"] = [type(torch.zeros(512, 1024)).__name__, type(torch.nn.Linear(1024, 1024).weight).__name__]
+        return got
+    finally:
+        _mode(False)
+
+
+def loaded(folder: str):
+    """Files written with values, loaded in no-compute mode: ``torch.load`` (by path, mapped; from a stream; onto the
+    GPU) and ``safetensors.torch.load_file``."""
+    import io
+    import os
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    tied = torch.arange(1 << 18, dtype=torch.float32)  # 1 MiB
+    state = {"big": tied, "tail": tied[-4:], "small": torch.arange(5), "half": torch.ones(512, 1024, dtype=torch.half)}
+    torch.save(state, os.path.join(folder, "state.pt"))
+    save_file({"big": torch.ones(512, 1024), "small": torch.arange(5)}, os.path.join(folder, "state.safetensors"))
+    _mode(True)
+    try:
+        got = {}
+        mapped = torch.load(os.path.join(folder, "state.pt"))
+        got["by path"] = {name: type(value).__name__ for name, value in mapped.items()}
+        got["small values"] = mapped["small"].tolist()
+        got["views stay views"] = mapped["tail"].untyped_storage()._cdata == mapped["big"].untyped_storage()._cdata
+        got["shapes"] = [list(mapped["tail"].shape), mapped["tail"].storage_offset(), str(mapped["half"].dtype)]
+        with open(os.path.join(folder, "state.pt"), "rb") as stream:
+            got["stream"] = {name: type(value).__name__ for name, value in torch.load(io.BytesIO(stream.read())).items()}
+        on_gpu = torch.load(os.path.join(folder, "state.pt"), map_location="cuda")
+        got["onto the gpu"] = {name: [str(value.device), value._payload.device.type] for name, value in on_gpu.items()}
+        tensors = load_file(os.path.join(folder, "state.safetensors"))
+        got["safetensors"] = {name: type(value).__name__ for name, value in tensors.items()}
+        got["safetensors small"] = tensors["small"].tolist()
+        return got
+    finally:
+        _mode(False)
+
+
+def ten_gigabytes_on_the_cpu():
+    """A 10.7 GB model built on the CPU and moved to the GPU in no-compute mode, under an address-space limit of 2 GB
+    more than the rank uses (were its tensors materialized, the first few would fail to allocate): the growth of
+    the rank's resident memory, and what the GPU's books hold."""
+    import gc
+    import resource
+
+    import torch
+
+    def resident() -> int:
+        with open("/proc/self/status") as stream:
+            return next(int(line.split()[1]) * 1024 for line in stream if line.startswith("VmRSS:"))
+
+    def address_space() -> int:
+        with open("/proc/self/status") as stream:
+            return next(int(line.split()[1]) * 1024 for line in stream if line.startswith("VmSize:"))
+
+    limits = resource.getrlimit(resource.RLIMIT_AS)
+    _mode(True)
+    resource.setrlimit(resource.RLIMIT_AS, (address_space() + (2 << 30), limits[1]))
+    try:
+        before = resident()
+        model = torch.nn.Sequential(*(torch.nn.Linear(16384, 16384) for _ in range(10)))  # 10 x 1 GiB + biases
+        built = resident() - before
+        held = torch.cuda.memory_allocated()
+        model.to("cuda")
+        moved = torch.cuda.memory_allocated() - held
+        size = sum(param.numel() * param.element_size() for param in model.parameters())
+        grown = resident() - before
+        del model
+        gc.collect()
+        return {"built": built, "grown": grown, "size": size, "moved": moved}
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, limits)
+        _mode(False)
+
+
+# -- tests (run in pytest) -------------------------------------------------------------------
+
+
+def test_large_cpu_tensors_are_lazy_and_move_to_the_gpu_as_meta_payloads_counted_at_their_size(cuda1):
+    got = cuda1.one(made_and_moved)
+    assert got["kinds"] == ["LazyHostTensor", "cpu", "meta", "Tensor", [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]], got["kinds"]
+    assert got["factories"] == ["LazyHostTensor"], got["factories"]
+    assert got["below"] == ["Tensor"], got["below"]
+    assert got["parameter"] == ["LazyHostTensor", True, True, True, "cpu", "Parameter"], got["parameter"]
+    assert got["view shares the storage"] and got["data"] == ["LazyHostTensor", True], got
+    assert got["cast"] == [True, "LazyHostTensor", "torch.bfloat16", "torch.bfloat16"], got["cast"]
+    assert got["state dict"] == ["LazyHostTensor", "Tensor"], got["state dict"]
+    # the module's parameter objects are kept; the GPU holds the weight and the bias at their sizes
+    assert got["moved"] == [True, "CudaTensor", "cuda", "meta", True, 1024 * 1024 * 4 + 1024 * 4], got["moved"]
+    assert got["to"] == ["CudaTensor", "cuda:0", "torch.bfloat16", "meta"], got["to"]
+    assert "Expected all tensors to be on the same device" in got["mixing"] and "cuda:0 and cpu" in got["mixing"]
+    assert got["asked"] == [0.0, [0.0, 0.0, 0.0], "0.0", False, [0.0, 0.0, 0.0], (512, 1024)], got["asked"]
+    kinds = [what for what, _ in got["placeholders"]]
+    assert sorted(set(kinds)) == ["cpu copy", "item", "numpy", "tolist"], got["placeholders"]
+    assert got["mode off"] == ["Tensor", "Parameter"], got["mode off"]
+
+
+def test_loads_map_the_file_and_make_its_large_tensors_lazy_keeping_small_values_and_views(cuda1, tmp_path):
+    got = cuda1.one(loaded, str(tmp_path))
+    assert got["by path"] == {"big": "LazyHostTensor", "tail": "LazyHostTensor", "small": "Tensor",
+                              "half": "LazyHostTensor"}, got["by path"]
+    assert got["small values"] == [0, 1, 2, 3, 4]
+    assert got["views stay views"] and got["shapes"] == [[4], (1 << 18) - 4, "torch.float16"], got
+    assert got["stream"] == got["by path"], got["stream"]
+    assert got["onto the gpu"] == {name: ["cuda:0", "meta"] for name in ("big", "tail", "small", "half")}, got["onto the gpu"]
+    assert got["safetensors"] == {"big": "LazyHostTensor", "small": "Tensor"} and got["safetensors small"] == [0, 1, 2, 3, 4]
+
+
+def test_a_ten_gigabyte_cpu_model_takes_no_host_memory_without_compute(cuda1):
+    got = cuda1.one(ten_gigabytes_on_the_cpu)
+    assert got["size"] > 10 * 10**9, got
+    assert got["moved"] == got["size"], got  # the GPU's books count every byte
+    assert got["built"] < 64 * MIB and got["grown"] < 64 * MIB, got
+
+
+# -- a small Llama built on the CPU, dry-run both ways ---------------------------------------
+
+SCRIPT = """\
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from accelerate_ref import Accelerator
+
+accelerator = Accelerator(mixed_precision="bf16")
+config = LlamaConfig(hidden_size=256, intermediate_size=688, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=4, vocab_size=32000, attn_implementation="eager")
+model = LlamaForCausalLM(config)
+print("embedding", type(model.model.embed_tokens.weight).__name__, "attention", type(model.model.layers[0].self_attn.q_proj.weight).__name__)
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+model, optimizer = accelerator.prepare(model, optimizer)
+for step in range(2):
+    batch = torch.randint(0, 32000, (1, 512), device=accelerator.device)
+    loss = model(input_ids=batch, labels=batch).loss
+    accelerator.backward(loss)
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
+
+def _dry_run(tmp_path, no_compute: bool) -> tuple[list[dict], str]:
+    script, summary = tmp_path / "train.py", tmp_path / f"summary-{no_compute}.json"
+    script.write_text(SCRIPT)
+    done = subprocess.run([sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", "launch", "--simulate", "cuda",
+                           *(["--no-compute"] if no_compute else []), "--num_processes", "2", "--timeout", "300",
+                           "--summary-json", str(summary), str(script)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    return [rank["memory"] for rank in json.loads(summary.read_text())["ranks"]], done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers is not installed (extra transformers)")
+def test_a_small_llama_built_on_the_cpu_has_the_same_books_with_and_without_compute(tmp_path):
+    """The books of both modes agree to the byte (peak, reserved, parts, step and line), and the no-compute run did
+    build its large tensors lazily (the 31 MiB embedding; the 256 KiB projections keep values).
+
+    Eager attention: the mock's fused attention keeps other tensors without compute than with it (512 KiB here, with
+    or without lazy host tensors), a difference of its own."""
+    computed, computed_output = _dry_run(tmp_path, no_compute=False)
+    estimated, estimated_output = _dry_run(tmp_path, no_compute=True)
+    assert "embedding Parameter attention Parameter" in computed_output, computed_output[-2000:]
+    assert "embedding LazyHostTensor attention Parameter" in estimated_output, estimated_output[-2000:]
+    assert estimated == computed
