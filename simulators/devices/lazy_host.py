@@ -33,6 +33,9 @@ script's large host tensors (issue 33, item 4):
   ordinary CPU tensor written from a lazy one (it gets zeros: ``"cpu copy"``
   for ``copy_``, ``"cpu value"`` for another op) and a lazy tensor pickled
   (``torch.save``: zeros of its shape taking one element, ``"save"``);
+- ``data_ptr()`` is its storage record's address plus its offset (a meta tensor's is 0): tensors of different
+  storages have different pointers, as libraries that tell parameters apart by them expect (HF accelerate's FSDP2
+  preparation maps the optimizer's parameters so);
 - ``variable.data = other`` between a lazy tensor and another tensor gives
   ``variable`` the other's payload or, across kinds, swaps it for a tensor of
   the other's kind (the same object, still a parameter), as for the mock devices;
@@ -54,10 +57,10 @@ from typing import Any, Callable
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import return_and_correct_aliasing
-from torch.utils._pytree import tree_flatten, tree_map, tree_map_only
+from torch.utils._pytree import tree_map_only
 
 from simulators.devices import no_compute
-from simulators.devices.tensor import DeviceTensor, _aliases, _follow_payload, swap_in
+from simulators.devices.tensor import DeviceTensor, _aliases, _follow_payload, _leaves, _map, swap_in
 
 #: Bytes from which a host tensor made in no-compute mode is lazy, unless this variable gives another number.
 THRESHOLD_ENV = "SIMULATORS_LAZY_HOST_MIN_BYTES"
@@ -68,6 +71,14 @@ _CPU = torch.device("cpu")
 _aten = torch.ops.aten
 #: The installed mock device family (its tensor class): where a lazy tensor goes on ``.to(<its device>)``.
 _family: list[type[DeviceTensor]] = []
+
+#: In-place fills: on a lazy tensor they change nothing a meta payload holds (torch's meta kernels for the random
+#: ones are Python decompositions: a 7B Llama's initialisation would spend most of its time in them).
+_FILLS = frozenset({
+    _aten.normal_.default, _aten.uniform_.default, _aten.fill_.Scalar, _aten.zero_.default, _aten.random_.default,
+    getattr(_aten.random_, "from"), _aten.random_.to, _aten.exponential_.default, _aten.log_normal_.default,
+    _aten.cauchy_.default, _aten.geometric_.default, _aten.bernoulli_.float,
+})
 
 _SET_DATA = torch.Tensor.data.__set__
 _SET_DATA_OF = torch._C.TensorBase.data.__set__
@@ -108,7 +119,7 @@ class LazyHostTensor(torch.Tensor):
         return self._payload.untyped_storage()
 
     def data_ptr(self) -> int:
-        return self._payload.data_ptr()
+        return no_compute.pointer(self._payload)
 
     def tolist(self) -> Any:
         no_compute.record("tolist")
@@ -135,6 +146,8 @@ class LazyHostTensor(torch.Tensor):
         if any(issubclass(kind, DeviceTensor) for kind in types):
             return NotImplemented  # a mock device tensor takes part: its rules (a copy, or the mixing error)
         kwargs = kwargs or {}
+        if func in _FILLS and isinstance(args[0], LazyHostTensor):
+            return args[0]
         if func is _aten._local_scalar_dense.default:
             no_compute.record("item")
             return no_compute.scalar(args[0].dtype)
@@ -142,7 +155,7 @@ class LazyHostTensor(torch.Tensor):
             return _copied_from_lazy(args[0], args[1])
         target = kwargs.get("device")
         target = torch.device(target) if target is not None else None
-        lazies = [leaf for leaf in tree_flatten((args, kwargs))[0] if isinstance(leaf, LazyHostTensor)]
+        lazies = [leaf for leaf in _leaves((args, kwargs)) if isinstance(leaf, LazyHostTensor)]
         real: dict[int, torch.Tensor] = {}
 
         def payload_of(value: Any) -> Any:
@@ -154,14 +167,14 @@ class LazyHostTensor(torch.Tensor):
                 return twin
             return value
 
-        payload_args, payload_kwargs = tree_map(payload_of, (args, kwargs))
+        payload_args, payload_kwargs = _map(payload_of, (args, kwargs))
         if target is not None:
             payload_kwargs["device"] = _META
         payload_kwargs.pop("generator", None)
         if payload_kwargs.get("pin_memory"):
             payload_kwargs["pin_memory"] = False
         out = func(*payload_args, **payload_kwargs)
-        wrapped = tree_map(_rewrapper(lazies, real, target), out)
+        wrapped = _map(_rewrapper(lazies, real, target), out)
         if torch.Tag.inplace_view in func.tags:
             return args[0]
         return return_and_correct_aliasing(func, args, kwargs, wrapped) if _aliases(func) else wrapped

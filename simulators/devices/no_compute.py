@@ -15,6 +15,9 @@ With ``SIMULATORS_NO_COMPUTE=1`` in a rank's environment (issue 23, item 1):
   ``"placeholders"``). A line asking more than :data:`RUNAWAY_LIMIT` times
   without an optimizer step in between raises a RuntimeError naming it: a
   loop waiting on a value (a loss threshold) would never end on zeros;
+- ``data_ptr()`` of a tensor with a meta payload is its storage record's
+  address plus its offset (:func:`pointer`; a meta tensor's own is 0), so
+  tensors of different storages still have different pointers;
 - a collective on mock tensors runs its Meta kernel (no data moves), after
   the ranks of its group exchange a descriptor (op, dtype, shapes) through
   the group itself, so they still wait for each other (a rank waiting alone
@@ -104,6 +107,13 @@ def scalar(dtype: torch.dtype) -> bool | int | float | complex:
 def host_copy(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
     """The placeholder of a copy to the CPU: zeros of ``shape`` and ``dtype`` that take one element of host memory."""
     return torch.zeros((), dtype=dtype, device="cpu").expand(shape)
+
+
+def pointer(payload: torch.Tensor) -> int:
+    """``data_ptr()`` of a tensor with meta payload ``payload`` (a meta tensor's own is 0): the address of its
+    storage's record plus its offset in bytes, so that tensors of different storages have different pointers (HF
+    accelerate's FSDP2 preparation maps the optimizer's parameters by them) and views of one storage point into it."""
+    return payload.untyped_storage()._cdata + payload.storage_offset() * payload.element_size()
 
 
 def value_of(func: Any, payload_args: tuple, payload_kwargs: dict) -> tuple[bool, Any]:

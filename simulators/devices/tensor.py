@@ -267,7 +267,7 @@ class DeviceTensor(torch.Tensor):
         return self._payload.untyped_storage()
 
     def data_ptr(self) -> int:
-        return self._payload.data_ptr()
+        return no_compute.pointer(self._payload) if self._payload.is_meta else self._payload.data_ptr()
 
     def numpy(self, *, force: bool = False) -> Any:
         if force and self._payload.is_meta:

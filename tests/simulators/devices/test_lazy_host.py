@@ -75,6 +75,10 @@ def made_and_moved():
         got["parameter"] = [type(weight).__name__, isinstance(weight, torch.nn.Parameter), weight.requires_grad,
                             weight.is_leaf, weight.device.type, type(layer.bias).__name__]
         got["view shares the storage"] = big[:10].untyped_storage()._cdata == big.untyped_storage()._cdata
+        other, on_gpu = torch.zeros(512, 1024), torch.empty(512, 1024, device="cuda")
+        got["pointers"] = [big.data_ptr() != 0, big.data_ptr() != other.data_ptr(), big[1].data_ptr() - big.data_ptr(),
+                           on_gpu.data_ptr() != 0, on_gpu.data_ptr() != torch.empty_like(on_gpu).data_ptr()]
+        del other, on_gpu
         got["data"] = [type(weight.data).__name__, weight.data.untyped_storage()._cdata == weight.untyped_storage()._cdata]
         layer.to(torch.bfloat16)
         got["cast"] = [layer.weight is weight, type(weight).__name__, str(weight.dtype), str(weight._payload.dtype)]
@@ -188,6 +192,8 @@ def test_large_cpu_tensors_are_lazy_and_move_to_the_gpu_as_meta_payloads_counted
     assert got["below"] == ["Tensor"], got["below"]
     assert got["parameter"] == ["LazyHostTensor", True, True, True, "cpu", "Parameter"], got["parameter"]
     assert got["view shares the storage"] and got["data"] == ["LazyHostTensor", True], got
+    # distinct storages, distinct pointers (a meta tensor's is 0), on the host and on the GPU; a view points into its storage
+    assert got["pointers"] == [True, True, 1024 * 4, True, True], got["pointers"]
     assert got["cast"] == [True, "LazyHostTensor", "torch.bfloat16", "torch.bfloat16"], got["cast"]
     assert got["state dict"] == ["LazyHostTensor", "Tensor"], got["state dict"]
     # the module's parameter objects are kept; the GPU holds the weight and the bias at their sizes
@@ -221,12 +227,21 @@ def test_a_ten_gigabyte_cpu_model_takes_no_host_memory_without_compute(cuda1):
 # -- a small Llama built on the CPU, dry-run both ways ---------------------------------------
 
 SCRIPT = """\
+import sys
+
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from accelerate_ref import Accelerator
+if sys.argv[1] == "accelerate":
+    from accelerate import Accelerator
+    from accelerate.utils import FullyShardedDataParallelPlugin
+else:
+    from accelerate_ref import Accelerator
+    from accelerate_ref.utils import FullyShardedDataParallelPlugin
 
-accelerator = Accelerator(mixed_precision="bf16")
+plugins = {"ddp": {}, "fsdp2": {"fsdp_plugin": FullyShardedDataParallelPlugin(
+    fsdp_version=2, auto_wrap_policy="transformer_based_wrap", transformer_cls_names_to_wrap=["LlamaDecoderLayer"])}}
+accelerator = Accelerator(mixed_precision="bf16", **plugins[sys.argv[2]])
 config = LlamaConfig(hidden_size=256, intermediate_size=688, num_hidden_layers=2, num_attention_heads=4,
                      num_key_value_heads=4, vocab_size=32000, attn_implementation="eager")
 model = LlamaForCausalLM(config)
@@ -242,26 +257,31 @@ for step in range(2):
 """
 
 
-def _dry_run(tmp_path, no_compute: bool) -> tuple[list[dict], str]:
+def _dry_run(tmp_path, no_compute: bool, *arguments: str) -> tuple[list[dict], str]:
     script, summary = tmp_path / "train.py", tmp_path / f"summary-{no_compute}.json"
     script.write_text(SCRIPT)
     done = subprocess.run([sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", "launch", "--simulate", "cuda",
                            *(["--no-compute"] if no_compute else []), "--num_processes", "2", "--timeout", "300",
-                           "--summary-json", str(summary), str(script)], capture_output=True, text=True, timeout=600)
+                           "--summary-json", str(summary), str(script), *arguments],
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     return [rank["memory"] for rank in json.loads(summary.read_text())["ranks"]], done.stdout
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers is not installed (extra transformers)")
-def test_a_small_llama_built_on_the_cpu_has_the_same_books_with_and_without_compute(tmp_path):
-    """The books of both modes agree to the byte (peak, reserved, parts, step and line), and the no-compute run did
-    build its large tensors lazily (the 31 MiB embedding; the 256 KiB projections keep values).
+@pytest.mark.parametrize("impl, distributed", [("accelerate_ref", "ddp"), ("accelerate", "fsdp2")])
+def test_a_small_llama_built_on_the_cpu_has_the_same_books_with_and_without_compute(tmp_path, impl, distributed):
+    """The books of both modes agree to the byte (peak, reserved, parts, model states, step and line), and the
+    no-compute run did build its large tensors lazily (the 31 MiB embedding; the 256 KiB projections keep values).
+    HF accelerate's FSDP2 preparation maps the optimizer's parameters by ``data_ptr()``.
 
     Eager attention: the mock's fused attention keeps other tensors without compute than with it (512 KiB here, with
     or without lazy host tensors), a difference of its own."""
-    computed, computed_output = _dry_run(tmp_path, no_compute=False)
-    estimated, estimated_output = _dry_run(tmp_path, no_compute=True)
+    if importlib.util.find_spec(impl) is None:
+        pytest.skip(f"{impl} is not installed")
+    computed, computed_output = _dry_run(tmp_path, False, impl, distributed)
+    estimated, estimated_output = _dry_run(tmp_path, True, impl, distributed)
     assert "embedding Parameter attention Parameter" in computed_output, computed_output[-2000:]
     assert "embedding LazyHostTensor attention Parameter" in estimated_output, estimated_output[-2000:]
     assert estimated == computed
