@@ -15,7 +15,8 @@ for bf16). Rules, for inputs on the mock GPU where a fused kernel is enabled
   log-sum-exp of ``query.shape[:-1]``, its last dimension padded to a multiple of 32 where
   memory-efficient attention runs (float32, or an attention mask, or before compute capability 8.0);
 - backward: the gradients, recomputed from the payloads with the forward's random state, so dropout drops
-  the same elements; what the GPU's backward kernel allocates and frees within itself is not counted.
+  the same elements, then the kernel's workspace while it runs: a float32 accumulator of the query's size
+  and a float32 row sum per query.
 """
 from __future__ import annotations
 
@@ -77,6 +78,15 @@ def _payload(value: Any) -> Any:
     return value._payload if isinstance(value, torch.Tensor) and hasattr(value, "_payload") else value
 
 
+def _backward_workspace(query: torch.Tensor) -> None:
+    """What the backward kernel takes after its gradients and frees before it returns: a float32 accumulator of
+    the query's gradient and a float32 row sum per query (FlashAttention-2's ``dq_accum`` and ``softmax_d``;
+    ``encoder_bf16.pickle``: cuDNN's backward, one 4,260,096-byte workspace after the three 2 MiB gradients)."""
+    accumulator = torch.empty(query.shape, dtype=torch.float32, device=query.device)
+    row_sums = torch.empty(query.shape[:-1], dtype=torch.float32, device=query.device)
+    del accumulator, row_sums
+
+
 class _FusedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Any,
@@ -105,8 +115,10 @@ class _FusedAttention(torch.autograd.Function):
                 *inputs, _payload(attn_mask), dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
             wanted = [payload for payload in inputs if payload.requires_grad]
             grads = iter(torch.autograd.grad(out, wanted, _payload(grad)))
-        return (*(type(query).wrap(next(grads), query.device_index) if payload.requires_grad else None
-                  for payload in inputs), None, None)
+        gradients = tuple(type(query).wrap(next(grads), query.device_index) if payload.requires_grad else None
+                          for payload in inputs)
+        _backward_workspace(query)
+        return (*gradients, None, None)
 
 
 __all__ = ["LSE_ALIGNMENT", "install", "fused"]
