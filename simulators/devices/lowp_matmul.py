@@ -5,18 +5,22 @@ convolution or attention op (`OPS`, and their backward ops) whose floating input
 float32 copies of them and each floating result is rounded once (round to nearest even) to the dtype the op
 gives for the inputs it was given: ``mm(a, b)`` of two bf16 payloads is ``(a.float() @ b.float()).bfloat16()``
 exactly, a bf16 tensor. Besides being closer to the GPU's numbers than the CPU's own bf16 kernels (which round
-partial sums on the way), it is fast: a CPU without bf16 matrix instructions takes tens of times longer for a
-bf16 product than for an fp32 one (catalog ``autocast.bf16``: a bf16 training step dry-run at the cost of an
-fp32 one, ``benchmarks/dry_run_cost.py``).
+partial sums on the way), it is fast: a CPU without bf16 matrix instructions takes several to tens of times
+longer (by shape) for a bf16 product than for an fp32 one (``benchmarks/dry_run_cost.py`` times a bf16 training
+step's dry run against the script run in fp32 on the CPU).
 
 What the script sees is unchanged: the results are payloads of the dtype the op gives (the memory books count
 their bytes at that dtype), and the float32 copies and results are temporaries of the payload computation, plain
-CPU tensors no mock tensor wraps, which no book counts. The dtype each result takes, and whether the op accepts
-its inputs at all, is what the op's meta kernel says for the same arguments (asked once per op and argument
-dtypes); inputs the op refuses (``mm`` of a bf16 and an fp32 matrix), and ops with no meta kernel, run as given,
-so the op raises as it would. In-place and ``out=`` overloads run as given. Attention (the CPU's flash kernel, its
-backward) is one op here: the whole of it runs in float32, its outputs rounded once (a GPU's fused kernel
-also rounds its probabilities before the second product; the last bits differ either way).
+CPU tensors no mock tensor wraps, which no book counts. The dtype each result takes is what the op's meta kernel
+says for the same arguments (asked once per op and argument dtypes). The rule applies when the op's floating
+inputs are all of one low-precision dtype (besides the float32 log-sum-exp attention's backward takes): a mix
+(``mm`` of a bf16 and an fp32 matrix), like an op with no meta kernel or arguments its meta kernel refuses, runs
+as given, so the op raises as it would. In-place and ``out=`` overloads run as given. Attention that reaches the
+payloads as an op (the CPU's flash kernel and its backward, on the mock devices whose attention is
+``backend._attention_as_on_cpu``) is one op here: the whole of it runs in float32, its outputs rounded once (a
+GPU's fused kernel also rounds its probabilities before the second product; the last bits differ either way).
+The mock GPU's fused attention (:mod:`simulators.devices.attention`) computes on the payloads itself, outside
+this rule.
 
 Applied by :meth:`simulators.devices.tensor.DeviceTensor.__torch_dispatch__` to payloads with values; no-compute
 mode (meta payloads) computes nothing and is left alone.
@@ -32,7 +36,7 @@ import torch
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 #: The ops (every overload that neither mutates nor aliases) computed by the rule, as they reach the payloads:
 #: the products and convolutions autocast lowers (``linear`` and ``matmul`` reach them as ``mm``, ``addmm``,
-#: ``bmm``), their backward ops, and attention as the mock runs it (``backend._attention_as_on_cpu``).
+#: ``bmm``), their backward ops, and attention where it reaches the payloads as an op.
 NAMES = (
     "mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "matmul", "linear",
     "convolution", "_convolution", "convolution_backward",
