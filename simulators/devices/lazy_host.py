@@ -16,9 +16,11 @@ script's large host tensors (issue 33, item 4):
   ``new_full``) on the CPU, ``torch.load`` (a file path is mapped, not read:
   a tensor whose storage is that large becomes lazy, views of one storage
   stay views of one payload; the other tensors are copied out of the
-  mapping with their values) and ``safetensors.torch.load_file`` (a large
-  tensor's bytes are not read). A smaller tensor is an ordinary one, with
-  values, so control flow on small host data works;
+  mapping with their values) and safetensors' ``safe_open`` (``get_tensor``,
+  an index of ``get_slice``: ``safetensors.torch.load_file`` and
+  ``transformers``' ``from_pretrained`` read so; a large tensor's bytes are
+  not read). A smaller tensor is an ordinary one, with values, so control
+  flow on small host data works;
 - every op on a lazy tensor runs on the payloads (shape, dtype and
   broadcasting rules, nothing computed; ``nn.init``'s in-place fills, views,
   ``.data``, ``nn.Parameter(...)``, ``state_dict`` / ``load_state_dict``); an
@@ -33,9 +35,11 @@ script's large host tensors (issue 33, item 4):
   ordinary CPU tensor written from a lazy one (it gets zeros: ``"cpu copy"``
   for ``copy_``, ``"cpu value"`` for another op) and a lazy tensor pickled
   (``torch.save``: zeros of its shape taking one element, ``"save"``);
-- ``data_ptr()`` is its storage record's address plus its offset (a meta tensor's is 0): tensors of different
-  storages have different pointers, as libraries that tell parameters apart by them expect (HF accelerate's FSDP2
-  preparation maps the optimizer's parameters so);
+- ``data_ptr()`` is its storage record's address plus its offset (a meta
+  tensor's is 0; :func:`simulators.devices.no_compute.pointer`): tensors of
+  different storages have different pointers, as libraries that tell
+  parameters apart by them expect (HF accelerate's FSDP2 preparation maps
+  the optimizer's parameters so);
 - ``variable.data = other`` between a lazy tensor and another tensor gives
   ``variable`` the other's payload or, across kinds, swaps it for a tensor of
   the other's kind (the same object, still a parameter), as for the mock devices;
@@ -43,10 +47,9 @@ script's large host tensors (issue 33, item 4):
   the mock's mixing error (``cuda:0 and cpu``), as an ordinary CPU tensor does.
 
 Not lazy: CPU tensors made from Python or numpy data (``torch.tensor``,
-``torch.from_numpy``), by ops on ordinary tensors, or read by
-``safetensors``' ``safe_open`` directly (``transformers``' ``from_pretrained``).
-Nothing changes while no-compute mode is off (the factories check it at each
-call).
+``torch.from_numpy``) or by ops on ordinary tensors, and what a module that
+bound ``safetensors.safe_open`` before the mock was installed reads. Nothing
+changes while no-compute mode is off (each factory and load checks it).
 """
 from __future__ import annotations
 
@@ -97,9 +100,20 @@ class LazyHostTensor(torch.Tensor):
     _payload: torch.Tensor
 
     @staticmethod
-    def __new__(cls, payload: torch.Tensor, requires_grad: bool = False) -> "LazyHostTensor":
+    def __new__(cls, data: torch.Tensor, requires_grad: bool = True, **attributes: Any) -> torch.Tensor:
+        """``type(param)(data, requires_grad=..., **param.__dict__)``, the idiom libraries rebuild a parameter with
+        (``init_empty_weights`` of accelerate and transformers): a ``Parameter`` of ``data``, with the attributes."""
+        param = torch.nn.Parameter(data, requires_grad=requires_grad)
+        for name, value in attributes.items():
+            if name not in ("_payload", "_is_param"):
+                setattr(param, name, value)
+        return param
+
+    @staticmethod
+    def wrap(payload: torch.Tensor, requires_grad: bool = False) -> "LazyHostTensor":
+        """A lazy tensor over meta tensor ``payload``."""
         tensor = torch.Tensor._make_wrapper_subclass(
-            cls, payload.size(), strides=payload.stride(), storage_offset=payload.storage_offset(),
+            LazyHostTensor, payload.size(), strides=payload.stride(), storage_offset=payload.storage_offset(),
             dtype=payload.dtype, layout=payload.layout, device=_CPU, requires_grad=requires_grad,
         )
         tensor._payload = payload
@@ -201,7 +215,7 @@ def _rewrapper(lazies: list[LazyHostTensor], real: dict[int, torch.Tensor], targ
             return value
         if target is not None and family is not None and _is_family(target, family):
             return family.wrap(value, family.index_of(target))
-        return LazyHostTensor(value)
+        return LazyHostTensor.wrap(value)
 
     return rewrap
 
@@ -228,7 +242,7 @@ def lazy_like(tensor: torch.Tensor) -> LazyHostTensor:
 def _lazy_view(storage: torch.UntypedStorage, tensor: torch.Tensor) -> torch.Tensor:
     payload = torch.empty(0, dtype=tensor.dtype, device=_META)
     payload.set_(storage, tensor.storage_offset(), tensor.shape, tensor.stride())
-    lazy = LazyHostTensor(payload, requires_grad=tensor.requires_grad and tensor.is_leaf)
+    lazy = LazyHostTensor.wrap(payload, requires_grad=tensor.requires_grad and tensor.is_leaf)
     if isinstance(tensor, torch.nn.Parameter):
         return torch.nn.Parameter(lazy, requires_grad=tensor.requires_grad)
     return lazy
@@ -285,7 +299,7 @@ def _made_lazy(func: Callable, args: tuple, kwargs: dict) -> LazyHostTensor | No
         probe = func(*args, **probe_kwargs)
     if probe.untyped_storage().nbytes() < threshold():
         return None
-    return LazyHostTensor(probe.detach(), requires_grad=probe.requires_grad)
+    return LazyHostTensor.wrap(probe.detach(), requires_grad=probe.requires_grad)
 
 
 def made_lazy(loaded: Any) -> Any:
@@ -331,38 +345,81 @@ def _lazy_loading(load: Callable[..., Any]) -> Callable[..., Any]:
     return loading
 
 
-def _lazy_safetensors(module: Any) -> None:
-    """``safetensors.torch.load_file`` that, in no-compute mode, reads only the small tensors' bytes."""
-    read = module.load_file
+class _LazySafeOpen:
+    """safetensors' ``safe_open`` in no-compute mode: a tensor it gives (``get_tensor``, ``get_tensors``, an index of
+    a ``get_slice``) of at least :func:`threshold` bytes is lazy, its bytes unread; the rest is the file's."""
 
-    @functools.wraps(read)
-    def load_file(filename: Any, device: Any = "cpu", **kwargs: Any) -> dict[str, torch.Tensor]:
-        if not no_compute.enabled():
-            return read(filename, device, **kwargs)
-        loaded = {}
-        limit = threshold()
-        with module.safe_open(filename, framework="pt", device="cpu") as opened:
-            for name in opened.keys():
-                part = opened.get_slice(name)
-                payload = torch.empty(part.get_shape(), dtype=module._getdtype(part.get_dtype()), device=_META)
-                if payload.untyped_storage().nbytes() >= limit:
-                    loaded[name] = LazyHostTensor(payload)
-                else:
-                    loaded[name] = opened.get_tensor(name)
-        if torch.device(device if not isinstance(device, int) else f"cuda:{device}").type != "cpu":
-            loaded = {name: tensor.to(device) for name, tensor in loaded.items()}
-        return loaded
+    def __init__(self, opened: Any, device: Any) -> None:
+        self._opened, self._device = opened, device
 
-    module.load_file = load_file
+    def __enter__(self) -> "_LazySafeOpen":
+        self._opened.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self._opened.__exit__(*exc)
+
+    def __getattr__(self, name: str) -> Any:  # keys, offset_keys, metadata
+        return getattr(self._opened, name)
+
+    def get_slice(self, name: str) -> "_LazySlice":
+        return _LazySlice(self._opened.get_slice(name), self._device)
+
+    def get_tensor(self, name: str) -> torch.Tensor:
+        lazy = self.get_slice(name).lazy(Ellipsis)
+        return lazy if lazy is not None else self._opened.get_tensor(name)
+
+    def get_tensors(self) -> dict[str, torch.Tensor]:
+        return {name: self.get_tensor(name) for name in self._opened.offset_keys()}
+
+
+class _LazySlice:
+    """A ``get_slice`` of `_LazySafeOpen`: indexing it reads the file only for a result under the threshold."""
+
+    def __init__(self, part: Any, device: Any) -> None:
+        self._part, self._device = part, device
+
+    def __getattr__(self, name: str) -> Any:  # get_shape, get_dtype
+        return getattr(self._part, name)
+
+    def lazy(self, index: Any) -> torch.Tensor | None:
+        """The lazy tensor ``self[index]`` (on the file's device), or None under the threshold."""
+        from safetensors.torch import _getdtype
+
+        whole = torch.empty(self._part.get_shape(), dtype=_getdtype(self._part.get_dtype()), device=_META)
+        payload = whole[index]
+        if payload.numel() * payload.element_size() < threshold():
+            return None
+        lazy = LazyHostTensor.wrap(payload if payload.shape == whole.shape else payload.clone())
+        device = f"cuda:{self._device}" if isinstance(self._device, int) else self._device
+        return lazy if device in (None, "cpu") or torch.device(device).type == "cpu" else lazy.to(device)
+
+    def __getitem__(self, index: Any) -> torch.Tensor:
+        lazy = self.lazy(index)
+        return lazy if lazy is not None else self._part[index]
+
+
+def _lazy_safe_open(module: Any) -> None:
+    """``safetensors.safe_open`` giving a `_LazySafeOpen` in no-compute mode (``safetensors.torch.load_file`` and
+    ``transformers``' ``from_pretrained`` open files with it), the file itself otherwise."""
+    opening = module.safe_open
+
+    def safe_open(filename: Any, framework: str, *args: Any, **kwargs: Any) -> Any:
+        opened = opening(filename, framework, *args, **kwargs)
+        if not no_compute.enabled() or framework not in ("pt", "torch"):
+            return opened
+        return _LazySafeOpen(opened, args[0] if args else kwargs.get("device", "cpu"))
+
+    module.safe_open = safe_open
 
 
 def install(family: type[DeviceTensor]) -> None:
     """Enter `LazyFactories` for the process's life (a no-op while no-compute mode is off) and make ``torch.load``
-    and ``safetensors.torch.load_file`` lazy in no-compute mode; ``family``'s device is where ``.to(device)``
+    and safetensors' ``safe_open`` lazy in no-compute mode; ``family``'s device is where ``.to(device)``
     puts a lazy tensor."""
     from simulators.devices.backend import _after_import
 
     _family[:] = [family]
     LazyFactories().__enter__()
     torch.load = _lazy_loading(torch.load)
-    _after_import("safetensors.torch", _lazy_safetensors)
+    _after_import("safetensors", _lazy_safe_open)

@@ -114,7 +114,8 @@ def made_and_moved():
 
 def loaded(folder: str):
     """Files written with values, loaded in no-compute mode: ``torch.load`` (by path, mapped; from a stream; onto the
-    GPU) and ``safetensors.torch.load_file``."""
+    GPU), ``safetensors.torch.load_file`` and, where transformers is installed, ``from_pretrained``."""
+    import importlib.util
     import io
     import os
 
@@ -125,6 +126,13 @@ def loaded(folder: str):
     state = {"big": tied, "tail": tied[-4:], "small": torch.arange(5), "half": torch.ones(512, 1024, dtype=torch.half)}
     torch.save(state, os.path.join(folder, "state.pt"))
     save_file({"big": torch.ones(512, 1024), "small": torch.arange(5)}, os.path.join(folder, "state.safetensors"))
+    pretrained = importlib.util.find_spec("transformers") is not None
+    if pretrained:  # a 2 MiB embedding, a 256-byte norm (ones)
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
+                             num_key_value_heads=2, vocab_size=8192)
+        LlamaForCausalLM(config).save_pretrained(os.path.join(folder, "llama"))
     _mode(True)
     try:
         got = {}
@@ -140,6 +148,10 @@ def loaded(folder: str):
         tensors = load_file(os.path.join(folder, "state.safetensors"))
         got["safetensors"] = {name: type(value).__name__ for name, value in tensors.items()}
         got["safetensors small"] = tensors["small"].tolist()
+        if pretrained:
+            model = LlamaForCausalLM.from_pretrained(os.path.join(folder, "llama"))
+            got["from_pretrained"] = [type(model.model.embed_tokens.weight).__name__, type(model.model.norm.weight).__name__,
+                                      model.model.norm.weight[:2].tolist()]
         return got
     finally:
         _mode(False)
@@ -206,7 +218,7 @@ def test_large_cpu_tensors_are_lazy_and_move_to_the_gpu_as_meta_payloads_counted
     assert got["mode off"] == ["Tensor", "Parameter"], got["mode off"]
 
 
-def test_loads_map_the_file_and_make_its_large_tensors_lazy_keeping_small_values_and_views(cuda1, tmp_path):
+def test_loads_read_only_small_tensors_and_make_the_large_ones_lazy_keeping_views(cuda1, tmp_path):
     got = cuda1.one(loaded, str(tmp_path))
     assert got["by path"] == {"big": "LazyHostTensor", "tail": "LazyHostTensor", "small": "Tensor",
                               "half": "LazyHostTensor"}, got["by path"]
@@ -215,6 +227,8 @@ def test_loads_map_the_file_and_make_its_large_tensors_lazy_keeping_small_values
     assert got["stream"] == got["by path"], got["stream"]
     assert got["onto the gpu"] == {name: ["cuda:0", "meta"] for name in ("big", "tail", "small", "half")}, got["onto the gpu"]
     assert got["safetensors"] == {"big": "LazyHostTensor", "small": "Tensor"} and got["safetensors small"] == [0, 1, 2, 3, 4]
+    if "from_pretrained" in got:
+        assert got["from_pretrained"] == ["LazyHostTensor", "Parameter", [1.0, 1.0]], got["from_pretrained"]
 
 
 def test_a_ten_gigabyte_cpu_model_takes_no_host_memory_without_compute(cuda1):
