@@ -233,19 +233,15 @@ def _copied_from_lazy(destination: torch.Tensor, source: LazyHostTensor) -> torc
     return destination.zero_()
 
 
-def lazy_like(tensor: torch.Tensor) -> LazyHostTensor:
-    """A lazy tensor with ``tensor``'s shape, strides, offset and dtype (its storage's size), a parameter if it is one."""
-    base = torch.empty(tensor.untyped_storage().nbytes(), dtype=torch.uint8, device=_META)
-    return _lazy_view(base.untyped_storage(), tensor)
-
-
-def _lazy_view(storage: torch.UntypedStorage, tensor: torch.Tensor) -> torch.Tensor:
-    payload = torch.empty(0, dtype=tensor.dtype, device=_META)
-    payload.set_(storage, tensor.storage_offset(), tensor.shape, tensor.stride())
-    lazy = LazyHostTensor.wrap(payload, requires_grad=tensor.requires_grad and tensor.is_leaf)
+def _view_of(storage: torch.UntypedStorage, tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``'s view (offset, shape, strides, dtype) of ``storage`` (a meta one: lazy), a parameter if it is one."""
+    device = _META if storage.device.type == "meta" else storage.device
+    view = torch.empty(0, dtype=tensor.dtype, device=device).set_(storage, tensor.storage_offset(), tensor.shape, tensor.stride())
+    if view.is_meta:
+        view = LazyHostTensor.wrap(view)
     if isinstance(tensor, torch.nn.Parameter):
-        return torch.nn.Parameter(lazy, requires_grad=tensor.requires_grad)
-    return lazy
+        return torch.nn.Parameter(view, requires_grad=tensor.requires_grad)
+    return view.requires_grad_() if tensor.requires_grad else view
 
 
 def set_data(variable: torch.Tensor, data: torch.Tensor) -> None:
@@ -302,10 +298,10 @@ def _made_lazy(func: Callable, args: tuple, kwargs: dict) -> LazyHostTensor | No
     return LazyHostTensor.wrap(probe.detach(), requires_grad=probe.requires_grad)
 
 
-def made_lazy(loaded: Any) -> Any:
+def made_lazy(loaded: Any, mapped: bool = False) -> Any:
     """``loaded`` (a ``torch.load`` result: containers of tensors) with each ordinary CPU tensor whose storage has
-    at least :func:`threshold` bytes made lazy (tensors of one storage: views of one payload) and the others copied
-    (out of a mapped file: the mapping goes with the large tensors)."""
+    at least :func:`threshold` bytes made lazy (tensors of one storage: views of one payload). Where the file was
+    ``mapped``, the other storages are copied out of the mapping (which goes with the large tensors), each once."""
     storages: dict[int, torch.UntypedStorage] = {}
     limit = threshold()
 
@@ -313,15 +309,13 @@ def made_lazy(loaded: Any) -> Any:
         if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.device.type != "cpu" or tensor.layout is not torch.strided:
             return tensor
         storage = tensor.untyped_storage()
-        if storage.nbytes() < limit:
-            copy = tensor.detach().clone()
-            if isinstance(tensor, torch.nn.Parameter):
-                return torch.nn.Parameter(copy, requires_grad=tensor.requires_grad)
-            return copy.requires_grad_(tensor.requires_grad)
+        if storage.nbytes() < limit and not mapped:
+            return tensor
         key = storage._cdata
         if key not in storages:
-            storages[key] = torch.empty(storage.nbytes(), dtype=torch.uint8, device=_META).untyped_storage()
-        return _lazy_view(storages[key], tensor)
+            large = storage.nbytes() >= limit
+            storages[key] = torch.UntypedStorage(storage.nbytes(), device=_META) if large else storage.clone()
+        return _view_of(storages[key], tensor)
 
     return tree_map_only(torch.Tensor, lazy, loaded)
 
@@ -336,11 +330,11 @@ def _lazy_loading(load: Callable[..., Any]) -> Callable[..., Any]:
             return load(f, map_location, *args, **kwargs)
         if kwargs.get("mmap") is None and isinstance(f, (str, os.PathLike)):
             try:
-                return made_lazy(load(f, map_location, *args, mmap=True, **kwargs))
+                return made_lazy(load(f, map_location, *args, mmap=True, **kwargs), mapped=True)
             except RuntimeError as error:  # a file of torch's legacy format cannot be mapped
                 if "mmap can only be used" not in str(error):
                     raise
-        return made_lazy(load(f, map_location, *args, **kwargs))
+        return made_lazy(load(f, map_location, *args, **kwargs), mapped=bool(kwargs.get("mmap")))
 
     return loading
 

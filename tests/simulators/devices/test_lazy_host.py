@@ -123,7 +123,9 @@ def loaded(folder: str):
     from safetensors.torch import load_file, save_file
 
     tied = torch.arange(1 << 18, dtype=torch.float32)  # 1 MiB
-    state = {"big": tied, "tail": tied[-4:], "small": torch.arange(5), "half": torch.ones(512, 1024, dtype=torch.half)}
+    small = torch.arange(5)
+    state = {"big": tied, "tail": tied[-4:], "small": small, "small tail": small[3:],
+             "half": torch.ones(512, 1024, dtype=torch.half)}
     torch.save(state, os.path.join(folder, "state.pt"))
     save_file({"big": torch.ones(512, 1024), "small": torch.arange(5)}, os.path.join(folder, "state.safetensors"))
     pretrained = importlib.util.find_spec("transformers") is not None
@@ -138,7 +140,8 @@ def loaded(folder: str):
         got = {}
         mapped = torch.load(os.path.join(folder, "state.pt"))
         got["by path"] = {name: type(value).__name__ for name, value in mapped.items()}
-        got["small values"] = mapped["small"].tolist()
+        got["small values"] = [mapped["small"].tolist(), mapped["small tail"].tolist(),
+                               mapped["small tail"].untyped_storage()._cdata == mapped["small"].untyped_storage()._cdata]
         got["views stay views"] = mapped["tail"].untyped_storage()._cdata == mapped["big"].untyped_storage()._cdata
         got["shapes"] = [list(mapped["tail"].shape), mapped["tail"].storage_offset(), str(mapped["half"].dtype)]
         with open(os.path.join(folder, "state.pt"), "rb") as stream:
@@ -220,12 +223,12 @@ def test_large_cpu_tensors_are_lazy_and_move_to_the_gpu_as_meta_payloads_counted
 
 def test_loads_read_only_small_tensors_and_make_the_large_ones_lazy_keeping_views(cuda1, tmp_path):
     got = cuda1.one(loaded, str(tmp_path))
-    assert got["by path"] == {"big": "LazyHostTensor", "tail": "LazyHostTensor", "small": "Tensor",
+    assert got["by path"] == {"big": "LazyHostTensor", "tail": "LazyHostTensor", "small": "Tensor", "small tail": "Tensor",
                               "half": "LazyHostTensor"}, got["by path"]
-    assert got["small values"] == [0, 1, 2, 3, 4]
+    assert got["small values"] == [[0, 1, 2, 3, 4], [3, 4], True], got["small values"]  # copied out of the mapping once
     assert got["views stay views"] and got["shapes"] == [[4], (1 << 18) - 4, "torch.float16"], got
     assert got["stream"] == got["by path"], got["stream"]
-    assert got["onto the gpu"] == {name: ["cuda:0", "meta"] for name in ("big", "tail", "small", "half")}, got["onto the gpu"]
+    assert got["onto the gpu"] == {name: ["cuda:0", "meta"] for name in got["by path"]}, got["onto the gpu"]
     assert got["safetensors"] == {"big": "LazyHostTensor", "small": "Tensor"} and got["safetensors small"] == [0, 1, 2, 3, 4]
     if "from_pretrained" in got:
         assert got["from_pretrained"] == ["LazyHostTensor", "Parameter", [1.0, 1.0]], got["from_pretrained"]
