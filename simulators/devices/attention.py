@@ -11,7 +11,8 @@ and the log-sum-exp, 65,536 bytes, per layer; ``encoder_bf16.pickle``: ``run_cud
 for bf16). Rules, for inputs on the mock GPU where a fused kernel is enabled
 (``torch.backends.cuda.*_sdp_enabled``, ``torch.nn.attention.sdpa_kernel``) and the dtype is not float64:
 
-- forward: the output, computed from the payloads (no intermediate is on the device), and a float32
+- forward: the output, computed from the payloads (no intermediate is on the device; bf16 and fp16 in float32,
+  rounded once, as :mod:`simulators.devices.lowp_matmul` computes products), and a float32
   log-sum-exp of ``query.shape[:-1]``, its last dimension padded to a multiple of 32 where
   memory-efficient attention runs (float32, or an attention mask, or before compute capability 8.0);
 - backward: the gradients, recomputed from the payloads with the forward's random state, so dropout drops
@@ -26,6 +27,7 @@ from typing import Any
 import torch
 
 from simulators.devices import machine
+from simulators.devices.lowp_matmul import LOW_PRECISION
 
 #: Rows of the memory-efficient kernel's log-sum-exp are padded to a multiple of this (``kAlignLSE``).
 LSE_ALIGNMENT = 32
@@ -75,7 +77,12 @@ def _log_sum_exp_rows(query: torch.Tensor, masked: bool) -> int:
 
 
 def _payload(value: Any) -> Any:
-    return value._payload if isinstance(value, torch.Tensor) and hasattr(value, "_payload") else value
+    """The payload of a mock tensor, widened to float32 where it is bf16 or fp16 with values: a GPU's attention
+    accumulates in float32 and rounds its results once (:mod:`simulators.devices.lowp_matmul`'s rule)."""
+    payload = value._payload if isinstance(value, torch.Tensor) and hasattr(value, "_payload") else value
+    if isinstance(payload, torch.Tensor) and payload.dtype in LOW_PRECISION and not payload.is_meta:
+        return payload.float()
+    return payload
 
 
 def _backward_workspace(query: torch.Tensor) -> None:
@@ -97,7 +104,7 @@ class _FusedAttention(torch.autograd.Function):
             out = torch.nn.functional.scaled_dot_product_attention(
                 _payload(query), _payload(key), _payload(value), _payload(attn_mask), dropout_p, is_causal,
                 scale=scale, enable_gqa=enable_gqa)
-        output = type(query).wrap(out, query.device_index)
+        output = type(query).wrap(out.to(query.dtype), query.device_index)
         shape = (*query.shape[:-2], _log_sum_exp_rows(query, attn_mask is not None))
         log_sum_exp = torch.empty(shape, dtype=torch.float32, device=query.device)
         ctx.options = options
@@ -115,8 +122,8 @@ class _FusedAttention(torch.autograd.Function):
                 *inputs, _payload(attn_mask), dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
             wanted = [payload for payload in inputs if payload.requires_grad]
             grads = iter(torch.autograd.grad(out, wanted, _payload(grad)))
-        gradients = tuple(type(query).wrap(next(grads), query.device_index) if payload.requires_grad else None
-                          for payload in inputs)
+        gradients = tuple(type(query).wrap(next(grads).to(tensor.dtype), query.device_index) if payload.requires_grad
+                          else None for payload, tensor in zip(inputs, (query, key, value)))
         _backward_workspace(query)
         return (*gradients, None, None)
 

@@ -100,12 +100,16 @@ def attention_memory_and_values() -> dict:
     exact.sum().backward()
     reference = [t.clone().requires_grad_() for t in (q, k, v)]
     F.scaled_dot_product_attention(*reference).sum().backward()
+    halves = [t.bfloat16() for t in (q, k, v)]
+    in_bf16 = F.scaled_dot_product_attention(*(t.to("cuda") for t in halves))
     return {
         "held after forward": held,
         "output": out.untyped_storage().nbytes(),
         "log-sum-exp": batch * heads * length * 4,
         "attention matrix": batch * heads * length * length * 4,
         "values": torch.equal(exact.cpu(), F.scaled_dot_product_attention(q, k, v)),
+        "bf16 accumulated in fp32, rounded once": torch.equal(
+            in_bf16.cpu(), F.scaled_dot_product_attention(*(t.float() for t in halves)).bfloat16()),
         "gradients": all(torch.allclose(gpu.grad.cpu(), cpu.grad, atol=1e-6) for gpu, cpu in zip(plain, reference)),
         "dropout gradients": [str(t.grad.device) for t in on_gpu],
     }
@@ -144,5 +148,5 @@ def test_attention_keeps_the_fused_kernels_output_and_log_sum_exp_with_cpu_value
     got = cuda1.one(attention_memory_and_values)
     assert got["held after forward"] == got["output"] + got["log-sum-exp"], (
         f"the GPU's kernel keeps the output and a float32 log-sum-exp, no {got['attention matrix']}-byte matrix: {got}")
-    assert got["values"] and got["gradients"], got
+    assert got["values"] and got["gradients"] and got["bf16 accumulated in fp32, rounded once"], got
     assert got["dropout gradients"] == ["cuda:0"] * 3
