@@ -285,8 +285,10 @@ class LazyFactories(TorchFunctionMode):
 def _made_lazy(func: Callable, args: tuple, kwargs: dict) -> LazyHostTensor | None:
     """The lazy result of factory ``func`` when it makes a CPU tensor of at least :func:`threshold` bytes."""
     device = kwargs.get("device")
-    if device is None and args and isinstance(args[0], torch.Tensor) and func.__name__.startswith("new_"):
-        device = args[0].device
+    if func.__name__.startswith("new_"):  # a method: of an ordinary tensor or a lazy one (others keep their own rules)
+        if type(args[0]) not in (torch.Tensor, torch.nn.Parameter, LazyHostTensor):
+            return None
+        device = args[0].device if device is None else device
     if device is not None and torch.device(device).type != "cpu":
         return None
     probe_kwargs = {key: value for key, value in kwargs.items() if key not in ("generator", "pin_memory")}
