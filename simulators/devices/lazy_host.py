@@ -43,6 +43,8 @@ script's large host tensors (issue 33, item 4):
 - ``variable.data = other`` between a lazy tensor and another tensor gives
   ``variable`` the other's payload or, across kinds, swaps it for a tensor of
   the other's kind (the same object, still a parameter), as for the mock devices;
+- a collective on lazy tensors (gloo on the host) moves no data: the ranks
+  compare descriptors as for the mock devices' (:func:`simulators.devices.no_compute.collective`);
 - a lazy tensor meeting a mock device tensor in an op other than a copy raises
   the mock's mixing error (``cuda:0 and cpu``), as an ordinary CPU tensor does.
 
@@ -187,7 +189,10 @@ class LazyHostTensor(torch.Tensor):
         payload_kwargs.pop("generator", None)
         if payload_kwargs.get("pin_memory"):
             payload_kwargs["pin_memory"] = False
-        out = func(*payload_args, **payload_kwargs)
+        if func.namespace == "c10d":  # as a mock device's: the ranks compare descriptors, no data moves
+            out = no_compute.collective(func, payload_args, payload_kwargs)
+        else:
+            out = func(*payload_args, **payload_kwargs)
         wrapped = _map(_rewrapper(lazies, real, target), out)
         if torch.Tag.inplace_view in func.tags:
             return args[0]

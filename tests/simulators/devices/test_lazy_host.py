@@ -25,6 +25,11 @@ def cuda1():
     yield from device_world("cuda", "1")
 
 
+@pytest.fixture
+def cuda2():
+    yield from device_world("cuda", "2")
+
+
 # -- probes (run in the rank) ------------------------------------------------------------
 
 
@@ -197,6 +202,33 @@ def ten_gigabytes_on_the_cpu():
         _mode(False)
 
 
+def host_collectives():
+    """Collectives of gloo on the host over lazy tensors: they agree or name the ranks that disagree."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    rank = int(os.environ["LOCAL_RANK"])
+    dist.init_process_group("gloo")
+    _mode(True)
+    try:
+        weights = torch.ones(512, 1024)
+        dist.broadcast(weights, 0)
+        dist.all_reduce(weights)
+        gathered = [torch.empty(512, 1024) for _ in range(2)]
+        dist.all_gather(gathered, weights)
+        try:
+            dist.all_reduce(torch.ones(512 + rank, 1024))
+            error = ""
+        except RuntimeError as raised:
+            error = str(raised)
+        return {"kinds": sorted({type(t).__name__ for t in (weights, *gathered)}), "error": error}
+    finally:
+        _mode(False)
+        dist.destroy_process_group()
+
+
 # -- tests (run in pytest) -------------------------------------------------------------------
 
 
@@ -232,6 +264,13 @@ def test_loads_read_only_small_tensors_and_make_the_large_ones_lazy_keeping_view
     assert got["safetensors"] == {"big": "LazyHostTensor", "small": "Tensor"} and got["safetensors small"] == [0, 1, 2, 3, 4]
     if "from_pretrained" in got:
         assert got["from_pretrained"] == ["LazyHostTensor", "Parameter", [1.0, 1.0]], got["from_pretrained"]
+
+
+def test_collectives_on_lazy_host_tensors_compare_the_ranks_and_move_nothing(cuda2):
+    for got in cuda2.run(host_collectives):
+        assert got["kinds"] == ["LazyHostTensor"], got
+        assert "Detected mismatch between collectives" in got["error"], got["error"]
+        assert "rank 0: allreduce_|float32|512x1024; rank 1: allreduce_|float32|513x1024" in got["error"], got["error"]
 
 
 def test_a_ten_gigabyte_cpu_model_takes_no_host_memory_without_compute(cuda1):
