@@ -85,6 +85,18 @@ def _payload(value: Any) -> Any:
     return payload
 
 
+def _fresh(result: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``result`` in ``dtype`` on a storage of its own laid out as the GPU's kernels write their outputs and
+    gradients: (batch, sequence, heads, features) in memory, seen as (batch, heads, sequence, features), so that
+    a script's ``transpose(1, 2).contiguous()`` copies nothing, as on the GPU (torch's meta kernels give the other
+    layout; the CPU's kernels give this one)."""
+    if result.dim() != 4:
+        return torch.empty_like(result, dtype=dtype) if result.is_meta else result.to(dtype)
+    batch, heads, length, features = result.shape
+    laid_out = torch.empty((batch, length, heads, features), dtype=dtype, device=result.device).transpose(1, 2)
+    return laid_out if result.is_meta else laid_out.copy_(result)
+
+
 def _backward_workspace(query: torch.Tensor) -> None:
     """What the backward kernel takes after its gradients and frees before it returns: a float32 accumulator of
     the query's gradient and a float32 row sum per query (FlashAttention-2's ``dq_accum`` and ``softmax_d``;
@@ -104,7 +116,7 @@ class _FusedAttention(torch.autograd.Function):
             out = torch.nn.functional.scaled_dot_product_attention(
                 _payload(query), _payload(key), _payload(value), _payload(attn_mask), dropout_p, is_causal,
                 scale=scale, enable_gqa=enable_gqa)
-        output = type(query).wrap(out.to(query.dtype), query.device_index)
+        output = type(query).wrap(_fresh(out, query.dtype), query.device_index)
         shape = (*query.shape[:-2], _log_sum_exp_rows(query, attn_mask is not None))
         log_sum_exp = torch.empty(shape, dtype=torch.float32, device=query.device)
         ctx.options = options
@@ -122,7 +134,7 @@ class _FusedAttention(torch.autograd.Function):
                 *inputs, _payload(attn_mask), dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
             wanted = [payload for payload in inputs if payload.requires_grad]
             grads = iter(torch.autograd.grad(out, wanted, _payload(grad)))
-        gradients = tuple(type(query).wrap(next(grads).to(tensor.dtype), query.device_index) if payload.requires_grad
+        gradients = tuple(type(query).wrap(_fresh(next(grads), tensor.dtype), query.device_index) if payload.requires_grad
                           else None for payload, tensor in zip(inputs, (query, key, value)))
         _backward_workspace(query)
         return (*gradients, None, None)

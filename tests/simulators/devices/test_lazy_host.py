@@ -299,7 +299,7 @@ plugins = {"ddp": {}, "fsdp2": {"fsdp_plugin": FullyShardedDataParallelPlugin(
     fsdp_version=2, auto_wrap_policy="transformer_based_wrap", transformer_cls_names_to_wrap=["LlamaDecoderLayer"])}}
 accelerator = Accelerator(mixed_precision="bf16", **plugins[sys.argv[2]])
 config = LlamaConfig(hidden_size=256, intermediate_size=688, num_hidden_layers=2, num_attention_heads=4,
-                     num_key_value_heads=4, vocab_size=32000, attn_implementation="eager")
+                     num_key_value_heads=4, vocab_size=32000)
 model = LlamaForCausalLM(config)
 print("embedding", type(model.model.embed_tokens.weight).__name__, "attention", type(model.model.layers[0].self_attn.q_proj.weight).__name__)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
@@ -330,10 +330,9 @@ def _dry_run(tmp_path, no_compute: bool, *arguments: str) -> tuple[list[dict], s
 def test_a_small_llama_built_on_the_cpu_has_the_same_books_with_and_without_compute(tmp_path, impl, distributed):
     """The books of both modes agree to the byte (peak, reserved, parts, model states, step and line), and the
     no-compute run did build its large tensors lazily (the 31 MiB embedding; the 256 KiB projections keep values).
-    HF accelerate's FSDP2 preparation maps the optimizer's parameters by ``data_ptr()``.
-
-    Eager attention: the mock's fused attention keeps other tensors without compute than with it (512 KiB here, with
-    or without lazy host tensors), a difference of its own."""
+    HF accelerate's FSDP2 preparation maps the optimizer's parameters by ``data_ptr()``. The attention is
+    transformers' default, sdpa: the mock GPU's fused attention lays its output out as the GPU's kernel does in
+    both modes (torch's meta kernel would not, and ``transpose(1, 2).contiguous()`` then copied without compute)."""
     if importlib.util.find_spec(impl) is None:
         pytest.skip(f"{impl} is not installed")
     computed, computed_output = _dry_run(tmp_path, False, impl, distributed)
