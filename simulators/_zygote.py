@@ -104,8 +104,11 @@ def main() -> int:
     replies = os.dup(1)
     os.dup2(2, 1)  # stray prints go to the zygote's log, never into the protocol
     for name in filter(None, os.environ.get(PRELOAD_ENV, "").split(",")):
+        module, _, attribute = name.partition(":")  # "package:Name": the package, then the name looked up in it
         try:
-            importlib.import_module(name)
+            loaded = importlib.import_module(module)
+            if attribute:
+                getattr(loaded, attribute)
         except Exception:  # the rank imports it again itself, and reports the error where its code asks for it
             print(f"simulators zygote: preloading {name} failed; the ranks import it themselves", file=sys.stderr)
             traceback.print_exc()

@@ -75,17 +75,20 @@ def family_env(family: str) -> dict[str, str]:
 
 def preload(script: str) -> list[str]:
     """The modules a dry run's ranks are forked with, imported once (``simulators.launcher.launch``'s
-    ``preload``): torch's, and those of the ``FORK_SAFE`` libraries the script imports. A script that does not
-    parse gets torch's only (its ranks report the error)."""
+    ``preload``): torch's, those of the ``FORK_SAFE`` libraries the script imports, and the names it imports from
+    them (``"transformers:LlamaForCausalLM"``: the fork server looks the name up, which imports the module a lazy
+    package defines it in). A script that does not parse gets torch's only (its ranks report the error)."""
     try:
         with open(script, encoding="utf-8") as stream:
             tree = ast.parse(stream.read(), script)
     except (OSError, SyntaxError, ValueError):
         tree = ast.Module(body=[], type_ignores=[])
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
-                 if isinstance(node, ast.ImportFrom) and node.module and not node.level}
-    return [module for library in ["torch", *sorted(imported & FORK_SAFE.keys() - {"torch"})] for module in FORK_SAFE[library]]
+    from_safe = [node for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module and not node.level
+                 and node.module.split(".")[0] in FORK_SAFE]
+    imported |= {node.module.split(".")[0] for node in from_safe}
+    modules = [module for library in ["torch", *sorted(imported & FORK_SAFE.keys() - {"torch"})] for module in FORK_SAFE[library]]
+    return [*modules, *(f"{node.module}:{alias.name}" for node in from_safe for alias in node.names if alias.name != "*")]
 
 
 def watch_interval() -> float | None:

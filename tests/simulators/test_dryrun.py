@@ -12,12 +12,14 @@ def test_a_dry_run_preloads_torch_and_the_fork_safe_libraries_the_script_imports
         import numpy as np
         import transformers.models.llama
         from accelerate import Accelerator
+        from transformers import LlamaConfig, LlamaForCausalLM
         from . import sibling
         from helpers import data
         def later():
             import safetensors.torch
     """))
-    assert preload(str(script)) == [*TORCH, "accelerate", "safetensors.torch", "transformers", "transformers.modeling_utils"]
+    assert preload(str(script)) == [*TORCH, "accelerate", "safetensors.torch", "transformers", "transformers.modeling_utils",
+                                    "accelerate:Accelerator", "transformers:LlamaConfig", "transformers:LlamaForCausalLM"]
 
 
 def test_a_script_that_does_not_parse_preloads_torch_only(tmp_path):
