@@ -14,8 +14,10 @@ from typing import Any
 import torch
 from torch import nn
 
-#: The environment of the probes on two mock CUDA GPUs of 4 MB each.
-TWO_GPUS = {"SIMULATORS_CUDA_DEVICE_COUNT": "2", "SIMULATORS_DEVICE_MEMORY": "4MB"}
+#: The environment of the probes on two mock CUDA GPUs of 4 MB each, small enough that a device map spills to the
+#: CPU and the disk; with no cuBLAS workspace (``CUBLAS_WORKSPACE_CONFIG=:0:0``, as cuBLAS documents it), which a
+#: 4 MB GPU could not hold (a Hopper's is 32 MiB).
+TWO_GPUS = {"SIMULATORS_CUDA_DEVICE_COUNT": "2", "SIMULATORS_DEVICE_MEMORY": "4MB", "CUBLAS_WORKSPACE_CONFIG": ":0:0"}
 
 
 class Block(nn.Module):
