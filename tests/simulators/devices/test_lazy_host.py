@@ -326,7 +326,8 @@ def _dry_run(tmp_path, no_compute: bool, *arguments: str) -> tuple[list[dict], s
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers is not installed (extra transformers)")
-@pytest.mark.parametrize("impl, distributed", [("accelerate_ref", "ddp"), ("accelerate", "fsdp2")])
+@pytest.mark.parametrize("impl, distributed", [  # HF's FSDP2 preparation (which maps parameters by data_ptr) in make test
+    pytest.param("accelerate_ref", "ddp", marks=pytest.mark.extended), ("accelerate", "fsdp2")])
 def test_a_small_llama_built_on_the_cpu_has_the_same_books_with_and_without_compute(tmp_path, impl, distributed):
     """The books of both modes agree to the byte (peak, reserved, parts, model states, step and line), and the
     no-compute run did build its large tensors lazily (the 31 MiB embedding; the 256 KiB projections keep values).
