@@ -25,7 +25,7 @@ from .engine.backends import BACKENDS, mock_device
 from .engine.case import all_cases
 from .engine.impl import chosen
 from .engine.manifest import Manifest
-from .engine.native import NativeLaunchError
+from .engine.native import NativeLaunchError, say
 from simulators.cli import OneLineParser
 
 from .tools.differential import cli as differential_cli
@@ -132,7 +132,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         run = execute(options)
     except (ImportError, NativeLaunchError) as error:
-        print(f"conformance: {error}", file=sys.stderr)
+        say(f"conformance: {error}")  # every rank of a native launch says it: one write each
         return 2
     if not run.reporter:
         return 0

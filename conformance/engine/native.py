@@ -61,6 +61,13 @@ _MISSING_DETAIL = ("a rank past its case timeout dumps its Python stack to the l
                    "the launcher's output has it and the exit status")
 
 
+
+def say(line: str) -> None:
+    """``line`` on stderr in one write: the ranks of a launch share their stderr, and a line written in two
+    parts (``print`` writes the text, then the newline) may have another rank's between them."""
+    sys.stderr.write(f"{line}\n")
+    sys.stderr.flush()
+
 class NativeLaunchError(Exception):
     """The ranks cannot run the suite together: a bad launch environment, an implementation that does not import
     on some rank, ranks that disagree on what they imported. Its text is one line."""
@@ -315,8 +322,8 @@ class NativeBackend:
         os.dup2(console[0], 1)
         os.dup2(console[1], 2)
         timeout = case.timeout_within(self.case_timeout)
-        print(f"conformance: rank {self.rank}: {case.id} [{case.name}] passed its {timeout:g} s timeout; "
-              "every thread's stack:", file=sys.stderr, flush=True)
+        say(f"conformance: rank {self.rank}: {case.id} [{case.name}] passed its {timeout:g} s timeout; "
+            "every thread's stack:")
         faulthandler.dump_traceback(file=console[1], all_threads=True)
         if self.is_reporter:
             replies, missing = self._replies(index)
@@ -339,8 +346,7 @@ class NativeBackend:
             try:
                 self._store.wait(["reported"], timedelta(seconds=REPORT_WAIT_S))
             except Exception:
-                print(f"conformance: rank {self.rank}: rank 0 wrote no report within {REPORT_WAIT_S:g} s",
-                      file=sys.stderr)
+                say(f"conformance: rank {self.rank}: rank 0 wrote no report within {REPORT_WAIT_S:g} s")
         sys.stdout.flush()
         sys.stderr.flush()
         if self.local_rank == 0:
@@ -361,7 +367,7 @@ class NativeBackend:
             self._wait(keys, wait, f"ranks {{missing}} did not finish case {index + 1} within {wait:g} s")
         except NativeLaunchError as error:
             if self.rank != 0:
-                print(f"conformance: {error}", file=sys.stderr, flush=True)
+                say(f"conformance: {error}")
                 self._end_launch()
         return self._replies(index)
 
@@ -380,6 +386,6 @@ class NativeBackend:
             try:
                 self._from_rank_zero("bye", None)
             except NativeLaunchError as error:
-                print(f"conformance: at the end of the run: {error}", file=sys.stderr)
+                say(f"conformance: at the end of the run: {error}")
         if self.local_rank == 0:
             shutil.rmtree(self.scratch, ignore_errors=True)
