@@ -28,6 +28,7 @@ import torch
 
 from simulators.devices import machine
 from simulators.devices.lowp_matmul import LOW_PRECISION
+from simulators.devices.tensor import _payload_of
 
 #: Rows of the memory-efficient kernel's log-sum-exp are padded to a multiple of this (``kAlignLSE``).
 LSE_ALIGNMENT = 32
@@ -79,7 +80,7 @@ def _log_sum_exp_rows(query: torch.Tensor, masked: bool) -> int:
 def _payload(value: Any) -> Any:
     """The payload of a mock tensor, widened to float32 where it is bf16 or fp16 with values: a GPU's attention
     accumulates in float32 and rounds its results once (:mod:`simulators.devices.lowp_matmul`'s rule)."""
-    payload = value._payload if isinstance(value, torch.Tensor) and hasattr(value, "_payload") else value
+    payload = _payload_of(value)
     if isinstance(payload, torch.Tensor) and payload.dtype in LOW_PRECISION and not payload.is_meta:
         return payload.float()
     return payload
