@@ -64,7 +64,7 @@ import torch
 import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 
-from simulators.devices import attention, backend, cuda_libraries
+from simulators.devices import attention, backend, cuda_libraries, cuda_reduce
 from simulators.devices.memory import DeviceMemory
 from simulators.devices.runtime import DeviceRuntime, RuntimeTensor
 
@@ -89,9 +89,11 @@ class CudaTensor(RuntimeTensor):
         return True
 
     @classmethod
-    def observe(cls, func: Any, tensors: list) -> None:
-        """The library workspaces ``func`` takes on a GPU (:mod:`simulators.devices.cuda_libraries`)."""
+    def observe(cls, func: Any, tensors: list, args: tuple, kwargs: dict) -> None:
+        """The library workspaces ``func`` takes on a GPU (:mod:`simulators.devices.cuda_libraries`) and the
+        staging buffer of a reduction split across blocks (:mod:`simulators.devices.cuda_reduce`)."""
         cuda_libraries.observe(cls, func, tensors)
+        cuda_reduce.observe(cls, func, args, kwargs)
 
 
 #: ``torch.cuda``'s device API in this process.

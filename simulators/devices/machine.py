@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+from typing import NamedTuple
 
 #: The device-count variable of each mock device family.
 COUNT_VARIABLES = {
@@ -115,21 +116,37 @@ def machine_env(kind: str, count: int | None = None, memory: str | None = None) 
     return env
 
 
-#: Common GPUs, by name (``--gpu``): the memory each is sold with, which torch reports a little above what a
-#: script can use (the CUDA context takes a few hundred MiB on a real card), and its compute capability (the
-#: architecture: which library workspaces and kernels it gets, :mod:`simulators.devices.cuda_libraries`).
+class GpuPreset(NamedTuple):
+    """One ``--gpu`` preset: the memory the card is sold with, its compute capability (the architecture: which
+    library workspaces and kernels it gets, :mod:`simulators.devices.cuda_libraries`) and its streaming
+    multiprocessors (how torch's reduction kernels split their work, :mod:`simulators.devices.cuda_reduce`)."""
+
+    memory: str
+    capability: tuple[int, int]
+    multiprocessors: int
+
+
+#: Common GPUs, by name (``--gpu``), as their vendor's data sheets give them; torch reports the memory a little
+#: above what a script can use (the CUDA context takes a few hundred MiB on a real card).
 GPU_PRESETS = {
-    "t4-16gb": ("16GiB", (7, 5)), "v100-32gb": ("32GiB", (7, 0)), "a10g-24gb": ("24GiB", (8, 6)),
-    "l4-24gb": ("24GiB", (8, 9)), "rtx4090-24gb": ("24GiB", (8, 9)), "a100-40gb": ("40GiB", (8, 0)),
-    "a100-80gb": ("80GiB", (8, 0)), "h100-80gb": ("80GiB", (9, 0)), "h200-141gb": ("141GB", (9, 0)),
+    "t4-16gb": GpuPreset("16GiB", (7, 5), 40), "v100-32gb": GpuPreset("32GiB", (7, 0), 80),
+    "a10g-24gb": GpuPreset("24GiB", (8, 6), 80), "l4-24gb": GpuPreset("24GiB", (8, 9), 58),
+    "rtx4090-24gb": GpuPreset("24GiB", (8, 9), 128), "a100-40gb": GpuPreset("40GiB", (8, 0), 108),
+    "a100-80gb": GpuPreset("80GiB", (8, 0), 108), "h100-80gb": GpuPreset("80GiB", (9, 0), 132),
+    "h200-141gb": GpuPreset("141GB", (9, 0), 132),
 }
 #: The GPU a dry run simulates when no ``--gpu`` names one: the most common data-centre GPU's architecture.
 DEFAULT_GPU = "h100-80gb"
 #: The simulated GPU's compute capability (``"8.0"``), set from ``--gpu``; unset: :data:`DEFAULT_GPU`'s.
 CAPABILITY_VARIABLE = "SIMULATORS_GPU_CAPABILITY"
+#: The simulated GPU's streaming multiprocessors, set from ``--gpu``; unset: :data:`DEFAULT_GPU`'s.
+MULTIPROCESSORS_VARIABLE = "SIMULATORS_GPU_MULTIPROCESSORS"
+#: Resident threads per multiprocessor by compute capability (CUDA C Programming Guide, "Compute Capabilities"):
+#: 2048 on 7.0, 8.0 and 9.0, 1024 on 7.5, 1536 on 8.6 and 8.9.
+THREADS_PER_MULTIPROCESSOR = {(7, 5): 1024, (8, 6): 1536, (8, 7): 1024, (8, 9): 1536}
 
 
-def _preset(name: str) -> tuple[str, tuple[int, int]]:
+def _preset(name: str) -> GpuPreset:
     try:
         return GPU_PRESETS[name.lower()]
     except KeyError:
@@ -143,15 +160,27 @@ def gpu_budget(name: str) -> str:
 
 def gpu_env(name: str) -> dict[str, str]:
     """The environment simulating GPU preset ``name``'s architecture (ValueError for an unknown one)."""
-    major, minor = _preset(name)[1]
-    return {CAPABILITY_VARIABLE: f"{major}.{minor}"}
+    preset = _preset(name)
+    major, minor = preset.capability
+    return {CAPABILITY_VARIABLE: f"{major}.{minor}", MULTIPROCESSORS_VARIABLE: str(preset.multiprocessors)}
 
 
 def gpu_capability() -> tuple[int, int]:
     """The simulated GPU's compute capability: ``SIMULATORS_GPU_CAPABILITY`` (``"9.0"``), else :data:`DEFAULT_GPU`'s."""
     value = os.environ.get(CAPABILITY_VARIABLE, "")
     match = re.fullmatch(r"\s*(\d+)\.(\d+)\s*", value)
-    return (int(match.group(1)), int(match.group(2))) if match else GPU_PRESETS[DEFAULT_GPU][1]
+    return (int(match.group(1)), int(match.group(2))) if match else GPU_PRESETS[DEFAULT_GPU].capability
+
+
+def gpu_multiprocessors() -> int:
+    """The simulated GPU's streaming multiprocessors: ``SIMULATORS_GPU_MULTIPROCESSORS``, else :data:`DEFAULT_GPU`'s."""
+    value = os.environ.get(MULTIPROCESSORS_VARIABLE, "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else GPU_PRESETS[DEFAULT_GPU].multiprocessors
+
+
+def gpu_threads_per_multiprocessor() -> int:
+    """The simulated GPU's resident threads per multiprocessor (:data:`THREADS_PER_MULTIPROCESSOR`)."""
+    return THREADS_PER_MULTIPROCESSOR.get(gpu_capability(), 2048)
 
 
 def human(size: int) -> str:
@@ -165,5 +194,6 @@ def human(size: int) -> str:
 __all__ = [
     "COUNT_VARIABLES", "MEMORY_VARIABLE", "UNBUDGETED_TOTAL",
     "parse_size", "device_memory", "device_count", "parse_count", "machine_env", "human", "GPU_PRESETS", "gpu_budget",
-    "DEFAULT_GPU", "CAPABILITY_VARIABLE", "gpu_env", "gpu_capability",
+    "DEFAULT_GPU", "CAPABILITY_VARIABLE", "MULTIPROCESSORS_VARIABLE", "THREADS_PER_MULTIPROCESSOR", "GpuPreset",
+    "gpu_env", "gpu_capability", "gpu_multiprocessors", "gpu_threads_per_multiprocessor",
 ]

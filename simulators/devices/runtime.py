@@ -136,12 +136,14 @@ class DeviceRuntime:
         return machine.gpu_capability()
 
     def get_device_properties(self, device: DeviceArg = None) -> SimpleNamespace:
-        """The device's name, capability, memory (its budget) and processor count (the mock says 1)."""
+        """The device's name, capability, memory (its budget) and multiprocessors (the simulated GPU's for the
+        CUDA family, :func:`simulators.devices.machine.gpu_multiprocessors`; 1 for the others)."""
         index = self.index(device)
         major, minor = self.get_device_capability(index)
+        processors = machine.gpu_multiprocessors() if self.tensor_class.device_type == "cuda" else 1
         return SimpleNamespace(
             name=self.get_device_name(index), major=major, minor=minor,
-            total_memory=self.tensor_class.memory.info(index)[1], multi_processor_count=1,
+            total_memory=self.tensor_class.memory.info(index)[1], multi_processor_count=processors,
         )
 
     def is_bf16_supported(self, including_emulation: bool = True) -> bool:

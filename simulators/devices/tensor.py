@@ -248,8 +248,8 @@ class DeviceTensor(torch.Tensor):
         raise NotImplementedError(f"{cls.__name__} has no device generator")
 
     @classmethod
-    def observe(cls, func: Any, tensors: list[DeviceTensor]) -> None:
-        """Called before every op on this family's tensors, with the device tensors it takes."""
+    def observe(cls, func: Any, tensors: list[DeviceTensor], args: tuple, kwargs: dict) -> None:
+        """Called before every op on this family's tensors, with the device tensors it takes and its arguments."""
 
     def tolist(self) -> Any:
         if self._payload.is_meta:
@@ -297,7 +297,7 @@ class DeviceTensor(torch.Tensor):
         if func not in _TRANSFERS:
             _check_one_device(func, on_device, leaves)
         first = on_device[0]
-        first.observe(func, on_device)
+        first.observe(func, on_device, args, kwargs)
         target = kwargs.get("device")
         payload_args, payload_kwargs = _map(_payload_of, (args, kwargs))
         if first._payload.is_meta:

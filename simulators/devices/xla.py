@@ -84,7 +84,7 @@ class XlaTensor(DeviceTensor):
         return RNG.next_generator()
 
     @classmethod
-    def observe(cls, func: object, tensors: list[DeviceTensor]) -> None:
+    def observe(cls, func: object, tensors: list[DeviceTensor], args: tuple, kwargs: dict) -> None:
         GRAPHS.record(func, (tuple(tensor.shape) for tensor in tensors))
 
 
