@@ -24,6 +24,8 @@ from typing import Any, Literal, Optional, Union
 
 from .utils.dataclasses import TorchContextParallelConfig, TorchTensorParallelConfig
 
+#: The dimensions in the constructor's order.
+DIMENSIONS = ("dp_replicate", "dp_shard", "tp", "cp", "sp")
 #: The dimensions in mesh order; the first two are data parallel.
 MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
 #: Valid backends of context and sequence parallelism (HF 1.15's).
@@ -45,7 +47,8 @@ class ParallelismConfig:
     `TorchContextParallelConfig`, DeepSpeedSequenceParallelConfig) when none is
     given; a cp handler that is not the backend's class is a ValueError (a
     KeyError naming an unknown backend).
-    ``device_mesh`` is None until `get_device_mesh` builds it.
+    ``device_mesh`` is None until `get_device_mesh` builds it; ``_sizes`` holds
+    the sizes as validated (see `_set_size`).
     """
 
     dp_replicate_size: Optional[int] = None
@@ -63,7 +66,7 @@ class ParallelismConfig:
     device_mesh = None
 
     def __post_init__(self) -> None:
-        for name in ("dp_replicate", "dp_shard", "tp", "cp", "sp"):
+        for name in DIMENSIONS:
             if getattr(self, f"{name}_size") is None:
                 setattr(self, f"{name}_size", int(os.environ.get(f"PARALLELISM_CONFIG_{name.upper()}_SIZE", "1")))
         if self.cp_backend is None:
@@ -92,6 +95,7 @@ class ParallelismConfig:
                 "dp_replicate_size == 1 to compose FSDP + TP/CP for 2D parallel, or set dp_replicate_size == 1 "
                 "and dp_shard_size > 1 to compose HSDP + TP/CP for 3D parallel."
             )
+        self._sizes: dict[str, int] = {name: getattr(self, f"{name}_size") for name in DIMENSIONS}
 
     def __repr__(self) -> str:
         """HF 1.15's layout: one field per line, total_size included, the sp handler left out."""
@@ -123,9 +127,18 @@ class ParallelismConfig:
 
     # -- sizes ------------------------------------------------------------
 
-    @property
-    def _sizes(self) -> dict[str, int]:
-        return {name: getattr(self, f"{name}_size") for name in ("dp_replicate", "dp_shard", "tp", "cp", "sp")}
+    def _set_size(self, parallelism: str, size: int) -> None:
+        """Set one dimension's size, in its field and in the sizes `_get_mesh` reads (`_sizes`).
+
+        Rule (HF 1.15): ``_sizes`` is the sizes as validated at construction; a
+        field assigned afterwards changes the enabled dimensions and
+        ``total_size`` but not the sizes `_get_mesh` gives them; this changes
+        both. An unknown dimension is an AssertionError naming the known ones.
+        """
+        if parallelism not in self._sizes:
+            raise AssertionError(f"Parallelism must be one of {self._sizes.keys()}")
+        self._sizes[parallelism] = size
+        setattr(self, f"{parallelism}_size", size)
 
     @property
     def total_size(self) -> int:
@@ -165,7 +178,8 @@ class ParallelismConfig:
     # -- dimension names ----------------------------------------------------
 
     def _enabled(self, *names: str) -> list[str]:
-        return [name for name in names if self._sizes[name] > 1]
+        """``names`` whose size field is above 1, in the order given."""
+        return [name for name in names if getattr(self, f"{name}_size") > 1]
 
     @property
     def dp_dim_names(self) -> list[str]:
@@ -200,7 +214,10 @@ class ParallelismConfig:
     # -- the device mesh --------------------------------------------------------
 
     def _get_mesh(self) -> tuple[tuple[str, ...], tuple[int, ...]] | tuple[()]:
-        """(dimension names, sizes) of the enabled dimensions in mesh order; () when none is enabled."""
+        """(dimension names, sizes) of the enabled dimensions in mesh order; () when none is enabled.
+
+        The dimensions enabled are read from the size fields, their sizes from ``_sizes`` (see `_set_size`).
+        """
         names = tuple(name for name in MESH_ORDER if name in self.active_mesh_dims)
         return (names, tuple(self._sizes[name] for name in names)) if names else ()
 

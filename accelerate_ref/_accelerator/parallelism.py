@@ -65,7 +65,7 @@ class ParallelismMixin:
         if not self.use_distributed and parallelism_config.total_size == 1:
             return
         if parallelism_config.total_size == 1:
-            parallelism_config.dp_replicate_size = self.num_processes
+            parallelism_config._set_size("dp_replicate", self.num_processes)
         elif parallelism_config.total_size != self.num_processes:
             raise ValueError(
                 f"ParallelismConfig total_size ({parallelism_config.total_size}) does not match num_processes "
@@ -105,7 +105,7 @@ class ParallelismMixin:
         config = self.parallelism_config
         if not config:
             raise RuntimeError(f"{what} is not configured. Set `parallelism_config` first.")
-        return self.torch_device_mesh.get_local_rank(dimension) if config._sizes[dimension] > 1 else 0
+        return self.torch_device_mesh.get_local_rank(dimension) if getattr(config, f"{dimension}_enabled") else 0
 
     @property
     def tensor_parallel_rank(self) -> int:

@@ -215,9 +215,31 @@ def test_to_json_copies_the_fields():
     config = ParallelismConfig(dp_shard_size=2, cp_size=2)
     config.device_mesh = "a mesh"
     as_json = config.to_json()
-    assert as_json == {**{f.name: getattr(config, f.name) for f in dataclasses.fields(config)}, "cp_handler": {"cp_comm_strategy": "allgather"}}
+    assert as_json == {**{f.name: getattr(config, f.name) for f in dataclasses.fields(config)}, "cp_handler": {"cp_comm_strategy": "allgather"},
+                       "_sizes": {"dp_replicate": 1, "dp_shard": 2, "tp": 1, "cp": 2, "sp": 1}}
     as_json["cp_handler"]["cp_comm_strategy"] = "alltoall"
     assert config.cp_handler.cp_comm_strategy == "allgather", "a deep copy"
+
+
+def test_a_size_assigned_after_construction_keeps_its_validated_size_in_the_mesh_as_hf():
+    """The enabled dimensions and total_size follow the field; `_get_mesh` gives the size validated at construction."""
+    seen = []
+    for make in (ParallelismConfig, HfConfig):
+        config = make()
+        config.dp_shard_size = 2
+        seen.append((config._get_mesh(), config.total_size, config._sizes, sorted(vars(config))))
+    assert seen[0] == seen[1] and seen[0][0] == (("dp_shard",), (1,))
+
+
+def test_set_size_changes_the_field_and_the_mesh_and_refuses_an_unknown_dimension_as_hf():
+    seen = []
+    for make in (ParallelismConfig, HfConfig):
+        config = make(dp_shard_size=2)
+        config._set_size("tp", 2)
+        with pytest.raises(AssertionError) as refused:
+            config._set_size("ep", 2)
+        seen.append((config._get_mesh(), config.tp_size, config.tp_enabled, str(refused.value)))
+    assert seen[0] == seen[1] and seen[0][0] == (("dp_shard", "tp"), (2, 2))
 
 
 class Config:

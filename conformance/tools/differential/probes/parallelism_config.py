@@ -55,9 +55,32 @@ def refusals(api: Api) -> None:
         "cp with pure replication": {"cp_size": 2, "dp_replicate_size": 2},
         "a cp handler of another class": {"cp_size": 2, "cp_handler": object()},
         "an unknown field": {"ep_size": 2},
+        "a size as a string": {"tp_size": "2"},
+        "a size as a float": {"dp_shard_size": 2.0},
+        "two refusals: a size and a backend": {"tp_size": 0, "cp_backend": "ring"},
+        "two refusals: a cp handler and a size": {"sp_size": 0, "cp_size": 2, "cp_handler": object()},
+        "two refusals: sp size and cp with sp": {"sp_size": -2, "cp_size": 2},
     }
     for label, sizes in cases.items():
         api.call(label, "ParallelismConfig", **sizes)
+
+
+@probe(AREA)
+def sizes_changed_after_construction(api: Api) -> None:
+    """A size field assigned after construction (the enabled dimensions and total_size follow it, the sizes
+    `_get_mesh` gives do not), and `_set_size`, as the Accelerator resizes dp_replicate (both follow; an unknown
+    dimension refused)."""
+    assigned = _config(api)
+    assigned.dp_shard_size = 2
+    api.observe("assigned: _get_mesh", assigned._get_mesh)
+    api.observe("assigned: total_size", getattr, assigned, "total_size")
+    api.observe("assigned: _sizes", getattr, assigned, "_sizes")
+    api.record("attributes", sorted(vars(assigned)))
+    resized = _config(api, dp_shard_size=2)
+    api.observe("_set_size(tp, 2)", resized._set_size, "tp", 2)
+    api.observe("after _set_size: _get_mesh", resized._get_mesh)
+    api.observe("after _set_size: tp_size", getattr, resized, "tp_size")
+    api.observe("_set_size of an unknown dimension", resized._set_size, "ep", 2)
 
 
 @probe(AREA, env={"PARALLELISM_CONFIG_DP_SHARD_SIZE": "2", "PARALLELISM_CONFIG_TP_SIZE": "3",
