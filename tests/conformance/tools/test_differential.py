@@ -19,6 +19,7 @@ import torch
 from conformance.tools.differential import deviations
 from conformance.tools.differential.observe import ClassIndex, Normaliser
 from conformance.tools.differential.probe import Api, Probe, Subject, run_probe
+from conformance.tools.differential.probes.parallelism_config_meshes import COMBINATIONS, describe_mesh, fake_world
 from conformance.tools.differential.runner import _within, compare, run
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -62,8 +63,15 @@ def _autocast_cache_enabled(api: Api) -> None:
     api.observe("autocast(cache_enabled=True)", accelerator.autocast, cache_enabled=True)
 
 
+def _mesh_of_context_and_tensor_parallelism(api: Api) -> None:
+    config = api.get("ParallelismConfig")(dp_shard_size=2, cp_size=2, tp_size=2)
+    with fake_world(8, 3):
+        api.observe("mesh at rank 3 of 8", lambda: describe_mesh(config.get_device_mesh("cpu")))
+
+
 META_PROBES = [Probe(f"meta.{function.__name__.lstrip('_')}", "meta", function)
-               for function in (_register_refusal, _prepared_optimizer, _autocast_cache_enabled)]
+               for function in (_register_refusal, _prepared_optimizer, _autocast_cache_enabled,
+                                _mesh_of_context_and_tensor_parallelism)]
 
 
 @pytest.fixture
@@ -81,6 +89,7 @@ DIFFERENTIAL_BREAKS = [
     ("diff_message_changed", "meta.register_refusal", "an object without state_dict", "raises"),
     ("diff_isinstance_lost", "meta.prepared_optimizer", "prepared optimizer", "value"),
     ("diff_warning_swallowed", "meta.autocast_cache_enabled", "autocast(cache_enabled=True)", "warnings"),
+    ("diff_mesh_in_constructor_order", "meta.mesh_of_context_and_tensor_parallelism", "mesh at rank 3 of 8", "value"),
 ]
 
 
@@ -124,6 +133,22 @@ def test_texts_read_the_implementation_name_as_the_reference_and_hide_paths_and_
     normaliser = Normaliser({"accelerate_ref": "accelerate"}, [], ["/tmp/differential-x1"])
     text = "accelerate_ref.utils.gather at 0x7f3a2b4c5d6e failed in /tmp/differential-x1/ckpt (not my_accelerate_ref)"
     assert normaliser.text(text) == "accelerate.utils.gather at 0x? failed in <tmp>/ckpt (not my_accelerate_ref)"
+
+
+def test_the_parallelism_combinations_are_every_size_tuple_of_one_to_eight_ranks() -> None:
+    products = [torch.tensor(sizes).prod().item() for sizes in COMBINATIONS]
+    assert len(COMBINATIONS) == len(set(COMBINATIONS)) == 96 and sorted(set(products)) == list(range(1, 9))
+    assert all(len(sizes) == 5 and min(sizes) >= 1 for sizes in COMBINATIONS)
+
+
+def test_a_fake_world_builds_a_real_mesh_and_leaves_no_process_group_or_hook_behind() -> None:
+    hook = sys.excepthook
+    with fake_world(6, 4):
+        mesh = torch.distributed.device_mesh.init_device_mesh("cpu", (3, 2), mesh_dim_names=("a", "b"))
+        assert describe_mesh(mesh) == {"device_type": "cpu", "names": ("a", "b"), "grid": [[0, 1], [2, 3], [4, 5]],
+                                       "coordinate": (2, 0), "a": ([0, 2, 4], 2), "b": ([4, 5], 0),
+                                       "dp": "KeyError", "dp_shard_cp": "KeyError", "dp_cp": "KeyError"}
+    assert not torch.distributed.is_initialized() and sys.excepthook is hook
 
 
 def test_tensors_compare_by_dtype_device_shape_and_exact_values() -> None:
