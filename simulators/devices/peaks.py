@@ -129,12 +129,10 @@ RECORDER = _Recorder()
 
 
 def _add_key(keys: set[int], tensor: Any, device_type: str, index: int) -> None:
-    if not isinstance(tensor, torch.Tensor):
-        return
     local = getattr(tensor, "_local_tensor", tensor)  # a DTensor's shard
-    payload = getattr(local, "_payload", None)
-    if payload is not None and local.device.type == device_type and (local.device.index or 0) == index:
-        keys.add(storage_key(payload))
+    # Attributes, not ``local.device`` (a torch.device made per call): only a mock device tensor has an index.
+    if getattr(local, "device_index", None) == index and local.device_type == device_type:
+        keys.add(storage_key(local._payload))
 
 
 def user_line() -> str:
