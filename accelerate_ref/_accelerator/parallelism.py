@@ -10,6 +10,7 @@ Tensor, context and sequence parallelism (``tp``/``cp``/``sp`` sizes > 1) are
 refused by name. Unlike HF 1.15, a multi-process CPU world counts as
 multi-device: HF refuses every ParallelismConfig of total size > 1 on
 MULTI_CPU unless FSDP2 drives it (its ``multi_device`` leaves the CPU out).
+With an FSDP plugin, CPU ranks are judged as GPU ranks under FSDP are.
 
 Mirrors the parallelism members of HF 1.15's ``Accelerator``; no catalog ID covers them yet.
 """
@@ -25,6 +26,7 @@ import torch
 
 from ..logging import get_logger
 from ..parallelism_config import ParallelismConfig
+from ..utils.dataclasses import DistributedType
 
 logger = get_logger("accelerate_ref.accelerator")  # HF 1.15 logs these under its accelerator module
 
@@ -40,14 +42,7 @@ class ParallelismMixin:
         `ParallelismConfig()` (sizes from its environment); tp, cp or sp
         enabled is the reference's NotImplementedError naming them; the mesh
         is built next (`ParallelismConfig.get_device_mesh`: torch refuses
-        sizes this world cannot hold), then: on one process a configuration of total
-        size 1 is left as it is; across several processes it becomes pure
-        replication over every rank (dp_replicate_size = num_processes, the
-        mesh staying as built, None), and any other total size must equal
-        num_processes (ValueError). With an ``fsdp_plugin``, it must be FSDP
-        version 2 and dp_shard must be enabled (ValueError). A handler given
-        for a dimension of size 1 is ignored, with a UserWarning from the
-        main process.
+        sizes this world cannot hold), then `_validate_parallelism`.
         """
         if parallelism_config is None and os.environ.get("ACCELERATE_USE_PARALLELISM_CONFIG", "false").lower() == "true":
             parallelism_config = ParallelismConfig()
@@ -62,22 +57,54 @@ class ParallelismMixin:
                 f"{', '.join(unsupported)} > 1 (tensor/context/sequence parallelism) is not provided yet"
             )
         self.state.device_mesh = parallelism_config.get_device_mesh(self.device.type)
-        if not self.use_distributed and parallelism_config.total_size == 1:
+        self._validate_parallelism(parallelism_config)
+
+    def _validate_parallelism(self, config: ParallelismConfig) -> None:
+        """Check ``config`` against this world, as HF 1.15's ``ParallelismConfig._validate_accelerator``.
+
+        Rules, in HF's order and words: a world of devices is a multi-device
+        run (several GPUs, NPUs, ...) or, unlike HF, several CPU ranks
+        without an FSDP plugin (see the module docstring: with one, CPU ranks
+        are treated as GPU ranks under FSDP, whose distributed type is not
+        multi-device). Outside one, a configuration of total size 1
+        is left as it is (one process, or FSDP's ranks). In one, it becomes
+        pure replication over every rank (``_set_size("dp_replicate",
+        num_processes)``, the mesh staying as built, None). Any other total
+        size must equal num_processes (ValueError). FSDP 2 needs a dimension
+        to shard across, dp_shard or cp (ValueError); a configuration of
+        several ranks needs FSDP 2, a world of devices or DeepSpeed
+        (ValueError naming the distributed type: FSDP 1, XLA). A handler
+        given for a dimension of size 1 is ignored, with a UserWarning from
+        the main process.
+        """
+        cpu_ranks = self.distributed_type == DistributedType.MULTI_CPU and self._engines.fsdp_plugin is None
+        devices = self.multi_device or cpu_ranks
+        if not devices and config.total_size == 1:
             return
-        if parallelism_config.total_size == 1:
-            parallelism_config._set_size("dp_replicate", self.num_processes)
-        elif parallelism_config.total_size != self.num_processes:
+        if config.total_size == 1:
+            config._set_size("dp_replicate", self.num_processes)
+        if config.total_size != self.num_processes:
             raise ValueError(
-                f"ParallelismConfig total_size ({parallelism_config.total_size}) does not match num_processes "
+                f"ParallelismConfig total_size ({config.total_size}) does not match num_processes "
                 f"({self.num_processes}). Please adjust dp_replicate_size/ dp_shard_size/tp_size/cp_size/sp_size."
             )
-        fsdp_plugin = self._engines.fsdp_plugin
-        if fsdp_plugin is not None:
-            _check_fsdp_mesh(fsdp_plugin, parallelism_config)
+        if self.is_fsdp2 and not config.dp_shard_enabled and not config.cp_enabled:
+            raise ValueError(
+                "FSDP is enabled but the parallelism config has no dimension for FSDP to shard across (both "
+                "`dp_shard_size` and `cp_size` are 1). This usually means a model that is already parallelized another "
+                "way -- e.g. loaded with `DistributedConfig(tp_size=N)` or `enable_expert_parallel=True`, which makes "
+                "the whole world size tensor/expert parallel -- was launched under an FSDP config. Either launch it "
+                "without the FSDP config, or leave ranks for FSDP to use by lowering `tp_size`."
+            )
+        if config.total_size > 1 and not (self.is_fsdp2 or devices or self.distributed_type == DistributedType.DEEPSPEED):
+            raise ValueError(
+                "ParallelismConfig is only compatible DistributedType.FSDP (version 2) or DistributedType.Multi{Device} "
+                f"or DistributedType.DEEPSPEED, but got {self.distributed_type}."
+            )
         ignored = {f"ParallelismConfig.{name}_handler is set, but {name}_size is set to 1. "
                    "This handler will be ignored."
-                   for name, size in parallelism_config._sizes.items()
-                   if size == 1 and getattr(parallelism_config, f"{name}_handler", None) is not None}
+                   for name, size in config._sizes.items()
+                   if size == 1 and getattr(config, f"{name}_handler", None) is not None}
         if ignored and self.is_main_process:
             warnings.warn("ParallelismConfig has the following warnings:\n" + "\n".join(ignored), UserWarning)
 
@@ -151,23 +178,6 @@ class ParallelismMixin:
             "To enable it, set `parallelism_config.cp_size` > 1 in the `Accelerator` constructor."
         )
         yield
-
-
-def _check_fsdp_mesh(plugin: Any, config: ParallelismConfig) -> None:
-    """FSDP under a `ParallelismConfig`: version 2 only, with a dimension to shard across (HF's rules and words)."""
-    if plugin.fsdp_version != 2:
-        raise ValueError(
-            "ParallelismConfig is only compatible with FSDP version 2 (fsdp_version=2): FSDP then shards across "
-            "the configuration's dp_shard (and dp_replicate, for HSDP) dimensions"
-        )
-    if not config.dp_shard_enabled and not config.cp_enabled:
-        raise ValueError(
-            "FSDP is enabled but the parallelism config has no dimension for FSDP to shard across (both "
-            "`dp_shard_size` and `cp_size` are 1). This usually means a model that is already parallelized another "
-            "way -- e.g. loaded with `DistributedConfig(tp_size=N)` or `enable_expert_parallel=True`, which makes "
-            "the whole world size tensor/expert parallel -- was launched under an FSDP config. Either launch it "
-            "without the FSDP config, or leave ranks for FSDP to use by lowering `tp_size`."
-        )
 
 
 def data_parallel_share(mesh: Any, num_processes: int, process_index: int) -> tuple[int, int]:

@@ -377,7 +377,7 @@ def rank_checks() -> dict:
 
     fsdp = {}
     for sizes, version in (({"dp_shard_size": 4}, 2), ({"dp_replicate_size": 2, "dp_shard_size": 2}, 2),
-                           ({"dp_replicate_size": 2, "dp_shard_size": 2}, 1), ({"dp_replicate_size": 4}, 2)):
+                           ({"dp_replicate_size": 2, "dp_shard_size": 2}, 1), ({"dp_replicate_size": 4}, 2), ({}, 2)):
         try:
             sharded = fresh(parallelism_config=ParallelismConfig(**sizes), fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=version))
             model = sharded.prepare(torch.nn.Linear(4, 4))
@@ -410,8 +410,11 @@ def test_four_ranks_match_hf_meshes_and_share_batches_by_data_parallel_rank():
         fsdp = report["fsdp"]
         assert fsdp["v2:{'dp_shard_size': 4}"] == (True, True, (4,)), "dp_shard alone: sharded over every rank"
         assert fsdp["v2:{'dp_replicate_size': 2, 'dp_shard_size': 2}"] == (True, True, (2, 2)), "dp_replicate x dp_shard: HSDP"
-        assert "FSDP version 2" in fsdp["v1:{'dp_replicate_size': 2, 'dp_shard_size': 2}"], "FSDP1 is refused with a config"
+        assert fsdp["v1:{'dp_replicate_size': 2, 'dp_shard_size': 2}"] == (
+            "ParallelismConfig is only compatible DistributedType.FSDP (version 2) or DistributedType.Multi{Device} or "
+            "DistributedType.DEEPSPEED, but got DistributedType.MULTI_CPU."), "FSDP1 is refused with a config, in HF's words"
         assert "no dimension for FSDP" in fsdp["v2:{'dp_replicate_size': 4}"], "nothing to shard across is refused"
+        assert fsdp["v2:{}"][:2] == (True, True), "the defaults under FSDP2 stay as they are (not multi-device: HF 1.15)"
     batches = [report["accelerator"]["batches"] for report in reports]
     assert sorted(sum(sum(batches, []), [])) == list(range(16)), "dp_replicate x dp_shard ranks split the data"
     for name in ("tp", "cp", "dispatch"):

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from ..probe import Api, probe
+from .parallelism_config_meshes import describe_mesh, size_tuples
 
 AREA = "accelerator"
 
@@ -166,6 +167,38 @@ def parallelism_ranks(api: Api) -> None:
     api.observe("mesh", lambda: (accelerator.torch_device_mesh.mesh_dim_names,
                                  accelerator.torch_device_mesh.mesh.tolist())
                 if accelerator.torch_device_mesh is not None else None)
+
+
+#: Ranks' members of an Accelerator under a ParallelismConfig.
+PARALLELISM_RANKS = ("tensor_parallel_rank", "data_parallel_rank", "data_parallel_shard_rank",
+                     "is_composable_parallelism_enabled")
+
+
+@probe(AREA, worlds=(1, 2), families=("cuda",))
+def parallelism_meshes_of_the_world(api: Api) -> None:
+    """`Accelerator(parallelism_config=...)` for each data-parallel split of this world (dp_replicate x dp_shard
+    equal to the world size), the default configuration (resized to replicate over every rank) and one a rank too
+    large: accepted or refused, the mesh it keeps (`describe_mesh`), the sizes after, this rank's indices.
+
+    On GPUs, where HF 1.15 takes a ParallelismConfig: on CPU ranks it refuses every one of total size > 1
+    (``parallelism_ranks`` and its deviation)."""
+    reset = api.get("state.AcceleratorState")._reset_state
+    make = api.get("ParallelismConfig")
+    splits = {f"dp_replicate {replicate}, dp_shard {shard}": {"dp_replicate_size": replicate, "dp_shard_size": shard}
+              for replicate, shard in size_tuples(api.world_size, 2)}
+    cases = {**splits, "the defaults": {}, "a rank too many": {"dp_shard_size": api.world_size + 1}}
+    plugin = api.get("utils.FullyShardedDataParallelPlugin")
+    fsdp = {f"{label}, FSDP {version}": (sizes, {"fsdp_plugin": plugin(fsdp_version=version)})
+            for label, sizes in {**splits, "the defaults": {}}.items() for version in (1, 2)} if api.world_size > 1 else {}
+    for label, (sizes, plugins) in {**{label: (sizes, {}) for label, sizes in cases.items()}, **fsdp}.items():
+        config = make(**sizes)
+        accelerator = api.observe(label, api.accelerator, parallelism_config=config, **plugins)
+        if accelerator is not None:
+            api.observe(f"{label}: mesh", lambda: describe_mesh(accelerator.torch_device_mesh))
+            api.record(f"{label}: sizes after", config._get_mesh())
+            for name in PARALLELISM_RANKS:
+                api.observe(f"{label}: {name}", getattr, accelerator, name)
+        reset(True)
 
 
 @probe(AREA)
