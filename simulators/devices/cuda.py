@@ -203,6 +203,23 @@ def install() -> None:
     dist.init_process_group = _routing_nccl(dist.init_process_group)
     dist.new_group = _routing_nccl(dist.new_group)
     dist.get_backend = _reporting_nccl(dist.get_backend)
+    _report_dtensor_devices()
+
+
+def _report_dtensor_devices() -> None:
+    """A DTensor over mock GPU shards reports its shard's device, ``cuda:i``, as on a GPU: torch makes the
+    DTensor with its local tensor's C++ device, PrivateUse1's (``cuda_sim:i``), which FSDP2 compares with its
+    mesh's ``cuda`` device before it shards a tensor-parallel parameter again ("Expects DTensor to be moved
+    to cuda")."""
+    from torch.distributed.tensor import DTensor
+
+    reported = torch._C.TensorBase.device
+
+    def device(self: torch.Tensor) -> torch.device:
+        local = self._local_tensor
+        return local.device if type(local) is CudaTensor else reported.__get__(self)
+
+    DTensor.device = property(device)
 
 
 #: Where each routed function takes ``backend`` positionally.

@@ -293,6 +293,8 @@ class DeviceTensor(torch.Tensor):
     def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         leaves = _leaves((args, kwargs))
+        if any(_foreign_subclass(leaf) for leaf in leaves):
+            return NotImplemented  # a DTensor (or another tensor subclass) among the arguments dispatches first, as on a GPU
         on_device = [leaf for leaf in leaves if isinstance(leaf, DeviceTensor)]
         if func not in _TRANSFERS:
             _check_one_device(func, on_device, leaves)
@@ -345,6 +347,16 @@ def _moved(tensor: DeviceTensor, index: int, dtype: torch.dtype, memory_format: 
     """A copy of ``tensor`` on index ``index`` of its family, as ``dtype``."""
     options = {"memory_format": memory_format} if memory_format is not None else {}
     return type(tensor).wrap(tensor._payload.to(dtype, copy=True, **options), index)
+
+
+def _foreign_subclass(leaf: Any) -> bool:
+    """Whether ``leaf`` is a tensor subclass dispatching ops itself that is not the simulator's own (a DTensor, whose
+    dispatch raises for a mix with plain tensors, or unwraps its shards and dispatches again)."""
+    if not isinstance(leaf, torch.Tensor) or type(leaf) in (torch.Tensor, torch.nn.Parameter):
+        return False
+    dispatch = getattr(type(leaf), "__torch_dispatch__", None)
+    owner = getattr(dispatch, "__module__", "") or ""
+    return dispatch is not None and owner != "torch._tensor" and not owner.startswith("simulators.")
 
 
 def _leaves(value: Any) -> list[Any]:

@@ -1,0 +1,169 @@
+"""The ND-parallel setup matrix of issue 34 (item 2): HF accelerate's ``ParallelismConfig`` layouts, each dry-run on
+mock GPUs with a Transformers Llama loaded from a local folder (``from_pretrained(tp_plan="auto", device_mesh=...)``
+as HF's ``examples/torch_native_parallelism/nd_parallel.py`` loads it), AdamW, two steps under bf16 autocast, until
+every rank trains with the model states the arithmetic gives.
+
+The arithmetic (fp32 parameters, their gradients and AdamW's two moments): a parameter the config's tensor-parallel
+plan names (``base_model_tp_plan``: the attention and MLP projections) is split over the ``tp`` ranks, and FSDP2 splits
+every parameter's local part again over ``dp_shard x cp`` ranks (the ``dp_shard_cp`` mesh); ``dp_replicate`` copies.
+The model's own plan for ``lm_head`` (``colwise_rep``) is not applied by ``from_pretrained(tp_plan="auto")``
+(Transformers 4.57), so ``lm_head`` is replicated over ``tp``, as on a GPU.
+
+accelerate_ref runs the data-parallel dimensions only (it refuses ``tp``/``cp``/``sp`` by name): these rows run HF
+accelerate. ``make test`` runs one row per layout that trains; the rows the mock cannot run yet are strict xfails
+under ``make extended``, naming why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import json
+import textwrap
+
+import pytest
+
+from accelerate_ref.commands.accelerate_cli import run
+
+SCRIPT = textwrap.dedent("""\
+    import sys
+
+    import torch
+    from accelerate import Accelerator
+    from accelerate.parallelism_config import ParallelismConfig
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from transformers import AutoModelForCausalLM
+
+    folder, sizes = sys.argv[1], [int(size) for size in sys.argv[2:6]]
+    config = ParallelismConfig(dp_replicate_size=sizes[0], dp_shard_size=sizes[1], tp_size=sizes[2], cp_size=sizes[3])
+    plugin = None
+    if config.dp_shard_enabled or config.cp_enabled:
+        plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap",
+                                                transformer_cls_names_to_wrap=["LlamaDecoderLayer"])
+    accelerator = Accelerator(mixed_precision="bf16", parallelism_config=config, fsdp_plugin=plugin)
+    tensor_parallel = ({"tp_size": config.tp_size, "tp_plan": "auto", "device_mesh": accelerator.torch_device_mesh}
+                       if config.tp_enabled else {})
+    model = AutoModelForCausalLM.from_pretrained(folder, use_cache=False, **tensor_parallel)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    for step in range(2):
+        ids = torch.randint(0, model.config.vocab_size, (1, 128), device=accelerator.device)
+        positions = torch.arange(128, device=accelerator.device).unsqueeze(0)
+        buffers = [ids, positions]
+        with accelerator.maybe_context_parallel(buffers=buffers, buffer_seq_dims=[1, 1], no_restore_buffers=set(buffers)):
+            loss = model(input_ids=ids, labels=ids, position_ids=positions).loss
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+    print("trained", accelerator.distributed_type, flush=True)
+    """)
+
+#: A small Llama whose every split below is even: hidden 256, MLP 688 (= 4 x 172), 4 heads, vocabulary 1024.
+LLAMA = {"hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 4, "vocab_size": 1024}
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """One row: the sizes (dp_replicate, dp_shard, tp, cp) and the machines the ranks run on."""
+
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+    cp: int = 1
+    machines: int = 1
+
+    @property
+    def ranks(self) -> int:
+        return self.dp_replicate * self.dp_shard * self.tp * self.cp
+
+    @property
+    def fsdp(self) -> int:
+        """The ranks FSDP2 shards over (``dp_shard_cp``)."""
+        return self.dp_shard * self.cp
+
+    def model_states(self, parameters: dict[str, int], tp_plan: dict[str, str]) -> dict[str, int]:
+        """Bytes per rank: each parameter's elements over its tensor-parallel and FSDP2 splits, 4 bytes each."""
+        elements = 0
+        for name, count in parameters.items():
+            split = self.tp if any(fnmatch.fnmatch(name, f"model.{pattern}.*") for pattern in tp_plan) else 1
+            elements += count // split // self.fsdp
+        return {"parameters": 4 * elements, "gradients": 4 * elements, "optimizer_state": 8 * elements}
+
+
+LAYOUTS = {
+    "dp_shard2-tp2": Layout(dp_shard=2, tp=2),
+    "hsdp2x2-tp2-2-machines": Layout(dp_replicate=2, dp_shard=2, tp=2, machines=2),
+    "cp2-fsdp2": Layout(cp=2),
+    "dp_shard2-cp2": Layout(dp_shard=2, cp=2),
+    "tp2-cp2": Layout(tp=2, cp=2),
+}
+#: Rows the mock cannot run yet, and why (strict xfails under ``make extended``).
+LIMITS = dict.fromkeys(
+    ("cp2-fsdp2", "dp_shard2-cp2", "tp2-cp2"),
+    "context parallelism: the mock GPU's attention kernel (simulators/devices/attention.py, registered for "
+    "PrivateUse1's autograd key) takes scaled_dot_product_attention before the DTensor dispatch that runs torch's "
+    "ring attention, and the mock has no _scaled_dot_product_flash_attention / _efficient_attention for it to call")
+#: The rows ``make test`` runs.
+SMOKE = {"dp_shard2-tp2", "hsdp2x2-tp2-2-machines"}
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    """A saved Llama of :data:`LLAMA`'s shape (fp32, random weights), its parameter sizes and tensor-parallel plan."""
+    import torch
+    import transformers
+
+    folder = tmp_path_factory.mktemp("llama")
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA))
+    model.save_pretrained(folder)
+    sizes = {name: parameter.numel() for name, parameter in model.named_parameters()}
+    return folder, sizes, dict(model.config.base_model_tp_plan)
+
+
+def _cases():
+    for name in LAYOUTS:
+        marks = [pytest.mark.xfail(strict=True, reason=LIMITS[name])] if name in LIMITS else []
+        if name not in SMOKE:
+            marks.append(pytest.mark.extended)
+        yield pytest.param(name, marks=marks, id=name)
+
+
+def dry_run(tmp_path, monkeypatch, capsys, folder, layout: Layout) -> tuple[int, str, dict]:
+    (tmp_path / "nd.py").write_text(SCRIPT)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    sizes = [str(size) for size in (layout.dp_replicate, layout.dp_shard, layout.tp, layout.cp)]
+    status = run(["launch", "--simulate", "cuda", "--num_processes", str(layout.ranks), "--num_machines",
+                  str(layout.machines), "--timeout", "240", "--summary-json", "summary.json", "nd.py", str(folder), *sizes])
+    output = capsys.readouterr()
+    summary = json.loads((tmp_path / "summary.json").read_text()) if (tmp_path / "summary.json").exists() else {}
+    return status, output.out + output.err, summary
+
+
+@pytest.mark.parametrize("name", list(_cases()))
+def test_nd_layout_dry_runs_with_each_ranks_model_states_as_the_arithmetic(tmp_path, monkeypatch, capsys, llama, name):
+    folder, sizes, tp_plan = llama
+    layout = LAYOUTS[name]
+    status, output, summary = dry_run(tmp_path, monkeypatch, capsys, folder, layout)
+    assert status == 0, f"{name}:\n{output[-4000:]}"
+    for rank in range(layout.ranks):
+        assert f"[rank {rank}] trained DistributedType.FSDP" in output, output[-3000:]
+    expected = layout.model_states(sizes, tp_plan)
+    for rank in summary["ranks"]:
+        for device, books in rank["memory"].items():
+            assert books["model_states"] == expected, (
+                f"{name}, rank {rank['rank']} on {device}: model states after a step {books['model_states']}, the "
+                f"arithmetic says {expected} (tp {layout.tp}, FSDP2 over {layout.fsdp}, fp32, AdamW)")
+
+
+def test_tensor_parallel_alone_is_named_as_dtensors_refusal_of_the_optimizers_mixed_parameters(tmp_path, monkeypatch,
+                                                                                              capsys, llama):
+    """tp without FSDP: HF 1.15 makes DTensors of the planned parameters only (it replicates the others as DTensors
+    under FSDP2 alone), so AdamW's foreach step mixes DTensors and plain tensors, which DTensor refuses, on a GPU as on
+    the mock: the dry run names it and exits 1."""
+    folder, _, _ = llama
+    status, output, _ = dry_run(tmp_path, monkeypatch, capsys, folder, Layout(tp=2))
+    assert status == 1, output[-3000:]
+    assert "got mixed torch.Tensor and DTensor" in output, output[-3000:]
