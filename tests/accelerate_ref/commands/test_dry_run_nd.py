@@ -72,6 +72,8 @@ class Layout:
     tp: int = 1
     cp: int = 1
     machines: int = 1
+    #: ``--no-compute``: meta payloads, the same books.
+    no_compute: bool = False
 
     @property
     def ranks(self) -> int:
@@ -94,6 +96,7 @@ class Layout:
 LAYOUTS = {
     "dp_shard2-tp2": Layout(dp_shard=2, tp=2),
     "hsdp2x2-tp2-2-machines": Layout(dp_replicate=2, dp_shard=2, tp=2, machines=2),
+    "dp_shard4-tp2-no-compute": Layout(dp_shard=4, tp=2, no_compute=True),
     "cp2-fsdp2": Layout(cp=2),
     "dp_shard2-cp2": Layout(dp_shard=2, cp=2),
     "tp2-cp2": Layout(tp=2, cp=2),
@@ -135,7 +138,7 @@ def dry_run(tmp_path, monkeypatch, capsys, folder, layout: Layout) -> tuple[int,
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
     sizes = [str(size) for size in (layout.dp_replicate, layout.dp_shard, layout.tp, layout.cp)]
-    status = run(["launch", "--simulate", "cuda", "--num_processes", str(layout.ranks), "--num_machines",
+    status = run(["launch", "--simulate", "cuda", *(["--no-compute"] if layout.no_compute else []), "--num_processes", str(layout.ranks), "--num_machines",
                   str(layout.machines), "--timeout", "240", "--summary-json", "summary.json", "nd.py", str(folder), *sizes])
     output = capsys.readouterr()
     summary = json.loads((tmp_path / "summary.json").read_text()) if (tmp_path / "summary.json").exists() else {}
