@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import importlib
 import json
 import textwrap
 
@@ -107,6 +108,12 @@ LIMITS = dict.fromkeys(
     "context parallelism: the mock GPU's attention kernel (simulators/devices/attention.py, registered for "
     "PrivateUse1's autograd key) takes scaled_dot_product_attention before the DTensor dispatch that runs torch's "
     "ring attention, and the mock has no _scaled_dot_product_flash_attention / _efficient_attention for it to call")
+#: HF accelerate 1.15 prepares FSDP2 + tp with Transformers' ``ReplicateParallel``, which Transformers 5 removed (and
+#: Transformers 5's ``from_pretrained(tp_size=...)`` builds its own mesh over the whole world): with it installed, the
+#: layouts cannot train on a GPU either, and the dry run must say so.
+REPLICATE_PARALLEL = hasattr(importlib.import_module("transformers.integrations.tensor_parallel"), "ReplicateParallel")
+WITHOUT_REPLICATE_PARALLEL = ("the installed Transformers has no integrations.tensor_parallel.ReplicateParallel, which "
+                              "HF accelerate 1.15's FSDP2 + tp imports (Transformers 5 removed it)")
 #: The rows ``make test`` runs.
 SMOKE = {"dp_shard2-tp2", "hsdp2x2-tp2-2-machines"}
 
@@ -128,6 +135,8 @@ def llama(tmp_path_factory):
 def _cases():
     for name in LAYOUTS:
         marks = [pytest.mark.xfail(strict=True, reason=LIMITS[name])] if name in LIMITS else []
+        if LAYOUTS[name].tp > 1 and not REPLICATE_PARALLEL:
+            marks.append(pytest.mark.skip(reason=WITHOUT_REPLICATE_PARALLEL))
         if name not in SMOKE:
             marks.append(pytest.mark.extended)
         yield pytest.param(name, marks=marks, id=name)
@@ -159,6 +168,16 @@ def test_nd_layout_dry_runs_with_each_ranks_model_states_as_the_arithmetic(tmp_p
             assert books["model_states"] == expected, (
                 f"{name}, rank {rank['rank']} on {device}: model states after a step {books['model_states']}, the "
                 f"arithmetic says {expected} (tp {layout.tp}, FSDP2 over {layout.fsdp}, fp32, AdamW)")
+
+
+@pytest.mark.skipif(REPLICATE_PARALLEL, reason="the installed Transformers has ReplicateParallel: the layouts train")
+def test_with_transformers_5_tensor_parallel_over_fsdp2_is_refused_as_on_a_gpu(tmp_path, monkeypatch, capsys, llama):
+    """Transformers 5's ``from_pretrained(tp_size=2)`` builds a tp-only mesh and refuses a world larger than it (pure
+    Python, before any device work): the dry run names it and exits 1, where a rented node would fail the same way."""
+    folder, _, _ = llama
+    status, output, _ = dry_run(tmp_path, monkeypatch, capsys, folder, LAYOUTS["dp_shard2-tp2"])
+    assert status == 1, output[-3000:]
+    assert "The parallel mesh requires 2 processes, but world_size is 4" in output, output[-3000:]
 
 
 def test_tensor_parallel_alone_is_named_as_dtensors_refusal_of_the_optimizers_mixed_parameters(tmp_path, monkeypatch,
