@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from simulators.devices import machine
+from simulators.devices import flash_attention, machine
 from simulators.devices.lowp_matmul import LOW_PRECISION
 from simulators.devices.tensor import _payload_of
 
@@ -64,6 +64,10 @@ def _kernel(tensor_class: type) -> Any:
                                      enable_gqa: bool = False) -> torch.Tensor:
         if fused(query, key, value, tensor_class):
             return _FusedAttention.apply(query, key, value, attn_mask, (dropout_p, is_causal, scale, enable_gqa))
+        if type(query) is not tensor_class and flash_attention.flash_eligible(query, key, attn_mask):
+            # DTensors (context parallelism): the fused op by name, which their dispatch runs as ring attention
+            return torch.ops.aten._scaled_dot_product_flash_attention(
+                query, key, value, dropout_p, is_causal, scale=scale)[0]
         return torch.ops.aten._scaled_dot_product_attention_math(
             query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)[0]
 

@@ -64,7 +64,7 @@ import torch
 import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 
-from simulators.devices import attention, backend, cuda_libraries, cuda_reduce
+from simulators.devices import attention, backend, cuda_libraries, cuda_reduce, flash_attention, tensor
 from simulators.devices.memory import DeviceMemory
 from simulators.devices.runtime import DeviceRuntime, RuntimeTensor
 
@@ -194,6 +194,7 @@ def install() -> None:
     torch.Tensor.pin_memory = _pinned
     cuda_libraries.plain_for_optimizers(CudaTensor)
     attention.install(CudaTensor)
+    tensor.PAYLOAD_KERNELS.update(flash_attention.PAYLOAD_KERNELS)
     # DeepSpeed wraps its engine's forward, backward and step in NVTX ranges (torch.cuda.nvtx.range_push);
     # a CPU build's NVTX stub raises "NVTX functions not installed": the mock's ranges mark nothing.
     torch.cuda.nvtx._nvtx = _Nvtx()

@@ -70,6 +70,8 @@ _TRANSFERS = frozenset({torch.ops.aten.copy_.default, torch.ops.aten._to_copy.de
 #: Ops whose CPU-payload arguments must be adapted before the CPU runs them, and how
 #: (``simulators.devices.backend`` fills it for the collectives gloo runs differently).
 PAYLOAD_ADAPTERS: dict[Any, Callable[[tuple], tuple]] = {}
+#: Ops that run on payloads with values by another kernel than their own (a GPU-only op's CPU twin), by op.
+PAYLOAD_KERNELS: dict[Any, Callable[..., Any]] = {}
 
 
 #: ``tensor.data = other`` as torch-function modes see it (a new method-wrapper at each access: compare with ==), and torch's own setter.
@@ -321,6 +323,8 @@ class DeviceTensor(torch.Tensor):
             out = _collective_on_aliases(func, payload_args, payload_kwargs)
         elif first._payload.is_meta:
             out = func(*payload_args, **payload_kwargs)
+        elif func in PAYLOAD_KERNELS:
+            out = PAYLOAD_KERNELS[func](*payload_args, **payload_kwargs)
         else:  # bf16/fp16 matrix ops as a GPU computes them: fp32 accumulation, rounded once
             out = lowp_matmul.run(func, payload_args, payload_kwargs)
         wrapped = _map(_rewrapper(type(first), index, on_device), out)

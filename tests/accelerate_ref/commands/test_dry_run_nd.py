@@ -10,8 +10,8 @@ The model's own plan for ``lm_head`` (``colwise_rep``) is not applied by ``from_
 (Transformers 4.57), so ``lm_head`` is replicated over ``tp``, as on a GPU.
 
 accelerate_ref runs the data-parallel dimensions only (it refuses ``tp``/``cp``/``sp`` by name): these rows run HF
-accelerate. ``make test`` runs one row per layout that trains; the rows the mock cannot run yet are strict xfails
-under ``make extended``, naming why.
+accelerate. ``make test`` runs a row of each kind (dp_shard x tp, HSDP x tp, dp_shard x cp), ``make extended`` the
+rest; a row the mock could not run would be a strict xfail naming why (:data:`LIMITS`).
 """
 
 from __future__ import annotations
@@ -103,11 +103,7 @@ LAYOUTS = {
     "tp2-cp2": Layout(tp=2, cp=2),
 }
 #: Rows the mock cannot run yet, and why (strict xfails under ``make extended``).
-LIMITS = dict.fromkeys(
-    ("cp2-fsdp2", "dp_shard2-cp2", "tp2-cp2"),
-    "context parallelism: the mock GPU's attention kernel (simulators/devices/attention.py, registered for "
-    "PrivateUse1's autograd key) takes scaled_dot_product_attention before the DTensor dispatch that runs torch's "
-    "ring attention, and the mock has no _scaled_dot_product_flash_attention / _efficient_attention for it to call")
+LIMITS: dict[str, str] = {}  # none now: context parallelism runs since the mock has the flash op
 #: HF accelerate 1.15 prepares FSDP2 + tp with Transformers' ``ReplicateParallel``, which Transformers 5 removed (and
 #: Transformers 5's ``from_pretrained(tp_size=...)`` builds its own mesh over the whole world): with it installed, the
 #: layouts cannot train on a GPU either, and the dry run must say so.
@@ -115,7 +111,7 @@ REPLICATE_PARALLEL = hasattr(importlib.import_module("transformers.integrations.
 WITHOUT_REPLICATE_PARALLEL = ("the installed Transformers has no integrations.tensor_parallel.ReplicateParallel, which "
                               "HF accelerate 1.15's FSDP2 + tp imports (Transformers 5 removed it)")
 #: The rows ``make test`` runs.
-SMOKE = {"dp_shard2-tp2", "hsdp2x2-tp2-2-machines"}
+SMOKE = {"dp_shard2-tp2", "hsdp2x2-tp2-2-machines", "dp_shard2-cp2"}
 
 
 @pytest.fixture(scope="module")
