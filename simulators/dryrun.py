@@ -53,6 +53,7 @@ PEER_GONE = "Connection closed by peer"
 RECOMPILATION = re.compile(r"XLA recompilation at step[^\n]*")
 #: A traceback frame: file, line and (when printed) function.
 FRAME = re.compile(r'File "([^"]+)", line (\d+)(?:, in (\w+))?')
+TRACEBACK = "Traceback (most recent call last):"
 
 
 def family_env(family: str) -> dict[str, str]:
@@ -175,6 +176,21 @@ def _collective_findings(result: LaunchResult, rank: int, tail: str, script: str
     return []
 
 
+def _raised(tail: str, script: str) -> dict | None:
+    """The exception a rank's output ends with: the line of the user's script it came through and torch's,
+    accelerate's or the script's own words (``ValueError: ParallelismConfig total_size (4) does not match
+    num_processes (8). ...``); None when the output holds no traceback. Of chained tracebacks, the last."""
+    start = tail.rfind(TRACEBACK)
+    if start < 0:
+        return None
+    lines = tail[start:].splitlines()[1:]
+    body = [line for line in lines if line.startswith((" ", "\t"))]
+    error = next((line for line in lines if line and not line.startswith((" ", "\t"))), "")
+    if not error:
+        return None
+    return {"at": _user_frame("\n".join(body), script), "error": error.strip()}
+
+
 def record(result: LaunchResult, world: World, script: str, budget: int | None = None) -> dict:
     """The dry run's findings, machine-readable (``--summary-json``): per rank its exit state, device
     mixing, XLA recompilations, memory (peak and reserved peak per device, when and where, what it held, the
@@ -190,6 +206,7 @@ def record(result: LaunchResult, world: World, script: str, budget: int | None =
             "device_mixing": [{"at": _user_frame(tail[: m.end()], script), "message": m.group(0)} for m in MIXING.finditer(tail)],
             "recompilations": [m.group(0) for m in RECOMPILATION.finditer(tail)],
             "collectives": _collective_findings(result, rank, tail, script),
+            "raised": _raised(tail, script) if result.exit_codes.get(rank, 0) > 0 else None,
             "memory": report["devices"] if report else {},
             "steps": report["steps"] if report else None,
             "placeholders": report.get("placeholders", []) if report else [],  # no-compute runs: values not computed
@@ -214,6 +231,17 @@ def _memory_line(rank: dict) -> str | None:
             f"{peak['at'] or '?'} ({parts}): {verdict}")
 
 
+def _raised_lines(ranks: list[dict]) -> list[str]:
+    """Each exception the ranks raised, once, with the ranks that raised it: the run's finding in one line
+    (a misconfigured layout raises the same on every rank)."""
+    raised: dict[tuple[str, str], list[int]] = {}
+    for rank in ranks:
+        if rank["raised"]:
+            raised.setdefault((rank["raised"]["at"], rank["raised"]["error"]), []).append(rank["rank"])
+    return [f"{'every rank' if len(on) == len(ranks) else 'rank(s) ' + ', '.join(map(str, on))} raised at {at}: {error}"
+            for (at, error), on in raised.items()]
+
+
 def _placeholder_lines(ranks: list[dict]) -> list[str]:
     """Each line of the script that read a value no-compute mode did not compute, once: what it asked for and on
     which ranks (their results there are placeholders, zeros)."""
@@ -235,6 +263,7 @@ def summary(result: LaunchResult, world: World, script: str, budget: int | None 
     found = record(result, world, script, budget)
     lines = [f"== dry run summary: {world.size} ranks as {world.machines} machine(s), {result.status} =="]
     lines += [f"rank {rank['rank']}: {rank['state']}" for rank in found["ranks"]]
+    lines += _raised_lines(found["ranks"])
     for rank in found["ranks"]:
         lines += [f"rank {rank['rank']}: device mixing at {m['at']}: {m['message']}" for m in rank["device_mixing"]]
         lines += [f"rank {rank['rank']}: {text}" for text in rank["recompilations"] + rank["collectives"]]

@@ -185,3 +185,41 @@ def test_tensor_parallel_alone_is_named_as_dtensors_refusal_of_the_optimizers_mi
     status, output, _ = dry_run(tmp_path, monkeypatch, capsys, folder, Layout(tp=2))
     assert status == 1, output[-3000:]
     assert "got mixed torch.Tensor and DTensor" in output, output[-3000:]
+
+
+# -- misconfigurations (item 3): one line naming the rule, the sizes and the script's line, exit 1 ------------------
+
+MISCONFIGURED = textwrap.dedent("""\
+    import sys
+
+    from accelerate import Accelerator
+    from accelerate.parallelism_config import ParallelismConfig
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    sizes = dict(zip(("dp_shard_size", "tp_size", "cp_size", "sp_size"), map(int, sys.argv[1:5])))
+    config = ParallelismConfig(**sizes)
+    accelerator = Accelerator(parallelism_config=config, fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
+    group = accelerator.torch_device_mesh[sys.argv[5]]
+    print("built", flush=True)
+    """)
+
+
+@pytest.mark.parametrize("ranks, argv, line, error", [
+    (4, ["2", "1", "1", "1", "dp_shard"], 9,
+     "ValueError: ParallelismConfig total_size (2) does not match num_processes (4). Please adjust "
+     "dp_replicate_size/ dp_shard_size/tp_size/cp_size/sp_size."),
+    (4, ["1", "1", "2", "2", "dp_shard"], 8, "ValueError: "),
+    (2, ["2", "1", "1", "1", "tp"], 10, "KeyError: "),
+], ids=["world-not-the-layouts-size", "layout-hf-refuses", "mesh-dimension-the-layout-lacks"])
+def test_a_misconfigured_layout_is_one_line_naming_hfs_error_and_the_scripts_line(tmp_path, monkeypatch, capsys,
+                                                                                  ranks, argv, line, error):
+    (tmp_path / "train.py").write_text(MISCONFIGURED)
+    monkeypatch.chdir(tmp_path)
+    status = run(["launch", "--simulate", "cuda", "--num_processes", str(ranks), "--timeout", "120", "train.py", *argv])
+    output = capsys.readouterr().out
+    summary = output[output.index("== dry run summary"):]
+    findings = [text for text in summary.splitlines() if " raised at " in text]
+    assert status == 1 and len(findings) == 1, summary
+    who, _, finding = findings[0].partition(" raised at ")
+    assert who == "every rank" or who.startswith("rank(s) "), summary  # the first to raise stops the others
+    assert finding.startswith(f"train.py:{line}: {error}"), summary
