@@ -223,3 +223,37 @@ def test_a_misconfigured_layout_is_one_line_naming_hfs_error_and_the_scripts_lin
     who, _, finding = findings[0].partition(" raised at ")
     assert who == "every rank" or who.startswith("rank(s) "), summary  # the first to raise stops the others
     assert finding.startswith(f"train.py:{line}: {error}"), summary
+
+
+# -- collective agreement across the mesh (item 4) -------------------------------------------------------------------
+
+DIVERGING = textwrap.dedent("""\
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(dist.get_rank())
+    mesh = init_device_mesh("cuda", (2, 2), mesh_dim_names=("dp", "tp"))
+    t = torch.ones(4, device="cuda")
+    dist.all_reduce(t, group=mesh["dp"].get_group())
+    if dist.get_rank() == 3:
+        dist.broadcast(t, group_src=0, group=mesh["tp"].get_group())
+    else:
+        dist.all_reduce(t, group=mesh["tp"].get_group())
+    dist.barrier()
+    """)
+
+
+def test_a_rank_whose_tp_group_issues_another_collective_is_named_with_op_group_and_line(tmp_path, monkeypatch, capsys):
+    """Ranks 2 and 3 form a tp group; rank 3 broadcasts where rank 2 all-reduces: the watch names both, each with its
+    op, its mesh group (torch names a mesh dimension's group ``mesh_<dim>``) and its line, well before the timeout."""
+    (tmp_path / "train.py").write_text(DIVERGING)
+    monkeypatch.chdir(tmp_path)
+    status = run(["launch", "--simulate", "cuda", "--num_processes", "4", "--timeout", "120", "train.py"])
+    summary = capsys.readouterr().out.split("== dry run summary")[-1]
+    assert status == 1 and "mismatch ==" in summary.splitlines()[0], summary
+    lines = {rank: next(text for text in summary.splitlines() if text.startswith(f"rank {rank}: collective mismatch"))
+             for rank in (2, 3)}
+    assert "at train.py:13: in #1 gloo:all_reduce shapes [4] dtypes [Float] in group mesh_tp" in lines[2], summary
+    assert "at train.py:11: in #1 gloo:broadcast shapes [4] dtypes [Float] in group mesh_tp" in lines[3], summary
