@@ -4,8 +4,9 @@ as HF's ``examples/torch_native_parallelism/nd_parallel.py`` loads it), AdamW, t
 every rank trains with the model states the arithmetic gives.
 
 The arithmetic (fp32 parameters, their gradients and AdamW's two moments): a parameter the config's tensor-parallel
-plan names (``base_model_tp_plan``: the attention and MLP projections) is split over the ``tp`` ranks, and FSDP2 splits
-every parameter's local part again over ``dp_shard x cp`` ranks (the ``dp_shard_cp`` mesh); ``dp_replicate`` copies.
+plan names (``base_model_tp_plan``: the attention and MLP projections) is split over the ``tp`` ranks (``colwise``
+along dim 0, ``rowwise`` along dim 1), and FSDP2 keeps ceil(dim 0 / shards) rows of every parameter's local part over
+``dp_shard x cp`` ranks (the ``dp_shard_cp`` mesh); ``dp_replicate`` copies.
 The model's own plan for ``lm_head`` (``colwise_rep``) is not applied by ``from_pretrained(tp_plan="auto")``
 (Transformers 4.57), so ``lm_head`` is replicated over ``tp``, as on a GPU.
 
@@ -20,6 +21,7 @@ import dataclasses
 import fnmatch
 import importlib
 import json
+import math
 import textwrap
 
 import pytest
@@ -59,9 +61,10 @@ SCRIPT = textwrap.dedent("""\
     print("trained", accelerator.distributed_type, flush=True)
     """)
 
-#: A small Llama whose every split below is even: hidden 256, MLP 688 (= 4 x 172), 4 heads, vocabulary 1024.
-LLAMA = {"hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 2, "num_attention_heads": 4,
-         "num_key_value_heads": 4, "vocab_size": 1024}
+#: A small Llama whose every split below is even (FSDP2 pads a last shard's parameters, not its optimizer states):
+#: hidden 256, MLP 704 (= 64 x 11), 8 heads, vocabulary 1024.
+LLAMA = {"hidden_size": 256, "intermediate_size": 704, "num_hidden_layers": 2, "num_attention_heads": 8,
+         "num_key_value_heads": 8, "vocab_size": 1024}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,12 +88,16 @@ class Layout:
         """The ranks FSDP2 shards over (``dp_shard_cp``)."""
         return self.dp_shard * self.cp
 
-    def model_states(self, parameters: dict[str, int], tp_plan: dict[str, str]) -> dict[str, int]:
-        """Bytes per rank: each parameter's elements over its tensor-parallel and FSDP2 splits, 4 bytes each."""
+    def model_states(self, parameters: dict[str, tuple[int, ...]], tp_plan: dict[str, str]) -> dict[str, int]:
+        """Bytes per rank, 4 a value: each parameter's local part after tensor parallelism (``colwise``: dim 0 over
+        the tp ranks, ``rowwise``: dim 1), of which FSDP2 keeps ceil(dim 0 / shards) rows (the last shard padded)."""
         elements = 0
-        for name, count in parameters.items():
-            split = self.tp if any(fnmatch.fnmatch(name, f"model.{pattern}.*") for pattern in tp_plan) else 1
-            elements += count // split // self.fsdp
+        for name, shape in parameters.items():
+            local = list(shape)
+            style = next((style for pattern, style in tp_plan.items() if fnmatch.fnmatch(name, f"model.{pattern}.*")), None)
+            if style is not None:
+                local[0 if style == "colwise" else 1] //= self.tp
+            elements += -(-local[0] // self.fsdp) * math.prod(local[1:])
         return {"parameters": 4 * elements, "gradients": 4 * elements, "optimizer_state": 8 * elements}
 
 
@@ -98,6 +105,7 @@ LAYOUTS = {
     "dp_shard2-tp2": Layout(dp_shard=2, tp=2),
     "hsdp2x2-tp2-2-machines": Layout(dp_replicate=2, dp_shard=2, tp=2, machines=2),
     "dp_shard4-tp2-no-compute": Layout(dp_shard=4, tp=2, no_compute=True),
+    "dp_shard8-tp8-64-ranks-8-machines-no-compute": Layout(dp_shard=8, tp=8, machines=8, no_compute=True),
     "cp2-fsdp2": Layout(cp=2),
     "dp_shard2-cp2": Layout(dp_shard=2, cp=2),
     "tp2-cp2": Layout(tp=2, cp=2),
@@ -116,7 +124,7 @@ SMOKE = {"dp_shard2-tp2", "hsdp2x2-tp2-2-machines", "dp_shard2-cp2"}
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
-    """A saved Llama of :data:`LLAMA`'s shape (fp32, random weights), its parameter sizes and tensor-parallel plan."""
+    """A saved Llama of :data:`LLAMA`'s shape (fp32, random weights), its parameters' shapes and tensor-parallel plan."""
     import torch
     import transformers
 
@@ -124,7 +132,7 @@ def llama(tmp_path_factory):
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA))
     model.save_pretrained(folder)
-    sizes = {name: parameter.numel() for name, parameter in model.named_parameters()}
+    sizes = {name: tuple(parameter.shape) for name, parameter in model.named_parameters()}
     return folder, sizes, dict(model.config.base_model_tp_plan)
 
 
