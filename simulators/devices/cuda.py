@@ -64,7 +64,7 @@ import torch
 import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 
-from simulators.devices import attention, backend, cuda_libraries, cuda_reduce, flash_attention, tensor
+from simulators.devices import attention, backend, cuda_libraries, cuda_reduce, flash_attention, nd_rules, tensor
 from simulators.devices.memory import DeviceMemory
 from simulators.devices.runtime import DeviceRuntime, RuntimeTensor
 
@@ -205,22 +205,24 @@ def install() -> None:
     dist.new_group = _routing_nccl(dist.new_group)
     dist.get_backend = _reporting_nccl(dist.get_backend)
     _report_dtensor_devices()
+    nd_rules.install()
 
 
 def _report_dtensor_devices() -> None:
     """A DTensor over mock GPU shards reports its shard's device, ``cuda:i``, as on a GPU: torch makes the
     DTensor with its local tensor's C++ device, PrivateUse1's (``cuda_sim:i``), which FSDP2 compares with its
     mesh's ``cuda`` device before it shards a tensor-parallel parameter again ("Expects DTensor to be moved
-    to cuda")."""
-    from torch.distributed.tensor import DTensor
-
+    to cuda"). Applied when torch's DTensor module is imported."""
     reported = torch._C.TensorBase.device
 
     def device(self: torch.Tensor) -> torch.device:
         local = self._local_tensor
         return local.device if type(local) is CudaTensor else reported.__get__(self)
 
-    DTensor.device = property(device)
+    def patch(module: Any) -> None:
+        module.DTensor.device = property(device)
+
+    nd_rules.after_import("torch.distributed.tensor._api", patch)
 
 
 #: Where each routed function takes ``backend`` positionally.

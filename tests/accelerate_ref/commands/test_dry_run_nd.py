@@ -221,7 +221,36 @@ MISCONFIGURED = textwrap.dedent("""\
 ], ids=["world-not-the-layouts-size", "layout-hf-refuses", "mesh-dimension-the-layout-lacks"])
 def test_a_misconfigured_layout_is_one_line_naming_hfs_error_and_the_scripts_line(tmp_path, monkeypatch, capsys,
                                                                                   ranks, argv, line, error):
-    (tmp_path / "train.py").write_text(MISCONFIGURED)
+    assert_one_finding(tmp_path, monkeypatch, capsys, MISCONFIGURED, ranks, argv, line, error)
+
+
+SEQUENCE_SPLIT = textwrap.dedent("""\
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import context_parallel
+
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(dist.get_rank())
+    mesh = init_device_mesh("cuda", (2,), mesh_dim_names=("cp",))
+    tokens = torch.ones(1, 127, device="cuda")
+    with context_parallel(mesh, buffers=[tokens], buffer_seq_dims=[1]):
+        pass
+    """)
+
+
+def test_a_sequence_the_cp_degree_does_not_split_evenly_is_named_with_the_sizes(tmp_path, monkeypatch, capsys):
+    """127 tokens over cp 2 (torch's default: no load balancing, one part per rank). On GPUs the ranks' shards differ
+    in size and the ring's exchanges do not match (gloo aborts the rank)."""
+    assert_one_finding(tmp_path, monkeypatch, capsys, SEQUENCE_SPLIT, 2, [], 10,
+                       "ValueError: context parallelism over 2 ranks splits each buffer's sequence into 2 equal parts, "
+                       "but buffer 0 has 127 along dimension 1, which 2 does not divide")
+
+
+def assert_one_finding(tmp_path, monkeypatch, capsys, script: str, ranks: int, argv: list[str], line: int,
+                       error: str) -> None:
+    """The dry run of ``script`` exits 1 with one finding: the ranks that raised, ``train.py:line`` and ``error``."""
+    (tmp_path / "train.py").write_text(script)
     monkeypatch.chdir(tmp_path)
     status = run(["launch", "--simulate", "cuda", "--num_processes", str(ranks), "--timeout", "120", "train.py", *argv])
     output = capsys.readouterr().out
