@@ -238,8 +238,12 @@ def _raised_lines(ranks: list[dict]) -> list[str]:
     for rank in ranks:
         if rank["raised"]:
             raised.setdefault((rank["raised"]["at"], rank["raised"]["error"]), []).append(rank["rank"])
-    return [f"{'every rank' if len(on) == len(ranks) else 'rank(s) ' + ', '.join(map(str, on))} raised at {at}: {error}"
-            for (at, error), on in raised.items()]
+    return [f"{_who(on, ranks)} raised at {at}: {error}" for (at, error), on in raised.items()]
+
+
+def _who(on: list[int], ranks: list[dict]) -> str:
+    """``every rank`` when ``on`` holds all of ``ranks``, else ``rank(s) 0, 2``."""
+    return "every rank" if len(on) == len(ranks) else f"rank(s) {', '.join(map(str, on))}"
 
 
 def _placeholder_lines(ranks: list[dict]) -> list[str]:
@@ -253,8 +257,7 @@ def _placeholder_lines(ranks: list[dict]) -> list[str]:
         return []
     lines = ["-- values not computed (--no-compute: these read zeros) --"]
     for (at, what), on in sorted(places.items()):
-        who = "every rank" if len(on) == len(ranks) else f"rank(s) {', '.join(map(str, on))}"
-        lines.append(f"{at}: {what} on {who}")
+        lines.append(f"{at}: {what} on {_who(on, ranks)}")
     return lines
 
 

@@ -61,12 +61,12 @@ _MISSING_DETAIL = ("a rank past its case timeout dumps its Python stack to the l
                    "the launcher's output has it and the exit status")
 
 
-
 def say(line: str) -> None:
     """``line`` on stderr in one write: the ranks of a launch share their stderr, and a line written in two
     parts (``print`` writes the text, then the newline) may have another rank's between them."""
     sys.stderr.write(f"{line}\n")
     sys.stderr.flush()
+
 
 class NativeLaunchError(Exception):
     """The ranks cannot run the suite together: a bad launch environment, an implementation that does not import

@@ -27,6 +27,7 @@ Other reductions (``amax``, ``prod``, ``var``, norms) keep the CPU's allocations
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -65,10 +66,7 @@ class Space:
     @property
     def outputs(self) -> int:
         """``num_output_elements()``."""
-        count = 1
-        for size, stride in zip(self.shape, self.output_strides):
-            count *= size if stride else 1
-        return count
+        return math.prod(size for size, stride in zip(self.shape, self.output_strides) if stride)
 
 
 @dataclass
@@ -165,9 +163,7 @@ def launch_config(space: Space, itemsize: int, accumulator_bytes: int, inputs_pe
                   *, multiprocessors: int, threads_per_multiprocessor: int) -> LaunchConfig:
     """``setReduceConfig<arg_t, scalar_t, vt0, input_vec_size>`` for ``space`` (``input_offset``: the input's first
     element's offset in elements from an aligned address, which ``get_output_vec_size`` reads)."""
-    numel = 1
-    for size in space.shape:
-        numel *= size
+    numel = math.prod(space.shape)
     outputs = space.outputs
     inputs_per_output = numel // outputs if outputs else 0
     config = LaunchConfig(outputs=outputs, accumulator_bytes=accumulator_bytes)

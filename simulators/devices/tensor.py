@@ -295,7 +295,7 @@ class DeviceTensor(torch.Tensor):
     def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         leaves = _leaves((args, kwargs))
-        if any(_foreign_subclass(leaf) for leaf in leaves):
+        if any(isinstance(leaf, torch.Tensor) and _dispatches_itself(type(leaf)) for leaf in leaves):
             return NotImplemented  # a DTensor (or another tensor subclass) among the arguments dispatches first, as on a GPU
         on_device = [leaf for leaf in leaves if isinstance(leaf, DeviceTensor)]
         if func not in _TRANSFERS:
@@ -353,12 +353,14 @@ def _moved(tensor: DeviceTensor, index: int, dtype: torch.dtype, memory_format: 
     return type(tensor).wrap(tensor._payload.to(dtype, copy=True, **options), index)
 
 
-def _foreign_subclass(leaf: Any) -> bool:
-    """Whether ``leaf`` is a tensor subclass dispatching ops itself that is not the simulator's own (a DTensor, whose
-    dispatch raises for a mix with plain tensors, or unwraps its shards and dispatches again)."""
-    if not isinstance(leaf, torch.Tensor) or type(leaf) in (torch.Tensor, torch.nn.Parameter):
+@functools.cache
+def _dispatches_itself(cls: type) -> bool:
+    """Whether tensors of ``cls`` dispatch ops themselves and are not the simulator's own (a DTensor, whose dispatch
+    raises for a mix with plain tensors, or unwraps its shards and dispatches again). Asked for every argument of
+    every op: answered once per class."""
+    if cls in (torch.Tensor, torch.nn.Parameter):
         return False
-    dispatch = getattr(type(leaf), "__torch_dispatch__", None)
+    dispatch = getattr(cls, "__torch_dispatch__", None)
     owner = getattr(dispatch, "__module__", "") or ""
     return dispatch is not None and owner != "torch._tensor" and not owner.startswith("simulators.")
 
