@@ -224,6 +224,30 @@ def test_a_misconfigured_layout_is_one_line_naming_hfs_error_and_the_scripts_lin
     assert_one_finding(tmp_path, monkeypatch, capsys, MISCONFIGURED, ranks, argv, line, error)
 
 
+HEADS = textwrap.dedent("""\
+    import sys
+
+    from accelerate import Accelerator
+    from accelerate.parallelism_config import ParallelismConfig
+    from transformers import AutoModelForCausalLM
+
+    accelerator = Accelerator(parallelism_config=ParallelismConfig(tp_size=3))
+    model = AutoModelForCausalLM.from_pretrained(sys.argv[1], tp_plan="auto", tp_size=3,
+                                                 device_mesh=accelerator.torch_device_mesh)
+    """)
+
+
+def test_a_tp_degree_that_does_not_divide_the_heads_is_named_where_the_model_loads(tmp_path, monkeypatch, capsys,
+                                                                                    llama):
+    """tp 3 over a Llama of 8 heads (and 8 key-value heads): named at ``from_pretrained``, where on a GPU the first
+    forward's reshape would fail (under Transformers 4 and 5)."""
+    folder, _, _ = llama
+    assert_one_finding(tmp_path, monkeypatch, capsys, HEADS, 3, [str(folder)], 8,
+                       "ValueError: tensor parallelism over 3 ranks gives each rank whole attention heads only when 3 "
+                       "divides the model's heads, but it has 8 attention heads and 8 key-value heads, which 3 does "
+                       "not divide")
+
+
 SEQUENCE_SPLIT = textwrap.dedent("""\
     import torch
     import torch.distributed as dist
