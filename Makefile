@@ -18,6 +18,9 @@ JOBS       ?= 2
 
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# Issue 34: Transformers 4 beside the venv's Transformers 5, for HF accelerate 1.15's FSDP2 + tensor parallelism, which
+# imports Transformers 4's ReplicateParallel (5 removed it): the ND dry runs' tp rows put it first on their import path.
+TRANSFORMERS4 := $(VENV)/transformers4
 MUTATION_STAMP := $(VENV)/.installed-mutation
 # Options of `python -m conformance mutation`, e.g. MUTATION_ARGS="--module hooks --sample 10".
 MUTATION_ARGS ?=
@@ -38,6 +41,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --no-deps "torchdata==0.11.0"
 	# lomo-optim (12 kB, pure Python) runs the LOMO route of backward; --no-deps for the same reason.
 	$(PY) -m pip install --quiet --no-deps "lomo-optim>=0.1.1"
+	@touch $@
+
+# --no-deps: the rest of Transformers 4.57's requirements are the venv's; these three are the versions it accepts.
+$(TRANSFORMERS4)/.installed: $(STAMP)
+	$(PY) -m pip install --quiet --no-deps --upgrade --target $(TRANSFORMERS4) \
+		"transformers==4.57.6" "huggingface_hub==0.36.2" "tokenizers==0.22.2"
 	@touch $@
 
 # The project's own bytecode, written once: where the environment sets PYTHONDONTWRITEBYTECODE (as
@@ -69,7 +78,7 @@ conformance-native: $(STAMP) bytecode
 		--json $(REPORTS)/conformance-$(IMPL)-native.json --junit $(REPORTS)/conformance-$(IMPL)-native.xml \
 		--markdown $(REPORTS)/conformance-$(IMPL)-native.md
 
-test: $(STAMP) bytecode lint
+test: $(STAMP) $(TRANSFORMERS4)/.installed bytecode lint
 	$(PY) -m pytest -n $(JOBS) $(PYTEST_ARGS)
 
 # The linter's rules are in pyproject.toml ([tool.ruff]).
@@ -78,7 +87,7 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache
 
 # The expensive variants kept out of `make test` (marker `extended`).
-extended: $(STAMP) bytecode
+extended: $(STAMP) $(TRANSFORMERS4)/.installed bytecode
 	$(PY) -m pytest -m extended $(PYTEST_ARGS)
 
 bench: $(STAMP)

@@ -41,8 +41,6 @@ Catalog: xla.distributed_type, npu.distributed_type.
 """
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import sys
 from datetime import timedelta
 from types import ModuleType
@@ -53,7 +51,8 @@ import torch.distributed as dist
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
 from simulators.devices import autocast, lazy_host, loading, no_compute, peaks
-from simulators.devices.tensor import PAYLOAD_ADAPTERS, DeviceTensor, SwappingData, swap_tensors
+from simulators.devices.import_hooks import after_import
+from simulators.devices.tensor import DEVICE_KERNELS, PAYLOAD_ADAPTERS, DeviceTensor, SwappingData, swap_tensors
 
 _installed: list[type[DeviceTensor]] = []
 # Kernels stay registered as long as their Library object lives.
@@ -94,8 +93,10 @@ def install(
     lazy_host.install(tensor_class)
     torch.utils.swap_tensors = swap_tensors  # Module._apply calls it through the module
     torch.Tensor.record_stream = _recording_on_mock_streams(torch.Tensor.record_stream)
+    torch.Tensor._make_wrapper_subclass = _on_the_hidden_device(torch.Tensor._make_wrapper_subclass,
+                                                                tensor_class.device_type, hidden_name)
     torch.UntypedStorage.resize_ = _counting_resizes(torch.UntypedStorage.resize_, tensor_class.memory)
-    _after_import("torch.distributed.fsdp._init_utils", _sync_mock_tensors_whole)
+    after_import("torch.distributed.fsdp._init_utils", _sync_mock_tensors_whole)
     _installed.append(tensor_class)
 
 
@@ -105,13 +106,37 @@ def register_process_group_backend(name: str) -> None:
     ``all_gather_into_tensor`` takes any output of the right size (a flat one,
     as HF accelerate passes on accelerators), as nccl and hccl do; gloo wants
     the input's shape stacked, so the output is viewed that way for it. DDP's check of
-    the parameters across ranks works on meta payloads (:mod:`simulators.devices.no_compute`).
+    the parameters across ranks works on meta payloads (:mod:`simulators.devices.no_compute`). A functional
+    collective's result is wrapped in an ``AsyncCollectiveTensor`` holding the device tensor, as its CUDA kernel
+    does (run on the payload, it would hold host memory under a device tensor: ``untyped_storage().data_ptr()``,
+    which safetensors asks when ``save_pretrained`` saves a gathered DTensor, would then fail).
     """
     if name in dist.Backend.backend_list:
         return
     dist.Backend.register_backend(name, _gloo, devices=["cpu", torch._C._get_privateuse1_backend_name()])
     PAYLOAD_ADAPTERS[torch.ops.c10d._allgather_base_.default] = _stacked_output
+    after_import("torch.distributed._functional_collectives", _wrap_on_the_device)
     dist._verify_params_across_processes = no_compute.verifying_params(dist._verify_params_across_processes)
+
+
+def _wrap_on_the_device(functional_collectives: ModuleType) -> None:
+    """``_wrap_tensor_autograd`` (torch 2.12 on; before, Python wraps the result itself) as its kernel runs it."""
+    if hasattr(torch.ops._c10d_functional, "_wrap_tensor_autograd"):
+        DEVICE_KERNELS[torch.ops._c10d_functional._wrap_tensor_autograd.default] = functional_collectives.AsyncCollectiveTensor
+
+
+def _on_the_hidden_device(make: Callable[..., torch.Tensor], device_type: str, hidden_name: str) -> Any:
+    """``Tensor._make_wrapper_subclass`` making a wrapper around a mock tensor on the device torch's C++ side knows,
+    as the mock tensors are made (PrivateUse1's index 0). A wrapper subclass (``AsyncCollectiveTensor``, a quantized
+    tensor) takes its device from the tensor it wraps, whose ``device`` reports the family's name (``cuda:1``), which
+    a CPU build of torch cannot make tensors on."""
+
+    def made(cls: type, *args: Any, device: Any = None, **kwargs: Any) -> torch.Tensor:
+        if device is not None and torch.device(device).type == device_type:
+            device = torch.device(hidden_name, 0)
+        return make(cls, *args, device=device, **kwargs)
+
+    return staticmethod(made)
 
 
 def _stacked_output(args: tuple) -> tuple:
@@ -207,44 +232,6 @@ def _sync_mock_tensors_whole(init_utils: ModuleType) -> None:
     "CPU parameters or buffers"; the mock's collectives take mock tensors as they are."""
     flattened = init_utils.is_traceable_wrapper_subclass
     init_utils.is_traceable_wrapper_subclass = lambda tensor: not isinstance(tensor, DeviceTensor) and flattened(tensor)
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``patch(module)`` once the module ``name`` is imported (torch's FSDP1 costs a second to import: only
-    the ranks that use it pay). A lookup alone (``importlib.util.find_spec``, how libraries ask whether a package
-    is installed: transformers does for safetensors) leaves it waiting for the import."""
-
-    def __init__(self, name: str, patch: Callable[[ModuleType], None]) -> None:
-        self.name, self.patch = name, patch
-        self._finding = False
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != self.name or self._finding:
-            return None
-        self._finding = True  # the lookup below asks the finders again, this one among them
-        try:
-            spec = importlib.util.find_spec(fullname)
-        finally:
-            self._finding = False
-        if spec is None or spec.loader is None:
-            return spec
-        loaded = spec.loader.exec_module
-
-        def exec_module(module: ModuleType) -> None:
-            loaded(module)
-            if self in sys.meta_path:
-                sys.meta_path.remove(self)
-            self.patch(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-def _after_import(name: str, patch: Callable[[ModuleType], None]) -> None:
-    if name in sys.modules:
-        patch(sys.modules[name])
-    else:
-        sys.meta_path.insert(0, _AfterImport(name, patch))
 
 
 def _ddp_rebuilding_buckets() -> bool:

@@ -64,7 +64,8 @@ import torch
 import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 
-from simulators.devices import attention, backend, cuda_libraries, cuda_reduce, flash_attention, nd_rules, tensor
+from simulators.devices import (attention, backend, cuda_libraries, cuda_reduce, flash_attention, import_hooks, nd_rules,
+                                tensor)
 from simulators.devices.memory import DeviceMemory
 from simulators.devices.runtime import DeviceRuntime, RuntimeTensor
 
@@ -201,11 +202,23 @@ def install() -> None:
     # torch.distributed's logging and torch.profiler ask for NCCL's version when the backend is nccl.
     torch.cuda.nccl.version = lambda: NCCL_VERSION
     backend.register_process_group_backend(NCCL_STAND_IN)
-    dist.init_process_group = _routing_nccl(dist.init_process_group)
-    dist.new_group = _routing_nccl(dist.new_group)
-    dist.get_backend = _reporting_nccl(dist.get_backend)
+    _patch_c10d("init_process_group", _routing_nccl)
+    _patch_c10d("new_group", _routing_nccl)
+    _patch_c10d("get_backend", _reporting_nccl)
     _report_dtensor_devices()
     nd_rules.install()
+
+
+def _patch_c10d(name: str, patch: Callable[[Callable], Callable]) -> None:
+    """``torch.distributed``'s function ``name`` patched, where scripts call it and where torch's DeviceMesh does
+    (it imported the function by name: ``init_device_mesh`` in a process without a group calls
+    ``init_process_group()``, which on a GPU makes an nccl group)."""
+    from torch.distributed import device_mesh
+
+    patched = patch(getattr(dist, name))
+    setattr(dist, name, patched)
+    if hasattr(device_mesh, name):
+        setattr(device_mesh, name, patched)
 
 
 def _report_dtensor_devices() -> None:
@@ -222,7 +235,7 @@ def _report_dtensor_devices() -> None:
     def patch(module: Any) -> None:
         module.DTensor.device = property(device)
 
-    nd_rules.after_import("torch.distributed.tensor._api", patch)
+    import_hooks.after_import("torch.distributed.tensor._api", patch)
 
 
 #: Where each routed function takes ``backend`` positionally.

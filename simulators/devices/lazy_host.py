@@ -418,9 +418,9 @@ def install(family: type[DeviceTensor]) -> None:
     """Enter `LazyFactories` for the process's life (a no-op while no-compute mode is off) and make ``torch.load``
     and safetensors' ``safe_open`` lazy in no-compute mode; ``family``'s device is where ``.to(device)``
     puts a lazy tensor."""
-    from simulators.devices.backend import _after_import
+    from simulators.devices.import_hooks import after_import
 
     _family[:] = [family]
     LazyFactories().__enter__()
     torch.load = _lazy_loading(torch.load)
-    _after_import("safetensors", _lazy_safe_open)
+    after_import("safetensors", _lazy_safe_open)

@@ -13,19 +13,18 @@
   the heads nor the tp degree. On the mock, ``from_pretrained(tp_plan=...)`` raises a ValueError naming them, where
   Transformers applies the plan (4.x ``distribute_model``, 5.x ``apply_tensor_parallelism``).
 
-The rules wrap torch's functions when their module is first imported (:func:`after_import`), so a process that
-never uses them does not pay for importing them.
+The rules wrap torch's and Transformers' functions when their module is first imported
+(:func:`simulators.devices.import_hooks.after_import`).
 """
 from __future__ import annotations
 
-import importlib.abc
 import inspect
-import importlib.util
-import sys
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 import torch
+
+from simulators.devices.import_hooks import after_import
 
 #: Where torch shards context parallelism's buffers (``_context_parallel_buffers``).
 CP_MODULE = "torch.distributed.tensor.experimental._context_parallel._attention"
@@ -45,37 +44,6 @@ def install() -> None:
     after_import(CP_MODULE, _check_sequence_split)
     for module, function in TP_MODULES.items():
         after_import(module, lambda loaded, function=function: _check_head_split(loaded, function))
-
-
-def after_import(name: str, patch: Callable[[ModuleType], None]) -> None:
-    """Call ``patch`` with module ``name`` once it is imported (now, if it already is)."""
-    if name in sys.modules:
-        patch(sys.modules[name])
-    else:
-        sys.meta_path.insert(0, _Patching(name, patch))
-
-
-class _Patching(importlib.abc.MetaPathFinder):
-    """Finds module ``name`` as the other finders do, and patches it after its code has run."""
-
-    def __init__(self, name: str, patch: Callable[[ModuleType], None]) -> None:
-        self.name, self.patch = name, patch
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != self.name:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        run = spec.loader.exec_module
-
-        def exec_module(module: ModuleType) -> None:
-            run(module)
-            self.patch(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
 
 
 def _check_sequence_split(module: ModuleType) -> None:
@@ -127,4 +95,4 @@ def _require_whole_heads(model: Any, ranks: int) -> None:
             "hold part of a head and the attention's reshape would fail in the first forward)")
 
 
-__all__ = ["CP_MODULE", "install", "after_import"]
+__all__ = ["CP_MODULE", "TP_MODULES", "install"]

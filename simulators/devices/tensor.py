@@ -72,6 +72,10 @@ _TRANSFERS = frozenset({torch.ops.aten.copy_.default, torch.ops.aten._to_copy.de
 PAYLOAD_ADAPTERS: dict[Any, Callable[[tuple], tuple]] = {}
 #: Ops that run on payloads with values by another kernel than their own (a GPU-only op's CPU twin), by op.
 PAYLOAD_KERNELS: dict[Any, Callable[..., Any]] = {}
+#: Ops whose GPU kernel is Python over the device tensors themselves, not their data, by op: they run on the mock
+#: tensors as given (``simulators.devices.backend`` fills it: a functional collective's result wrapped in an
+#: ``AsyncCollectiveTensor``, which must hold the device tensor, not its payload).
+DEVICE_KERNELS: dict[Any, Callable[..., Any]] = {}
 
 
 #: ``tensor.data = other`` as torch-function modes see it (a new method-wrapper at each access: compare with ==), and torch's own setter.
@@ -297,6 +301,8 @@ class DeviceTensor(torch.Tensor):
         leaves = _leaves((args, kwargs))
         if any(isinstance(leaf, torch.Tensor) and _dispatches_itself(type(leaf)) for leaf in leaves):
             return NotImplemented  # a DTensor (or another tensor subclass) among the arguments dispatches first, as on a GPU
+        if func in DEVICE_KERNELS:
+            return DEVICE_KERNELS[func](*args, **kwargs)
         on_device = [leaf for leaf in leaves if isinstance(leaf, DeviceTensor)]
         if func not in _TRANSFERS:
             _check_one_device(func, on_device, leaves)

@@ -68,8 +68,9 @@ def test_impl_reaches_the_worker_and_the_header_names_what_rank_0_imported():
     assert f"{os.sep}accelerate{os.sep}__init__.py (read by rank 0)" in imported, imported
 
 
-@pytest.mark.parametrize("impl, world", [("accelerate_ref", "1"), ("accelerate_ref", "2"), ("accelerate_ref", "2x2"),
-                                         ("accelerate", "2")])
+@pytest.mark.parametrize("impl, world", [pytest.param("accelerate_ref", "1", marks=pytest.mark.extended),
+                                         pytest.param("accelerate_ref", "2", marks=pytest.mark.extended),
+                                         ("accelerate_ref", "2x2"), ("accelerate", "2")])
 def test_native_statuses_equal_the_simulators_on_a_slice(impl, world):
     """Every case of the slice: native status == sim status at the same world, but for listed cases."""
     checked = agreement.check(impl, World.parse(world), SLICE, case_timeout=CASE_TIMEOUT)

@@ -22,7 +22,11 @@ import fnmatch
 import importlib
 import json
 import math
+import os
+import subprocess
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -88,9 +92,11 @@ class Layout:
         """The ranks FSDP2 shards over (``dp_shard_cp``)."""
         return self.dp_shard * self.cp
 
-    def model_states(self, parameters: dict[str, tuple[int, ...]], tp_plan: dict[str, str]) -> dict[str, int]:
-        """Bytes per rank, 4 a value: each parameter's local part after tensor parallelism (``colwise``: dim 0 over
-        the tp ranks, ``rowwise``: dim 1), of which FSDP2 keeps ceil(dim 0 / shards) rows (the last shard padded)."""
+    def model_states(self, parameters: dict[str, tuple[int, ...]], tp_plan: dict[str, str], value_bytes: int = 4,
+                     optimizer_values: int = 2) -> dict[str, int]:
+        """Bytes per rank: each parameter's local part after tensor parallelism (``colwise``: dim 0 over the tp
+        ranks, ``rowwise``: dim 1), of which FSDP2 keeps ceil(dim 0 / shards) rows (the last shard padded); the
+        parameters and gradients ``value_bytes`` a value, ``optimizer_values`` fp32 states a value (AdamW's two)."""
         elements = 0
         for name, shape in parameters.items():
             local = list(shape)
@@ -98,7 +104,8 @@ class Layout:
             if style is not None:
                 local[0 if style == "colwise" else 1] //= self.tp
             elements += -(-local[0] // self.fsdp) * math.prod(local[1:])
-        return {"parameters": 4 * elements, "gradients": 4 * elements, "optimizer_state": 8 * elements}
+        return {"parameters": value_bytes * elements, "gradients": value_bytes * elements,
+                "optimizer_state": 4 * optimizer_values * elements}
 
 
 LAYOUTS = {
@@ -114,55 +121,103 @@ LAYOUTS = {
 LIMITS: dict[str, str] = {}  # none now: context parallelism runs since the mock has the flash op
 #: HF accelerate 1.15 prepares FSDP2 + tp with Transformers' ``ReplicateParallel``, which Transformers 5 removed (and
 #: Transformers 5's ``from_pretrained(tp_size=...)`` builds its own mesh over the whole world): with it installed, the
-#: layouts cannot train on a GPU either, and the dry run must say so.
+#: layouts cannot train on a GPU either, and the dry run must say so. The tp rows then run with the Transformers 4
+#: that ``make`` installs beside the venv's (:data:`TRANSFORMERS4`, first on the ranks' import path).
 REPLICATE_PARALLEL = hasattr(importlib.import_module("transformers.integrations.tensor_parallel"), "ReplicateParallel")
+#: ``make``'s ``--target`` install of Transformers 4.57 with the huggingface_hub and tokenizers it requires.
+TRANSFORMERS4 = Path(sys.prefix) / "transformers4"
 WITHOUT_REPLICATE_PARALLEL = ("the installed Transformers has no integrations.tensor_parallel.ReplicateParallel, which "
-                              "HF accelerate 1.15's FSDP2 + tp imports (Transformers 5 removed it)")
+                              f"HF accelerate 1.15's FSDP2 + tp imports (Transformers 5 removed it), and {TRANSFORMERS4} "
+                              "(make's Transformers 4) is missing")
 #: The rows ``make test`` runs.
 SMOKE = {"dp_shard2-tp2", "hsdp2x2-tp2-2-machines", "dp_shard2-cp2"}
 
 
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-    """A saved Llama of :data:`LLAMA`'s shape (fp32, random weights), its parameters' shapes and tensor-parallel plan."""
+SAVE_LLAMA = textwrap.dedent("""\
+    import json, sys
+
+    import tokenizers
     import torch
     import transformers
 
-    folder = tmp_path_factory.mktemp("llama")
+    folder, shape, words = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3].split()
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA))
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**shape))
     model.save_pretrained(folder)
-    sizes = {name: tuple(parameter.shape) for name, parameter in model.named_parameters()}
-    return folder, sizes, dict(model.config.base_model_tp_plan)
+    vocabulary = {word: index for index, word in enumerate(["<unk>", "</s>", *sorted(set(words))])}
+    words = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocabulary, unk_token="<unk>"))
+    words.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=words, unk_token="<unk>", eos_token="</s>").save_pretrained(folder)
+    sizes = {name: list(parameter.shape) for name, parameter in model.named_parameters()}
+    print(json.dumps({"sizes": sizes, "tp_plan": dict(model.config.base_model_tp_plan)}))
+    """)
+#: The stand-in data set's words (HF's examples read TinyStories): the tokenizer saved with the Llama knows them.
+WORDS = "once upon a time there was a little girl named lily she liked to play with her ball in the park"
+
+
+def tensor_parallel_env() -> dict[str, str] | None:
+    """The environment in which HF accelerate 1.15's FSDP2 + tp can run: this one, if its Transformers has
+    ``ReplicateParallel``, else with :data:`TRANSFORMERS4` first on the import path; None without either."""
+    if REPLICATE_PARALLEL:
+        return dict(os.environ)
+    if TRANSFORMERS4.is_dir():
+        return {**os.environ, "PYTHONPATH": os.pathsep.join([str(TRANSFORMERS4), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    return None
+
+
+def save_llama(folder: Path, env: dict[str, str]) -> tuple[Path, dict[str, tuple[int, ...]], dict[str, str]]:
+    """A Llama of :data:`LLAMA`'s shape (fp32, random weights) and a tokenizer of :data:`WORDS` saved to ``folder``
+    by the Transformers of ``env``, with the Llama's parameters' shapes and tensor-parallel plan."""
+    made = subprocess.run([sys.executable, "-c", SAVE_LLAMA, str(folder), json.dumps(LLAMA), WORDS], env=env, text=True,
+                          capture_output=True, timeout=120)
+    assert made.returncode == 0, made.stderr[-3000:]
+    saved = json.loads(made.stdout.splitlines()[-1])
+    return folder, {name: tuple(shape) for name, shape in saved["sizes"].items()}, saved["tp_plan"]
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    """:func:`save_llama` by the venv's Transformers."""
+    return save_llama(tmp_path_factory.mktemp("llama"), dict(os.environ))
+
+
+@pytest.fixture(scope="module")
+def llama_for_tensor_parallel(tmp_path_factory):
+    """:func:`save_llama` by the Transformers the tp rows run with (:func:`tensor_parallel_env`), and that
+    environment."""
+    env = tensor_parallel_env()
+    if env is None:
+        pytest.skip(WITHOUT_REPLICATE_PARALLEL)
+    return *save_llama(tmp_path_factory.mktemp("llama_tp"), env), env
 
 
 def _cases():
     for name in LAYOUTS:
         marks = [pytest.mark.xfail(strict=True, reason=LIMITS[name])] if name in LIMITS else []
-        if LAYOUTS[name].tp > 1 and not REPLICATE_PARALLEL:
-            marks.append(pytest.mark.skip(reason=WITHOUT_REPLICATE_PARALLEL))
         if name not in SMOKE:
             marks.append(pytest.mark.extended)
         yield pytest.param(name, marks=marks, id=name)
 
 
-def dry_run(tmp_path, monkeypatch, capsys, folder, layout: Layout) -> tuple[int, str, dict]:
+def dry_run(tmp_path, folder, layout: Layout, env: dict[str, str]) -> tuple[int, str, dict]:
+    """``accelerate-ref launch --simulate cuda`` of :data:`SCRIPT` in a process of its own, with ``env``."""
     (tmp_path / "nd.py").write_text(SCRIPT)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
     sizes = [str(size) for size in (layout.dp_replicate, layout.dp_shard, layout.tp, layout.cp)]
-    status = run(["launch", "--simulate", "cuda", *(["--no-compute"] if layout.no_compute else []), "--num_processes", str(layout.ranks), "--num_machines",
-                  str(layout.machines), "--timeout", "240", "--summary-json", "summary.json", "nd.py", str(folder), *sizes])
-    output = capsys.readouterr()
+    argv = ["launch", "--simulate", "cuda", *(["--no-compute"] if layout.no_compute else []), "--num_processes",
+            str(layout.ranks), "--num_machines", str(layout.machines), "--timeout", "240", "--summary-json",
+            "summary.json", "nd.py", str(folder), *sizes]
+    done = subprocess.run([sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", *argv], cwd=tmp_path, text=True,
+                          capture_output=True, timeout=900, env={**env, "HF_HOME": str(tmp_path / "hf_home")})
     summary = json.loads((tmp_path / "summary.json").read_text()) if (tmp_path / "summary.json").exists() else {}
-    return status, output.out + output.err, summary
+    return done.returncode, done.stdout + done.stderr, summary
 
 
 @pytest.mark.parametrize("name", list(_cases()))
-def test_nd_layout_dry_runs_with_each_ranks_model_states_as_the_arithmetic(tmp_path, monkeypatch, capsys, llama, name):
-    folder, sizes, tp_plan = llama
+def test_nd_layout_dry_runs_with_each_ranks_model_states_as_the_arithmetic(tmp_path, request, name):
     layout = LAYOUTS[name]
-    status, output, summary = dry_run(tmp_path, monkeypatch, capsys, folder, layout)
+    folder, sizes, tp_plan, env = (request.getfixturevalue("llama_for_tensor_parallel") if layout.tp > 1
+                                   else (*request.getfixturevalue("llama"), dict(os.environ)))
+    status, output, summary = dry_run(tmp_path, folder, layout, env)
     assert status == 0, f"{name}:\n{output[-4000:]}"
     for rank in range(layout.ranks):
         assert f"[rank {rank}] trained DistributedType.FSDP" in output, output[-3000:]
@@ -175,22 +230,21 @@ def test_nd_layout_dry_runs_with_each_ranks_model_states_as_the_arithmetic(tmp_p
 
 
 @pytest.mark.skipif(REPLICATE_PARALLEL, reason="the installed Transformers has ReplicateParallel: the layouts train")
-def test_with_transformers_5_tensor_parallel_over_fsdp2_is_refused_as_on_a_gpu(tmp_path, monkeypatch, capsys, llama):
+def test_with_transformers_5_tensor_parallel_over_fsdp2_is_refused_as_on_a_gpu(tmp_path, llama):
     """Transformers 5's ``from_pretrained(tp_size=2)`` builds a tp-only mesh and refuses a world larger than it (pure
     Python, before any device work): the dry run names it and exits 1, where a rented node would fail the same way."""
     folder, _, _ = llama
-    status, output, _ = dry_run(tmp_path, monkeypatch, capsys, folder, LAYOUTS["dp_shard2-tp2"])
+    status, output, _ = dry_run(tmp_path, folder, LAYOUTS["dp_shard2-tp2"], dict(os.environ))
     assert status == 1, output[-3000:]
     assert "The parallel mesh requires 2 processes, but world_size is 4" in output, output[-3000:]
 
 
-def test_tensor_parallel_alone_is_named_as_dtensors_refusal_of_the_optimizers_mixed_parameters(tmp_path, monkeypatch,
-                                                                                              capsys, llama):
+def test_tensor_parallel_alone_is_named_as_dtensors_refusal_of_the_optimizers_mixed_parameters(tmp_path, llama):
     """tp without FSDP: HF 1.15 makes DTensors of the planned parameters only (it replicates the others as DTensors
     under FSDP2 alone), so AdamW's foreach step mixes DTensors and plain tensors, which DTensor refuses, on a GPU as on
-    the mock: the dry run names it and exits 1."""
+    the mock: the dry run names it and exits 1 (under Transformers 4 and 5)."""
     folder, _, _ = llama
-    status, output, _ = dry_run(tmp_path, monkeypatch, capsys, folder, Layout(tp=2))
+    status, output, _ = dry_run(tmp_path, folder, Layout(tp=2), dict(os.environ))
     assert status == 1, output[-3000:]
     assert "got mixed torch.Tensor and DTensor" in output, output[-3000:]
 
@@ -318,3 +372,105 @@ def test_a_rank_whose_tp_group_issues_another_collective_is_named_with_op_group_
              for rank in (2, 3)}
     assert "at train.py:13: in #1 gloo:all_reduce shapes [4] dtypes [Float] in group mesh_tp" in lines[2], summary
     assert "at train.py:11: in #1 gloo:broadcast shapes [4] dtypes [Float] in group mesh_tp" in lines[3], summary
+
+
+# -- HF's own examples: examples/torch_native_parallelism's two scripts, unmodified, at 8 GPUs -----------------------
+
+#: A checkout's ``examples`` folder: HF ships its examples in no package, and the tests reach no network.
+EXAMPLES = Path(os.environ.get("ACCELERATE_EXAMPLES", "")) / "torch_native_parallelism"
+WITHOUT_EXAMPLES = ("HF's examples are in no package: set ACCELERATE_EXAMPLES to the examples/ folder of a checkout of "
+                    "github.com/huggingface/accelerate")
+#: Each run's options after the script's own: a short sequence, two steps, the stand-in Llama, outputs in the run's
+#: folder (``nd_parallel_trainer.py`` trains one epoch of the stand-in data set).
+ND_PARALLEL_OPTIONS = ("--sequence-length", "128", "--num-steps", "2")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExampleRun:
+    """One of HF's scripts at a layout: its options (the sizes, or the script reads them from HF's config file)."""
+
+    script: str
+    layout: Layout
+    config: str | None = None
+    #: Launch options after the config file's (overriding its sizes).
+    launch: tuple[str, ...] = ()
+    options: tuple[str, ...] = ()
+    #: The optimizer's fp32 states a value: ``nd_parallel.py`` steps SGD (none), the Trainer AdamW (two).
+    optimizer_values: int = 0
+    #: Whether the optimizer keeps a step counter a parameter on the GPU (4 bytes each): the Trainer's default,
+    #: AdamW with ``fused=True`` (``adamw_torch_fused``), does; plain AdamW keeps them on the host.
+    step_counters: bool = False
+
+    @property
+    def value_bytes(self) -> int:
+        """``nd_parallel_trainer.py`` loads fp32. ``nd_parallel.py`` loads bf16, and HF 1.15 upcasts every trainable
+        parameter to fp32 under FSDP2 with mixed precision (``param.data = param.data.to(torch.float32)``), which
+        on a DTensor parameter (tensor parallelism's) changes the wrapper's dtype and not its local shard (torch's
+        ``set_data``; so on the CPU with gloo too): with tp the shards stay bf16."""
+        return 2 if self.script == "nd_parallel.py" and self.layout.tp > 1 else 4
+
+
+EXAMPLE_RUNS = {
+    "nd_parallel-dp_shard4-tp2": ExampleRun("nd_parallel.py", Layout(dp_shard=4, tp=2),
+                                            options=("--dp-shard-size", "4", "--tp-size", "2", *ND_PARALLEL_OPTIONS)),
+    "nd_parallel-hsdp2x2-tp2": ExampleRun("nd_parallel.py", Layout(dp_replicate=2, dp_shard=2, tp=2), options=(
+        "--dp-replicate-size", "2", "--dp-shard-size", "2", "--tp-size", "2", *ND_PARALLEL_OPTIONS)),
+    "nd_parallel-dp_shard2-cp4": ExampleRun("nd_parallel.py", Layout(dp_shard=2, cp=4),
+                                            options=("--dp-shard-size", "2", "--cp-size", "4", *ND_PARALLEL_OPTIONS)),
+    "nd_parallel_trainer-tp_hsdp": ExampleRun("nd_parallel_trainer.py", Layout(dp_replicate=2, dp_shard=2, tp=2),
+                                              config="configs/tp_hsdp.yaml",
+                                              options=("--sequence-length", "128"), optimizer_values=2,
+                                              step_counters=True),
+    "nd_parallel_trainer-dp_shard4-tp2": ExampleRun(
+        "nd_parallel_trainer.py", Layout(dp_shard=4, tp=2), config="configs/tp_hsdp.yaml",
+        launch=("--parallelism_config_dp_replicate_size", "1", "--parallelism_config_dp_shard_size", "4"),
+        options=("--sequence-length", "128"), optimizer_values=2, step_counters=True),
+    "nd_parallel_trainer-cp8": ExampleRun("nd_parallel_trainer.py", Layout(cp=8), config="configs/cp.yaml",
+                                          options=("--sequence-length", "128"), optimizer_values=2, step_counters=True),
+}
+
+
+def _stand_in_data_set(folder: Path) -> None:
+    """TinyStories as ``load_dataset("roneneldan/TinyStories")`` finds it offline: a local folder of that name in the
+    working directory (a path wins over the Hub), one story a line (the ``text`` builder), of :data:`WORDS`."""
+    stories = folder / "roneneldan" / "TinyStories"
+    stories.mkdir(parents=True)
+    words = WORDS.split()
+    (stories / "train.txt").write_text("".join(" ".join(words[(line + step) % len(words)] for step in range(60)) + "\n"
+                                               for line in range(24)))
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("name", list(EXAMPLE_RUNS))
+def test_hfs_nd_examples_dry_run_unmodified_with_each_ranks_model_states_as_the_arithmetic(tmp_path, request, name):
+    """HF's ``nd_parallel.py`` (the Accelerator, bf16 weights, SGD) and ``nd_parallel_trainer.py`` (Transformers'
+    Trainer, its config files) at 8 GPUs, with offline stand-ins for their Hub model (the saved Llama and a word-level
+    tokenizer, ``--model-name``), their data set (:func:`_stand_in_data_set`) and W&B (offline): every rank trains,
+    with the arithmetic's model states."""
+    if not EXAMPLES.is_dir():
+        pytest.skip(WITHOUT_EXAMPLES)
+    if importlib.util.find_spec("datasets") is None:
+        pytest.skip("HF's examples load their data with datasets, which is not installed (pip install datasets)")
+    run = EXAMPLE_RUNS[name]
+    folder, sizes, tp_plan, env = request.getfixturevalue("llama_for_tensor_parallel")
+    _stand_in_data_set(tmp_path)
+    config = ["--config_file", str(EXAMPLES / run.config)] if run.config else []
+    argv = ["launch", "--simulate", "cuda", "--num_processes", str(run.layout.ranks), *config, *run.launch, "--timeout", "300",
+            "--summary-json", "summary.json", str(EXAMPLES / run.script), *run.options, "--model-name", str(folder),
+            "--save-dir", str(tmp_path / "outputs")]
+    offline = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+               "HF_HOME": str(tmp_path / "hf_home"), "MLFLOW_TRACKING_URI": (tmp_path / "mlruns").as_uri(),
+               "MLFLOW_ALLOW_FILE_STORE": "true"}  # the Trainer reports to every tracker installed
+    done = subprocess.run([sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", *argv], cwd=tmp_path,
+                          text=True, capture_output=True, timeout=900, env={**env, **offline})
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, f"{name}:\n{output[-4000:]}"
+    expected = run.layout.model_states(sizes, tp_plan, run.value_bytes, run.optimizer_values)
+    expected["optimizer_state"] += 4 * len(sizes) if run.step_counters else 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert len(summary["ranks"]) == run.layout.ranks, summary
+    for rank in summary["ranks"]:
+        for device, books in rank["memory"].items():
+            assert books["model_states"] == expected, (
+                f"{name}, rank {rank['rank']} on {device}: model states {books['model_states']}, the arithmetic says "
+                f"{expected} (tp {run.layout.tp}, FSDP2 over {run.layout.fsdp})")
