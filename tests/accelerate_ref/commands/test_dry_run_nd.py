@@ -12,7 +12,12 @@ The model's own plan for ``lm_head`` (``colwise_rep``) is not applied by ``from_
 
 accelerate_ref runs the data-parallel dimensions only (it refuses ``tp``/``cp``/``sp`` by name): these rows run HF
 accelerate. ``make test`` runs a row of each kind (dp_shard x tp, HSDP x tp, dp_shard x cp), ``make extended`` the
-rest; a row the mock could not run would be a strict xfail naming why (:data:`LIMITS`).
+rest (16 and 64 ranks without compute, a Llama-3-70B-shaped checkpoint of holes at 16); a row the mock could not run
+would be a strict xfail naming why (:data:`LIMITS`). The tp rows need Transformers 4 (:data:`REPLICATE_PARALLEL`).
+
+Then HF's own two scripts of ``examples/torch_native_parallelism``, unmodified, at 8 GPUs with offline stand-ins
+(``make extended``, given a checkout: :data:`EXAMPLES`), the misconfigurations the dry run names in one line (item
+3), and a tp group's diverging collective (item 4).
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ SCRIPT = textwrap.dedent("""\
     model = AutoModelForCausalLM.from_pretrained(folder, use_cache=False, **tensor_parallel)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     model, optimizer = accelerator.prepare(model, optimizer)
-    for step in range(2):
+    for step in range(int(sys.argv[6])):
         ids = torch.randint(0, model.config.vocab_size, (1, 128), device=accelerator.device)
         positions = torch.arange(128, device=accelerator.device).unsqueeze(0)
         buffers = [ids, positions]
@@ -82,6 +87,10 @@ class Layout:
     machines: int = 1
     #: ``--no-compute``: meta payloads, the same books.
     no_compute: bool = False
+    #: The Llama: ``"small"`` (:data:`LLAMA`, saved with random weights) or ``"70b"`` (:data:`LLAMA_70B`, a checkpoint
+    #: of holes: :data:`SPARSE_LLAMA`).
+    model: str = "small"
+    steps: int = 2
 
     @property
     def ranks(self) -> int:
@@ -112,7 +121,10 @@ LAYOUTS = {
     "dp_shard2-tp2": Layout(dp_shard=2, tp=2),
     "hsdp2x2-tp2-2-machines": Layout(dp_replicate=2, dp_shard=2, tp=2, machines=2),
     "dp_shard4-tp2-no-compute": Layout(dp_shard=4, tp=2, no_compute=True),
+    "hsdp2x4-tp2-16-ranks-2-machines-no-compute": Layout(dp_replicate=2, dp_shard=4, tp=2, machines=2, no_compute=True),
     "dp_shard8-tp8-64-ranks-8-machines-no-compute": Layout(dp_shard=8, tp=8, machines=8, no_compute=True),
+    "llama70b-dp_shard2-tp8-16-ranks-2-machines-no-compute": Layout(dp_shard=2, tp=8, machines=2, no_compute=True,
+                                                                    model="70b", steps=1),
     "cp2-fsdp2": Layout(cp=2),
     "dp_shard2-cp2": Layout(dp_shard=2, cp=2),
     "tp2-cp2": Layout(tp=2, cp=2),
@@ -151,6 +163,45 @@ SAVE_LLAMA = textwrap.dedent("""\
     sizes = {name: list(parameter.shape) for name, parameter in model.named_parameters()}
     print(json.dumps({"sizes": sizes, "tp_plan": dict(model.config.base_model_tp_plan)}))
     """)
+#: Llama 3 70B's shape (80 layers, hidden 8192, 64 heads over 8 key-value heads, vocabulary 128256).
+LLAMA_70B = {"hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80, "num_attention_heads": 64,
+             "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192, "rope_theta": 500000.0}
+#: A Llama checkpoint of holes, as the Hub shards one (bf16 safetensors files of at most 5 GB and their index): each
+#: file is its header and the size its tensors take, holding no disk blocks (no-compute ranks read no weight; one
+#: 141 GB file would be more than a private mapping may take here). Prints the shapes and the tensor-parallel plan.
+SPARSE_LLAMA = textwrap.dedent("""\
+    import json, struct, sys
+
+    import torch
+    import transformers
+
+    folder, shape = sys.argv[1], json.loads(sys.argv[2])
+    config = transformers.LlamaConfig(**shape, torch_dtype="bfloat16")
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(config)
+    config.save_pretrained(folder)
+    shards = [[]]
+    for name, tensor in model.state_dict().items():
+        if shards[-1] and sum(t.numel() * 2 for _, t in shards[-1]) + tensor.numel() * 2 > 5 * 10**9:
+            shards.append([])
+        shards[-1].append((name, tensor))
+    weight_map, total = {}, 0
+    for number, shard in enumerate(shards, 1):
+        file, header, offset = f"model-{number:05d}-of-{len(shards):05d}.safetensors", {"__metadata__": {"format": "pt"}}, 0
+        for name, tensor in shard:
+            header[name] = {"dtype": "BF16", "shape": list(tensor.shape), "data_offsets": [offset, offset + tensor.numel() * 2]}
+            offset, weight_map[name] = offset + tensor.numel() * 2, file
+        text = json.dumps(header).encode()
+        text += b" " * (-len(text) % 8)
+        with open(f"{folder}/{file}", "wb") as stream:
+            stream.write(struct.pack("<Q", len(text)) + text)
+            stream.truncate(8 + len(text) + offset)
+        total += offset
+    with open(f"{folder}/model.safetensors.index.json", "w") as stream:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, stream)
+    sizes = {name: list(parameter.shape) for name, parameter in model.named_parameters()}
+    print(json.dumps({"sizes": sizes, "tp_plan": dict(model.config.base_model_tp_plan)}))
+    """)
 #: The stand-in data set's words (HF's examples read TinyStories): the tokenizer saved with the Llama knows them.
 WORDS = "once upon a time there was a little girl named lily she liked to play with her ball in the park"
 
@@ -165,11 +216,14 @@ def tensor_parallel_env() -> dict[str, str] | None:
     return None
 
 
-def save_llama(folder: Path, env: dict[str, str]) -> tuple[Path, dict[str, tuple[int, ...]], dict[str, str]]:
-    """A Llama of :data:`LLAMA`'s shape (fp32, random weights) and a tokenizer of :data:`WORDS` saved to ``folder``
-    by the Transformers of ``env``, with the Llama's parameters' shapes and tensor-parallel plan."""
-    made = subprocess.run([sys.executable, "-c", SAVE_LLAMA, str(folder), json.dumps(LLAMA), WORDS], env=env, text=True,
-                          capture_output=True, timeout=120)
+def save_llama(folder: Path, env: dict[str, str], model: str = "small") -> tuple[Path, dict[str, tuple[int, ...]],
+                                                                                dict[str, str]]:
+    """The ``small`` Llama (:data:`LLAMA`, fp32 random weights) and a tokenizer of :data:`WORDS`, or the ``70b``
+    checkpoint of holes (:data:`SPARSE_LLAMA`), saved to ``folder`` by the Transformers of ``env``, with the Llama's
+    parameters' shapes and tensor-parallel plan."""
+    argv = [SAVE_LLAMA, str(folder), json.dumps(LLAMA), WORDS] if model == "small" else [SPARSE_LLAMA, str(folder),
+                                                                                         json.dumps(LLAMA_70B)]
+    made = subprocess.run([sys.executable, "-c", *argv], env=env, text=True, capture_output=True, timeout=120)
     assert made.returncode == 0, made.stderr[-3000:]
     saved = json.loads(made.stdout.splitlines()[-1])
     return folder, {name: tuple(shape) for name, shape in saved["sizes"].items()}, saved["tp_plan"]
@@ -185,10 +239,22 @@ def llama(tmp_path_factory):
 def llama_for_tensor_parallel(tmp_path_factory):
     """:func:`save_llama` by the Transformers the tp rows run with (:func:`tensor_parallel_env`), and that
     environment."""
+    env = _tensor_parallel_env_or_skip()
+    return *save_llama(tmp_path_factory.mktemp("llama_tp"), env), env
+
+
+@pytest.fixture(scope="module")
+def llama70b_for_tensor_parallel(tmp_path_factory):
+    """:func:`save_llama`'s ``70b`` checkpoint of holes for the tp rows, and their environment."""
+    env = _tensor_parallel_env_or_skip()
+    return *save_llama(tmp_path_factory.mktemp("llama70b"), env, "70b"), env
+
+
+def _tensor_parallel_env_or_skip() -> dict[str, str]:
     env = tensor_parallel_env()
     if env is None:
         pytest.skip(WITHOUT_REPLICATE_PARALLEL)
-    return *save_llama(tmp_path_factory.mktemp("llama_tp"), env), env
+    return env
 
 
 def _cases():
@@ -196,18 +262,20 @@ def _cases():
         marks = [pytest.mark.xfail(strict=True, reason=LIMITS[name])] if name in LIMITS else []
         if name not in SMOKE:
             marks.append(pytest.mark.extended)
+        if LAYOUTS[name].model == "70b":
+            marks.append(pytest.mark.timeout(1500))  # about 9 minutes here (README, "N-D parallelism")
         yield pytest.param(name, marks=marks, id=name)
 
 
 def dry_run(tmp_path, folder, layout: Layout, env: dict[str, str]) -> tuple[int, str, dict]:
     """``accelerate-ref launch --simulate cuda`` of :data:`SCRIPT` in a process of its own, with ``env``."""
     (tmp_path / "nd.py").write_text(SCRIPT)
-    sizes = [str(size) for size in (layout.dp_replicate, layout.dp_shard, layout.tp, layout.cp)]
+    sizes = [str(size) for size in (layout.dp_replicate, layout.dp_shard, layout.tp, layout.cp, layout.steps)]
     argv = ["launch", "--simulate", "cuda", *(["--no-compute"] if layout.no_compute else []), "--num_processes",
-            str(layout.ranks), "--num_machines", str(layout.machines), "--timeout", "240", "--summary-json",
+            str(layout.ranks), "--num_machines", str(layout.machines), "--timeout", "900", "--summary-json",
             "summary.json", "nd.py", str(folder), *sizes]
     done = subprocess.run([sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", *argv], cwd=tmp_path, text=True,
-                          capture_output=True, timeout=900, env={**env, "HF_HOME": str(tmp_path / "hf_home")})
+                          capture_output=True, timeout=1200, env={**env, "HF_HOME": str(tmp_path / "hf_home")})
     summary = json.loads((tmp_path / "summary.json").read_text()) if (tmp_path / "summary.json").exists() else {}
     return done.returncode, done.stdout + done.stderr, summary
 
@@ -215,8 +283,12 @@ def dry_run(tmp_path, folder, layout: Layout, env: dict[str, str]) -> tuple[int,
 @pytest.mark.parametrize("name", list(_cases()))
 def test_nd_layout_dry_runs_with_each_ranks_model_states_as_the_arithmetic(tmp_path, request, name):
     layout = LAYOUTS[name]
-    folder, sizes, tp_plan, env = (request.getfixturevalue("llama_for_tensor_parallel") if layout.tp > 1
-                                   else (*request.getfixturevalue("llama"), dict(os.environ)))
+    if layout.model == "70b":
+        folder, sizes, tp_plan, env = request.getfixturevalue("llama70b_for_tensor_parallel")
+    elif layout.tp > 1:
+        folder, sizes, tp_plan, env = request.getfixturevalue("llama_for_tensor_parallel")
+    else:
+        folder, sizes, tp_plan, env = (*request.getfixturevalue("llama"), dict(os.environ))
     status, output, summary = dry_run(tmp_path, folder, layout, env)
     assert status == 0, f"{name}:\n{output[-4000:]}"
     for rank in range(layout.ranks):
