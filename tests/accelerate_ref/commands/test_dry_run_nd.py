@@ -51,7 +51,7 @@ SCRIPT = textwrap.dedent("""\
     plugin = None
     if config.dp_shard_enabled or config.cp_enabled:
         plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap",
-                                                transformer_cls_names_to_wrap=["LlamaDecoderLayer"])
+                                                transformer_cls_names_to_wrap=[sys.argv[7]])
     accelerator = Accelerator(mixed_precision="bf16", parallelism_config=config, fsdp_plugin=plugin)
     tensor_parallel = ({"tp_size": config.tp_size, "tp_plan": "auto", "device_mesh": accelerator.torch_device_mesh}
                        if config.tp_enabled else {})
@@ -74,6 +74,9 @@ SCRIPT = textwrap.dedent("""\
 #: hidden 256, MLP 704 (= 64 x 11), 8 heads, vocabulary 1024.
 LLAMA = {"hidden_size": 256, "intermediate_size": 704, "num_hidden_layers": 2, "num_attention_heads": 8,
          "num_key_value_heads": 8, "vocab_size": 1024}
+#: A Qwen2 of the same size: biased query, key and value projections (split with their weights' rows under tp), 4
+#: key-value heads.
+QWEN = {**LLAMA, "num_key_value_heads": 4}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,8 +90,7 @@ class Layout:
     machines: int = 1
     #: ``--no-compute``: meta payloads, the same books.
     no_compute: bool = False
-    #: The Llama: ``"small"`` (:data:`LLAMA`, saved with random weights) or ``"70b"`` (:data:`LLAMA_70B`, a checkpoint
-    #: of holes: :data:`SPARSE_LLAMA`).
+    #: The model, a key of :data:`MODELS`.
     model: str = "small"
     steps: int = 2
 
@@ -128,6 +130,7 @@ LAYOUTS = {
     "cp2-fsdp2": Layout(cp=2),
     "dp_shard2-cp2": Layout(dp_shard=2, cp=2),
     "tp2-cp2": Layout(tp=2, cp=2),
+    "qwen2-dp_shard2-tp2": Layout(dp_shard=2, tp=2, model="qwen"),
 }
 #: Rows the mock cannot run yet, and why (strict xfails under ``make extended``).
 LIMITS: dict[str, str] = {}  # none now: context parallelism runs since the mock has the flash op
@@ -152,9 +155,9 @@ SAVE_LLAMA = textwrap.dedent("""\
     import torch
     import transformers
 
-    folder, shape, words = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3].split()
+    folder, architecture, shape, words = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4].split()
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**shape))
+    model = getattr(transformers, f"{architecture}ForCausalLM")(getattr(transformers, f"{architecture}Config")(**shape))
     model.save_pretrained(folder)
     vocabulary = {word: index for index, word in enumerate(["<unk>", "</s>", *sorted(set(words))])}
     words = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocabulary, unk_token="<unk>"))
@@ -175,7 +178,7 @@ SPARSE_LLAMA = textwrap.dedent("""\
     import torch
     import transformers
 
-    folder, shape = sys.argv[1], json.loads(sys.argv[2])
+    folder, shape = sys.argv[1], json.loads(sys.argv[3])
     config = transformers.LlamaConfig(**shape, torch_dtype="bfloat16")
     with torch.device("meta"):
         model = transformers.LlamaForCausalLM(config)
@@ -216,14 +219,19 @@ def tensor_parallel_env() -> dict[str, str] | None:
     return None
 
 
+#: ``Layout.model`` -> how it is saved (:data:`SAVE_LLAMA`: random weights and a tokenizer; :data:`SPARSE_LLAMA`: a
+#: checkpoint of holes), its Transformers architecture and its shape.
+MODELS = {"small": (SAVE_LLAMA, "Llama", LLAMA), "qwen": (SAVE_LLAMA, "Qwen2", QWEN),
+          "70b": (SPARSE_LLAMA, "Llama", LLAMA_70B)}
+
+
 def save_llama(folder: Path, env: dict[str, str], model: str = "small") -> tuple[Path, dict[str, tuple[int, ...]],
                                                                                 dict[str, str]]:
-    """The ``small`` Llama (:data:`LLAMA`, fp32 random weights) and a tokenizer of :data:`WORDS`, or the ``70b``
-    checkpoint of holes (:data:`SPARSE_LLAMA`), saved to ``folder`` by the Transformers of ``env``, with the Llama's
-    parameters' shapes and tensor-parallel plan."""
-    argv = [SAVE_LLAMA, str(folder), json.dumps(LLAMA), WORDS] if model == "small" else [SPARSE_LLAMA, str(folder),
-                                                                                         json.dumps(LLAMA_70B)]
-    made = subprocess.run([sys.executable, "-c", *argv], env=env, text=True, capture_output=True, timeout=120)
+    """The :data:`MODELS` entry ``model`` saved to ``folder`` by the Transformers of ``env`` (with a tokenizer of
+    :data:`WORDS` unless a checkpoint of holes), with its parameters' shapes and tensor-parallel plan."""
+    script, architecture, shape = MODELS[model]
+    made = subprocess.run([sys.executable, "-c", script, str(folder), architecture, json.dumps(shape), WORDS], env=env,
+                          text=True, capture_output=True, timeout=120)
     assert made.returncode == 0, made.stderr[-3000:]
     saved = json.loads(made.stdout.splitlines()[-1])
     return folder, {name: tuple(shape) for name, shape in saved["sizes"].items()}, saved["tp_plan"]
@@ -236,18 +244,25 @@ def llama(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def llama_for_tensor_parallel(tmp_path_factory):
-    """:func:`save_llama` by the Transformers the tp rows run with (:func:`tensor_parallel_env`), and that
-    environment."""
-    env = _tensor_parallel_env_or_skip()
-    return *save_llama(tmp_path_factory.mktemp("llama_tp"), env), env
+def llama_for_tensor_parallel(saved_for_tensor_parallel):
+    """:func:`save_llama`'s small Llama by the Transformers the tp rows run with (:func:`tensor_parallel_env`), and
+    that environment."""
+    return saved_for_tensor_parallel("small")
 
 
 @pytest.fixture(scope="module")
-def llama70b_for_tensor_parallel(tmp_path_factory):
-    """:func:`save_llama`'s ``70b`` checkpoint of holes for the tp rows, and their environment."""
-    env = _tensor_parallel_env_or_skip()
-    return *save_llama(tmp_path_factory.mktemp("llama70b"), env, "70b"), env
+def saved_for_tensor_parallel(tmp_path_factory):
+    """A function of a :data:`MODELS` key: that model saved once by the Transformers the tp rows run with, its
+    shapes, plan, and that environment."""
+    saved = {}
+
+    def save(model: str) -> tuple:
+        if model not in saved:
+            env = _tensor_parallel_env_or_skip()
+            saved[model] = (*save_llama(tmp_path_factory.mktemp(f"{model}_tp"), env, model), env)
+        return saved[model]
+
+    return save
 
 
 def _tensor_parallel_env_or_skip() -> dict[str, str]:
@@ -271,9 +286,10 @@ def dry_run(tmp_path, folder, layout: Layout, env: dict[str, str]) -> tuple[int,
     """``accelerate-ref launch --simulate cuda`` of :data:`SCRIPT` in a process of its own, with ``env``."""
     (tmp_path / "nd.py").write_text(SCRIPT)
     sizes = [str(size) for size in (layout.dp_replicate, layout.dp_shard, layout.tp, layout.cp, layout.steps)]
+    decoder_layer = f"{MODELS[layout.model][1]}DecoderLayer"
     argv = ["launch", "--simulate", "cuda", *(["--no-compute"] if layout.no_compute else []), "--num_processes",
             str(layout.ranks), "--num_machines", str(layout.machines), "--timeout", "900", "--summary-json",
-            "summary.json", "nd.py", str(folder), *sizes]
+            "summary.json", "nd.py", str(folder), *sizes, decoder_layer]
     done = subprocess.run([sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", *argv], cwd=tmp_path, text=True,
                           capture_output=True, timeout=1200, env={**env, "HF_HOME": str(tmp_path / "hf_home")})
     summary = json.loads((tmp_path / "summary.json").read_text()) if (tmp_path / "summary.json").exists() else {}
@@ -283,10 +299,8 @@ def dry_run(tmp_path, folder, layout: Layout, env: dict[str, str]) -> tuple[int,
 @pytest.mark.parametrize("name", list(_cases()))
 def test_nd_layout_dry_runs_with_each_ranks_model_states_as_the_arithmetic(tmp_path, request, name):
     layout = LAYOUTS[name]
-    if layout.model == "70b":
-        folder, sizes, tp_plan, env = request.getfixturevalue("llama70b_for_tensor_parallel")
-    elif layout.tp > 1:
-        folder, sizes, tp_plan, env = request.getfixturevalue("llama_for_tensor_parallel")
+    if layout.tp > 1:
+        folder, sizes, tp_plan, env = request.getfixturevalue("saved_for_tensor_parallel")(layout.model)
     else:
         folder, sizes, tp_plan, env = (*request.getfixturevalue("llama"), dict(os.environ))
     status, output, summary = dry_run(tmp_path, folder, layout, env)
