@@ -30,9 +30,9 @@ from simulators.devices.import_hooks import after_import
 CP_MODULE = "torch.distributed.tensor.experimental._context_parallel._attention"
 #: The load balancer whose rearrangement takes two equal parts of the sequence per rank.
 HEAD_TAIL = "_HeadTailLoadBalancer"
-#: Where Transformers applies a model's tensor-parallel plan, with the function doing it and how it is given the tp
-#: degree: 4.x ``distribute_model(model, distributed_config, device_mesh, tp_size)``, 5.x
-#: ``apply_tensor_parallelism(model, tp_mesh, tp_plan)``.
+#: Where Transformers applies a model's tensor-parallel plan, module -> function: 4.x ``distribute_model(model,
+#: distributed_config, device_mesh, tp_size)``, 5.x ``apply_tensor_parallelism(model, tp_mesh, tp_plan)`` (the tp
+#: degree is read from the arguments by name: ``tp_size``, else the mesh's size).
 TP_MODULES = {
     "transformers.integrations.tensor_parallel": "distribute_model",
     "transformers.distributed.tensor_parallel": "apply_tensor_parallelism",
