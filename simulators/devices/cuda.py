@@ -64,8 +64,8 @@ import torch
 import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 
-from simulators.devices import (attention, backend, cuda_libraries, cuda_reduce, flash_attention, import_hooks, nd_rules,
-                                tensor)
+from simulators.devices import (attention, backend, cuda_libraries, cuda_reduce, flash_attention, foreach_sharding,
+                                import_hooks, nd_rules, tensor)
 from simulators.devices.memory import DeviceMemory
 from simulators.devices.runtime import DeviceRuntime, RuntimeTensor
 
@@ -207,6 +207,7 @@ def install() -> None:
     _patch_c10d("get_backend", _reporting_nccl)
     _report_dtensor_devices()
     nd_rules.install()
+    foreach_sharding.install()
 
 
 def _patch_c10d(name: str, patch: Callable[[Callable], Callable]) -> None:
