@@ -44,9 +44,14 @@ def install() -> None:
 
 
 def _patch(dtensor: ModuleType) -> None:
+    """Wrap torch 2.13's three functions; a torch without them (older, or renamed) propagates as it does."""
     from torch.distributed.tensor import _sharding_prop as sharding_prop
     from torch.distributed.tensor._ops import utils
 
+    names = {sharding_prop: ("_expand_single_dim_strategy_to_mesh", "_propagate_use_strided_shard_flag"),
+             utils: ("expand_to_full_mesh_op_strategy",)}
+    if not all(hasattr(module, name) for module, module_names in names.items() for name in module_names):
+        return
     sharding_prop._expand_single_dim_strategy_to_mesh = _one_cache_per_op(sharding_prop._expand_single_dim_strategy_to_mesh)
     utils.expand_to_full_mesh_op_strategy = _once_per_distinct_arguments(utils.expand_to_full_mesh_op_strategy)
     sharding_prop._propagate_use_strided_shard_flag = _decided_by_a_representative(
