@@ -36,6 +36,8 @@ DTENSOR = "torch.distributed.tensor"
 
 #: The expansions of the op being propagated: arguments -> strategy (None outside an op's propagation).
 _expansions: list[dict | None] = [None]
+#: A cache's answer for arguments it has not seen.
+_UNANSWERED = object()
 
 
 def install() -> None:
@@ -85,14 +87,14 @@ def _once_per_distinct_arguments(function: Callable) -> Callable:
         cache = _expansions[0]
         if cache is None:
             return function(*args, **kwargs)
+        key = (function, _frozen(args), _frozen(sorted(kwargs.items())))
         try:
-            key = (function, _frozen(args), _frozen(sorted(kwargs.items())))
-            hash(key)
+            answer = cache.get(key, _UNANSWERED)  # the key hashed once (an element's schema holds the op's whole lists)
         except TypeError:  # an argument with symbolic sizes: no cache, as torch's own
             return function(*args, **kwargs)
-        if key not in cache:
-            cache[key] = function(*args, **kwargs)
-        return cache[key]
+        if answer is _UNANSWERED:
+            answer = cache[key] = function(*args, **kwargs)
+        return answer
 
     return answered
 
