@@ -3,7 +3,9 @@
 torch 2.13 propagates a foreach op over DTensors (an optimizer's ``_foreach_*`` on FSDP2 + tensor-parallel
 parameters, AdamW's first step) element by element, and for each element it
 
-- expands the element's single-mesh-dimension strategies over the whole mesh (``expand_to_full_mesh_op_strategy``),
+- builds the element's schema by mapping the op's whole arguments (``tree_map_only``, which walks a scalar list
+  such as AdamW's step sizes whole for every element), hashes it for a cache, prepares the element's
+  single-mesh-dimension strategies and expands them over the whole mesh (``expand_to_full_mesh_op_strategy``),
   though the elements of a model's list take a few distinct shapes and placements (a Llama's layers repeat), and
 - decides whether ``_StridedShard`` placements encode the shard order (``_propagate_use_strided_shard_flag``) by
   scanning the input specs of every element of the list again, which makes the op quadratic in its length.
@@ -14,9 +16,12 @@ on its CPU, once per op (torch caches each op's propagation after it); the dry r
 
 What changes in a rank on the mock GPUs (:func:`install`), the propagated shardings staying those of torch:
 
-- within one op's propagation, elements whose arguments are equal (mesh, the element's schema, its strategies and
-  options) get one expansion, the first, which is a deterministic function of them (the cache lives for that op
-  only, so no spec it holds is shared with another op's propagation);
+- an element's schema takes the element of each list argument (the top-level ``TupleStrategy`` arguments, the only
+  ones torch's mapping changes) and the op's other arguments as they are; an op with a list nested deeper is left
+  to torch;
+- elements whose schemas and output metadata are equal get one strategy, the first's, which is a deterministic
+  function of them (the elements' strategies are kept for that op only, so no spec is shared with another op's
+  propagation);
 - the strided-shard decision is taken from one representative spec: torch's loop over the specs with a
   ``_StridedShard`` ends True when any of them has ``use_strided_shard_as_shard_order`` True, else False when there
   is any, and leaves the strategy alone when there is none, so the first spec with True (else the first with a
@@ -33,11 +38,9 @@ from simulators.devices.import_hooks import after_import
 #: The package whose import ends with the modules patched here imported (patching while one of them is being
 #: imported would import the others in an order torch's circular imports do not allow).
 DTENSOR = "torch.distributed.tensor"
-
-#: The expansions of the op being propagated: arguments -> strategy (None outside an op's propagation).
-_expansions: list[dict | None] = [None]
-#: A cache's answer for arguments it has not seen.
-_UNANSWERED = object()
+#: The name of torch's strategy function for a foreach op's list (``_expand_single_dim_strategy_to_mesh``'s answer
+#: for an op with ``TupleStrategy`` arguments and a ``_foreach_``, ``_amp_foreach_`` or ``_fused_`` name).
+TORCH_FOREACH_STRATEGY = "expanded_foreach_strategy"
 
 
 def install() -> None:
@@ -46,64 +49,77 @@ def install() -> None:
 
 
 def _patch(dtensor: ModuleType) -> None:
-    """Wrap torch 2.13's three functions; a torch without them (older, or renamed) propagates as it does."""
+    """Wrap torch 2.13's functions; a torch without them (older, or renamed) propagates as it does."""
     from torch.distributed.tensor import _sharding_prop as sharding_prop
-    from torch.distributed.tensor._ops import utils
+    from torch.distributed.tensor._ops import single_dim_strategy
 
     names = {sharding_prop: ("_expand_single_dim_strategy_to_mesh", "_propagate_use_strided_shard_flag"),
-             utils: ("expand_to_full_mesh_op_strategy",)}
+             single_dim_strategy: ("_resolve_foreach_elementwise_overload",)}
     if not all(hasattr(module, name) for module, module_names in names.items() for name in module_names):
         return
-    sharding_prop._expand_single_dim_strategy_to_mesh = _one_cache_per_op(sharding_prop._expand_single_dim_strategy_to_mesh)
-    utils.expand_to_full_mesh_op_strategy = _once_per_distinct_arguments(utils.expand_to_full_mesh_op_strategy)
+    sharding_prop._expand_single_dim_strategy_to_mesh = _once_per_distinct_element(
+        sharding_prop._expand_single_dim_strategy_to_mesh, single_dim_strategy._resolve_foreach_elementwise_overload)
     sharding_prop._propagate_use_strided_shard_flag = _decided_by_a_representative(
         sharding_prop._propagate_use_strided_shard_flag)
 
 
-def _one_cache_per_op(expand_to_mesh: Callable) -> Callable:
-    """``_expand_single_dim_strategy_to_mesh`` whose strategy function runs with a cache of expansions of its own."""
+def _once_per_distinct_element(expand_to_mesh: Callable, element_op_of: Callable) -> Callable:
+    """``_expand_single_dim_strategy_to_mesh`` whose strategy for a foreach op's list is torch's element strategy,
+    computed once per distinct element (``element_op_of``: the elementwise op of a foreach op, or None)."""
+    from torch.distributed.tensor._op_schema import OpSchema, TupleStrategy
 
     @functools.wraps(expand_to_mesh)
-    def expand(*args: Any, **kwargs: Any) -> Callable:
-        strategy = expand_to_mesh(*args, **kwargs)
+    def expand(mesh: Any, op_schema: Any, strategy_info: Any, output_tensor_meta: Any) -> Callable:
+        strategy = expand_to_mesh(mesh, op_schema, strategy_info, output_tensor_meta)
+        if getattr(strategy, "__name__", None) != TORCH_FOREACH_STRATEGY or _nests_a_list(op_schema.args_schema):
+            return strategy
+        lists = {position for position, arg in enumerate(op_schema.args_schema) if isinstance(arg, TupleStrategy)}
+        element_op = element_op_of(op_schema.op) or op_schema.op
 
-        def with_a_cache(*call_args: Any, **call_kwargs: Any) -> Any:
-            outer, _expansions[0] = _expansions[0], {}
-            try:
-                return strategy(*call_args, **call_kwargs)
-            finally:
-                _expansions[0] = outer
+        def element_schema(index: int) -> Any:
+            return OpSchema(element_op, args_schema=tuple(arg.children[index] if position in lists else arg
+                                                          for position, arg in enumerate(op_schema.args_schema)),
+                            kwargs_schema=op_schema.kwargs_schema)
 
-        return with_a_cache
+        def element_strategy(op: Any, schema: Any, meta: Any) -> Any:
+            return expand_to_mesh(mesh, schema, strategy_info, meta)(op, schema.args_meta, schema.kwargs_meta)
+
+        def foreach_strategy(op: Any, args_meta: Any, kwargs_meta: Any) -> Any:
+            lengths = {len(op_schema.args_schema[position].children) for position in lists}
+            if len(lengths) > 1:  # torch's own check (and message), run by its strategy
+                return strategy(op, args_meta, kwargs_meta)
+            strategies: dict[tuple, Any] = {}
+            children = []
+            for index in range(lengths.pop()):
+                schema, meta = element_schema(index), None if output_tensor_meta is None else output_tensor_meta[index]
+                try:
+                    child = strategies[schema, meta]
+                except KeyError:
+                    child = strategies[schema, meta] = element_strategy(op, schema, meta)
+                except TypeError:  # symbolic sizes: unhashable, as for torch's own cache
+                    child = element_strategy(op, schema, meta)
+                children.append(child)
+            return TupleStrategy(children=children)
+
+        return foreach_strategy
 
     return expand
 
 
-def _once_per_distinct_arguments(function: Callable) -> Callable:
-    """``function`` answering equal arguments from the running op's cache (called through outside an op)."""
+def _nests_a_list(args: tuple) -> bool:
+    """Whether a ``TupleStrategy`` sits inside a container argument (torch's mapping would take its element)."""
+    from torch.distributed.tensor._op_schema import TupleStrategy
 
-    @functools.wraps(function)
-    def answered(*args: Any, **kwargs: Any) -> Any:
-        cache = _expansions[0]
-        if cache is None:
-            return function(*args, **kwargs)
-        key = (function, _frozen(args), _frozen(sorted(kwargs.items())))
-        try:
-            answer = cache.get(key, _UNANSWERED)  # the key hashed once (an element's schema holds the op's whole lists)
-        except TypeError:  # an argument with symbolic sizes: no cache, as torch's own
-            return function(*args, **kwargs)
-        if answer is _UNANSWERED:
-            answer = cache[key] = function(*args, **kwargs)
-        return answer
+    def holds(value: Any) -> bool:
+        if isinstance(value, TupleStrategy):
+            return True
+        if isinstance(value, (list, tuple)):
+            return any(holds(item) for item in value)
+        if isinstance(value, dict):
+            return any(holds(item) for item in value.values())
+        return False
 
-    return answered
-
-
-def _frozen(value: Any) -> Any:
-    """``value`` with its lists as tuples, all the way down (hashable where its leaves are)."""
-    if isinstance(value, (list, tuple)):
-        return tuple(_frozen(item) for item in value)
-    return value
+    return any(holds(arg) for arg in args if not isinstance(arg, TupleStrategy))
 
 
 def _decided_by_a_representative(propagate_flag: Callable) -> Callable:
