@@ -2,7 +2,8 @@
 
 Each check runs in a process of its own on torch's fake process group (4 ranks, a 2 x 2 mesh named as HF's
 ``dp_shard`` x ``tp``), once with torch's propagation and once with the simulator's, and compares what the foreach
-ops give: each output's placements, shape and shard order.
+ops give: each output's placements, shape and shard order; and that the simulator's expands and runs on fake tensors
+fewer elements than torch's.
 """
 from __future__ import annotations
 
@@ -23,19 +24,22 @@ PROBE = textwrap.dedent("""\
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
     from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+    from torch.distributed.tensor import _op_schema
     from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy
     from torch.distributed.tensor._ops import utils
     from torch.distributed.tensor.placement_types import _StridedShard
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    expansions = [0]
-    torch_expand = utils.expand_to_full_mesh_op_strategy
+    counts = {"expansions": 0, "fake tensors": 0}
 
-    def counted(*args, **kwargs):
-        expansions[0] += 1
-        return torch_expand(*args, **kwargs)
+    def counted(function, name):
+        def call(*args, **kwargs):
+            counts[name] += 1
+            return function(*args, **kwargs)
+        return call
 
-    utils.expand_to_full_mesh_op_strategy = counted
+    utils.expand_to_full_mesh_op_strategy = counted(utils.expand_to_full_mesh_op_strategy, "expansions")
+    _op_schema._rebuild_tensor_from_dtensor_meta = counted(_op_schema._rebuild_tensor_from_dtensor_meta, "fake tensors")
     if sys.argv[1] == "simulator":
         from simulators.devices import foreach_sharding
         foreach_sharding.install()
@@ -90,7 +94,7 @@ PROBE = textwrap.dedent("""\
             spec = strategy.strategies[0]
             flags[f"{'/'.join(sequence)}, strategy {output_flag}"] = [
                 [s.use_strided_shard_as_shard_order, str(s.shard_order)] for s in (spec.output_spec, *spec.input_specs)]
-    print(json.dumps({"shardings": shardings, "strided flag": flags, "expansions": expansions[0]}))
+    print(json.dumps({"shardings": shardings, "strided flag": flags, **counts}))
     dist.destroy_process_group()
     """)
 
@@ -120,6 +124,13 @@ def test_each_distinct_element_is_expanded_once(propagated):
     assert simulator_count < torch_count, (
         f"torch expanded {torch_count} elements' strategies over the mesh, the simulator {simulator_count}: the "
         "elements of equal layout and shape in one foreach op must share one expansion")
+
+
+def test_each_distinct_element_runs_on_fake_tensors_once(propagated):
+    torch_count, simulator_count = propagated["torch"]["fake tensors"], propagated["simulator"]["fake tensors"]
+    assert simulator_count < torch_count, (
+        f"torch made {torch_count} fake tensors to find the foreach ops' output metadata, the simulator "
+        f"{simulator_count}: the elements of equal sizes, strides and dtype in one foreach op must run once")
 
 
 def test_the_strided_shard_flag_is_decided_as_by_torch(propagated):
