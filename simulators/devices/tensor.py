@@ -62,7 +62,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import return_and_correct_aliasing
 
-from simulators.devices import lowp_matmul, no_compute
+from simulators.devices import lowp_matmul, meta_results, no_compute
 from simulators.devices.memory import DeviceMemory
 
 #: Ops allowed to take tensors of different devices: they are how data moves between them.
@@ -328,7 +328,7 @@ class DeviceTensor(torch.Tensor):
         elif func.namespace == "c10d":
             out = _collective_on_aliases(func, payload_args, payload_kwargs)
         elif first._payload.is_meta:
-            out = func(*payload_args, **payload_kwargs)
+            out = meta_results.run(func, payload_args, payload_kwargs)
         elif func in PAYLOAD_KERNELS:
             out = PAYLOAD_KERNELS[func](*payload_args, **payload_kwargs)
         else:  # bf16/fp16 matrix ops as a GPU computes them: fp32 accumulation, rounded once
