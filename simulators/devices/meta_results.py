@@ -18,6 +18,11 @@ strides and dtype. Kept only where that is all the results are (:func:`_kept`): 
 arguments (views, in-place and ``out=`` ops), whose output shape depends on data, or that is random is always
 run; so is a call whose result shares storage, starts at an offset, or holds more storage than its sizes need
 (a new tensor of the kept sizes would not be the same storage in the memory books), and a call that raised.
+
+A foreach op (``_foreach_*``, an optimizer's step over a list of hundreds of parameters) takes each list whole, so
+no two of its calls are alike, and its Meta kernel runs the elementwise one element by element: it runs on the
+first of each set of equal elements only, and each other element's results are remade from its first's
+(:func:`_per_distinct_element`).
 """
 from __future__ import annotations
 
@@ -37,7 +42,10 @@ _results: dict[tuple, Any] = {}
 
 
 def run(func: Any, args: tuple, kwargs: dict) -> Any:
-    """``func(*args, **kwargs)`` on meta payloads, answered from an earlier call with the same metadata where kept."""
+    """``func(*args, **kwargs)`` on meta payloads, answered from an earlier call with the same metadata where kept
+    (a foreach op: run on its distinct elements, see :func:`_per_distinct_element`)."""
+    if _list_positions(func):
+        return _per_distinct_element(func, args, kwargs)
     if not _keepable(func):
         return func(*args, **kwargs)
     key = _key(func, args, kwargs)
@@ -61,6 +69,49 @@ def _keepable(func: Any) -> bool:
     if any(item.alias_info is not None for item in (*schema.arguments, *schema.returns)):
         return False
     return not (_UNKEPT_TAGS & set(func.tags))
+
+
+@functools.cache
+def _list_positions(func: Any) -> tuple[int, ...]:
+    """The positions of a foreach op's list arguments (``aten::_foreach_*``); () for any other op."""
+    if not func.name().startswith("aten::_foreach_"):
+        return ()
+    return tuple(position for position, argument in enumerate(func._schema.arguments)
+                 if isinstance(argument.type, torch.ListType))
+
+
+def _per_distinct_element(func: Any, args: tuple, kwargs: dict) -> Any:
+    """Foreach op ``func`` run on the first of each set of equal elements (each list's entry of the same metadata,
+    or the same number), the others' results remade from their first's: element i of a foreach op's result is made
+    from element i of each list alone, and an in-place one returns nothing (its Meta kernel checks each distinct
+    element). Run whole where a list is given by keyword, where the lists differ in length, or where a result
+    could not be remade (:func:`_template`)."""
+    lists = [position for position in _list_positions(func) if position < len(args) and isinstance(args[position], (list, tuple))]
+    lengths = {len(args[position]) for position in lists}
+    if len(lengths) != 1 or any(isinstance(value, (list, tuple)) for value in kwargs.values()):
+        return func(*args, **kwargs)
+    first_of: dict[tuple, int] = {}
+    try:
+        element_of = [first_of.setdefault(tuple(_describe(args[position][index]) for position in lists), len(first_of))
+                      for index in range(lengths.pop())]
+    except (_Unkeyable, TypeError):
+        return func(*args, **kwargs)
+    if len(first_of) == len(element_of):
+        return func(*args, **kwargs)
+    firsts = [element_of.index(element) for element in range(len(first_of))]
+    distinct = tuple(type(arg)([arg[index] for index in firsts]) if position in lists else arg
+                     for position, arg in enumerate(args))
+    out = func(*distinct, **kwargs)
+    if out is None:
+        return None
+    given = {id(value) for value in _tensors((args, kwargs))}
+    try:
+        templates = [_template(result, given) for result in out] if isinstance(out, list) and len(out) == len(firsts) else None
+    except _Unkeyable:
+        templates = None
+    if templates is None:
+        return func(*args, **kwargs)
+    return [out[element] if firsts[element] == index else _made(templates[element]) for index, element in enumerate(element_of)]
 
 
 def _key(func: Any, args: tuple, kwargs: dict) -> tuple | None:

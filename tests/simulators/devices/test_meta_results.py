@@ -17,10 +17,12 @@ class Counted:
     """An op that counts the calls that reach its Meta kernel (the module asks an op for its schema and tags)."""
 
     def __init__(self, op: torch._ops.OpOverload) -> None:
-        self.op, self.calls, self._schema, self.tags = op, 0, op._schema, op.tags
+        self.op, self.calls, self._schema, self.tags, self.name = op, 0, op._schema, op.tags, op.name
+        self.lengths: list[int] = []  # a foreach op's: the length of its first list, per call
 
     def __call__(self, *args, **kwargs):
         self.calls += 1
+        self.lengths += [len(args[0])] if isinstance(args[0], list) else []
         return self.op(*args, **kwargs)
 
 
@@ -127,6 +129,33 @@ def test_a_result_larger_than_its_sizes_is_run_each_time():
     counted = Counted(_test_op("larger(Tensor x) -> Tensor", lambda x: torch.empty(64, device="meta")[:4]))
     results = [meta_results.run(counted, (meta(4),), {}) for _ in range(2)]
     assert counted.calls == 2 and all(result.untyped_storage().nbytes() == 256 for result in results)
+
+
+#: A Llama's layers over again: three shapes, repeated.
+LAYERS = [(8, 4), (4, 8), (8,)] * 4
+
+
+def test_a_foreach_op_runs_once_per_distinct_element_with_each_elements_results():
+    tensors, others = [meta(*shape) for shape in LAYERS], [meta(*shape) for shape in LAYERS]
+    others[4] = meta(1)  # broadcast: another element
+    for op, args in [(aten._foreach_sqrt.default, (tensors,)), (aten._foreach_add.List, (tensors, others)),
+                     (aten._foreach_mul.ScalarList, ([meta(4, dtype=torch.int32)] * 4, [2, 2.0, 2, True]))]:
+        counted = Counted(op)
+        got, expected = meta_results.run(counted, args, {}), op(*args)
+        assert counted.lengths == [len({meta_results._describe(entries) for entries in zip(*(a for a in args if isinstance(a, list)))})], (
+            f"{op}: its Meta kernel ran on lists of {counted.lengths} elements, not once on the distinct ones")
+        assert described(got) == described(expected), f"{op}: torch gives {described(expected)}, the simulator {described(got)}"
+        storages = {result.untyped_storage()._cdata for result in got}
+        assert len(storages) == len(got), f"{op}: results share storage (each element's result is a tensor of its own)"
+
+
+def test_an_in_place_foreach_op_checks_each_distinct_element():
+    tensors = [meta(*shape) for shape in LAYERS]
+    counted = Counted(aten._foreach_add_.List)
+    assert meta_results.run(counted, (tensors, [meta(*shape) for shape in LAYERS]), {}) is None
+    assert counted.lengths == [3]
+    with pytest.raises(RuntimeError):  # an element that does not broadcast into its tensor, among equal ones
+        meta_results.run(aten._foreach_add_.List, (tensors, [*[meta(*shape) for shape in LAYERS[:-1]], meta(3)]), {})
 
 
 _LIBRARY = torch.library.Library("meta_results_test", "DEF")
