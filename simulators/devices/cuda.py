@@ -64,7 +64,7 @@ import torch
 import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 
-from simulators.devices import (attention, backend, cuda_libraries, cuda_reduce, flash_attention, foreach_sharding,
+from simulators.devices import (attention, backend, cuda_libraries, cuda_reduce, flash_attention, foreach_sharding, mesh_concatenation,
                                 import_hooks, nd_rules, tensor)
 from simulators.devices.memory import DeviceMemory
 from simulators.devices.runtime import DeviceRuntime, RuntimeTensor
@@ -208,6 +208,7 @@ def install() -> None:
     _report_dtensor_devices()
     nd_rules.install()
     foreach_sharding.install()
+    mesh_concatenation.install()
 
 
 def _patch_c10d(name: str, patch: Callable[[Callable], Callable]) -> None:
