@@ -52,7 +52,8 @@ from torch.utils.backend_registration import _setup_privateuseone_for_python_bac
 
 from simulators.devices import autocast, lazy_host, loading, no_compute, peaks
 from simulators.devices.import_hooks import after_import
-from simulators.devices.tensor import DEVICE_KERNELS, PAYLOAD_ADAPTERS, DeviceTensor, SwappingData, swap_tensors
+from simulators.devices.tensor import (DEVICE_KERNELS, PAYLOAD_ADAPTERS, DeviceTensor, add_function_rule, swap_tensors,
+                                      swapping_data)
 
 _installed: list[type[DeviceTensor]] = []
 # Kernels stay registered as long as their Library object lives.
@@ -89,7 +90,7 @@ def install(
     autocast.install(autocast_aliases)
     loading.install(tensor_class.device_type, hidden_name)
     peaks.install(tensor_class.memory)
-    SwappingData().__enter__()
+    add_function_rule(swapping_data)
     lazy_host.install(tensor_class)
     torch.utils.swap_tensors = swap_tensors  # Module._apply calls it through the module
     torch.Tensor.record_stream = _recording_on_mock_streams(torch.Tensor.record_stream)

@@ -39,8 +39,8 @@ Why this takes more than the NPU mock (torch 2.13.0's CPU build):
    cuda devices"). A CPU build registers no CUDA guard, Python may register
    one for PrivateUse1 only (``torch._C._acc``), and
    ``torch._C._ensureCUDADeviceGuardSet`` installs its fake one only in CUDA
-   builds without a GPU. So a torch-function mode (`IndexedCuda`, entered
-   for the rank's life) gives every index-less ``cuda`` device the current
+   builds without a GPU. So a torch-function rule (`indexed_cuda`, in the
+   mock's mode for the rank's life) gives every index-less ``cuda`` device the current
    GPU's index before torch's C++ side sees it. torch keeps modes per
    thread: in a thread the script starts itself, name the index
    (``"cuda:0"``, ``accelerator.device``).
@@ -62,10 +62,9 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
-from torch.overrides import TorchFunctionMode
 
-from simulators.devices import (attention, backend, cuda_libraries, cuda_reduce, flash_attention, foreach_sharding, mesh_concatenation,
-                                import_hooks, nd_rules, tensor)
+from simulators.devices import (attention, backend, cuda_libraries, cuda_reduce, flash_attention, foreach_sharding,
+                                import_hooks, mesh_concatenation, nd_rules, tensor)
 from simulators.devices.memory import DeviceMemory
 from simulators.devices.runtime import DeviceRuntime, RuntimeTensor
 
@@ -101,21 +100,19 @@ class CudaTensor(RuntimeTensor):
 RUNTIME = DeviceRuntime(CudaTensor)
 
 
-class IndexedCuda(TorchFunctionMode):
-    """Gives an index-less ``cuda`` device (``"cuda"``, ``torch.device("cuda")``, ``.cuda()``) the current GPU's index."""
-
-    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        if kwargs.get("pin_memory"):  # host memory is host memory here (see _pinned); torch has no pinned allocator for the mock
-            kwargs = {**kwargs, "pin_memory": False}
-        if func is torch.Tensor.cuda:
-            device = args[1] if len(args) > 1 else kwargs.get("device")
-            return func(args[0], **{**kwargs, "device": torch.device("cuda", RUNTIME.index(device))})
-        if func is not torch.device:
-            args = tuple(_indexed(value) for value in args)
-            if "device" in kwargs:
-                kwargs = {**kwargs, "device": _indexed(kwargs["device"])}
-        return func(*args, **kwargs)
+def indexed_cuda(func: Callable, args: tuple, kwargs: dict, proceed: Callable) -> Any:
+    """A torch-function rule (:func:`simulators.devices.tensor.add_function_rule`): gives an index-less ``cuda``
+    device (``"cuda"``, ``torch.device("cuda")``, ``.cuda()``) the current GPU's index."""
+    if kwargs.get("pin_memory"):  # host memory is host memory here (see _pinned); torch has no pinned allocator for the mock
+        kwargs = {**kwargs, "pin_memory": False}
+    if func is torch.Tensor.cuda:
+        device = args[1] if len(args) > 1 else kwargs.get("device")
+        return proceed(func, (args[0],), {**kwargs, "device": torch.device("cuda", RUNTIME.index(device))})
+    if func is not torch.device:
+        args = tuple(_indexed(value) for value in args)
+        if "device" in kwargs:
+            kwargs = {**kwargs, "device": _indexed(kwargs["device"])}
+    return proceed(func, args, kwargs)
 
 
 class _Nvtx:
@@ -188,7 +185,7 @@ def install() -> None:
     backend.install(CudaTensor, HIDDEN_NAME, _DeviceModule(), extra_keys=("CUDA",), autocast_aliases=("cuda",))
     for name, value in RUNTIME.api().items():
         setattr(torch.cuda, name, value)
-    IndexedCuda().__enter__()
+    tensor.add_function_rule(indexed_cuda)
     # torch's own code asks which accelerator this build has (FSDP2's default mesh, torch.distributed's
     # default device): a CUDA build says ``cuda``, not the PrivateUse1 name (which a mesh refuses: not alphabetic).
     torch._C._get_accelerator = torch._C._accelerator_getAccelerator = _cuda_accelerator

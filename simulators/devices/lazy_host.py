@@ -60,12 +60,11 @@ import os
 from typing import Any, Callable
 
 import torch
-from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import return_and_correct_aliasing
 from torch.utils._pytree import tree_map_only
 
 from simulators.devices import no_compute
-from simulators.devices.tensor import DeviceTensor, _aliases, _follow_payload, _leaves, _map, swap_in
+from simulators.devices.tensor import DeviceTensor, _aliases, _follow_payload, _leaves, _map, add_function_rule, swap_in
 
 #: Bytes from which a host tensor made in no-compute mode is lazy, unless this variable gives another number.
 THRESHOLD_ENV = "SIMULATORS_LAZY_HOST_MIN_BYTES"
@@ -271,20 +270,18 @@ FACTORIES = frozenset({
 })
 
 
-class LazyFactories(TorchFunctionMode):
-    """Makes the factories' large CPU results lazy in no-compute mode, and sends ``variable.data = other`` with
-    an ordinary variable and lazy data to :func:`set_data` (a lazy variable's own setter takes the others)."""
-
-    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        if func in FACTORIES:
-            if no_compute.enabled() and "out" not in kwargs:
-                made = _made_lazy(func, args, kwargs)
-                if made is not None:
-                    return made
-        elif func == _SET_DATA and isinstance(args[1], LazyHostTensor) and not isinstance(args[0], DeviceTensor):
-            return set_data(*args)
-        return func(*args, **kwargs)
+def lazy_factories(func: Callable, args: tuple, kwargs: dict, proceed: Callable) -> Any:
+    """A torch-function rule (:func:`simulators.devices.tensor.add_function_rule`): makes the factories' large CPU
+    results lazy in no-compute mode, and sends ``variable.data = other`` with an ordinary variable and lazy data to
+    :func:`set_data` (a lazy variable's own setter takes the others)."""
+    if func in FACTORIES:
+        if no_compute.enabled() and "out" not in kwargs:
+            made = _made_lazy(func, args, kwargs)
+            if made is not None:
+                return made
+    elif func == _SET_DATA and isinstance(args[1], LazyHostTensor) and not isinstance(args[0], DeviceTensor):
+        return set_data(*args)
+    return proceed(func, args, kwargs)
 
 
 def _made_lazy(func: Callable, args: tuple, kwargs: dict) -> LazyHostTensor | None:
@@ -415,12 +412,12 @@ def _lazy_safe_open(module: Any) -> None:
 
 
 def install(family: type[DeviceTensor]) -> None:
-    """Enter `LazyFactories` for the process's life (a no-op while no-compute mode is off) and make ``torch.load``
+    """Add `lazy_factories` to the torch-function rules for the process's life (a no-op while no-compute mode is off) and make ``torch.load``
     and safetensors' ``safe_open`` lazy in no-compute mode; ``family``'s device is where ``.to(device)``
     puts a lazy tensor."""
     from simulators.devices.import_hooks import after_import
 
     _family[:] = [family]
-    LazyFactories().__enter__()
+    add_function_rule(lazy_factories)
     torch.load = _lazy_loading(torch.load)
     after_import("safetensors", _lazy_safe_open)

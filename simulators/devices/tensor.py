@@ -84,16 +84,45 @@ _SET_DATA_OF = torch._C.TensorBase.data.__set__
 _GET_DATA_OF = torch._C.TensorBase.data.__get__
 
 
-class SwappingData(TorchFunctionMode):
-    """Sends ``variable.data = other`` to :func:`swap_in` where either is on a mock device.
+class FunctionRules(TorchFunctionMode):
+    """The mock devices' one torch-function mode, entered for the process's life: each rule added
+    (:func:`add_function_rule`) sees a torch call in turn, the last added first, and answers it or passes it on.
 
-    A mode, not the tensor class's ``__torch_function__``: torch's setter asks only ``variable`` (a CPU
-    parameter, when FSDP moves it onto the device) whether it overrides torch functions."""
+    One mode for all the rules, not one each: torch charges every Python-level torch call about 2 µs per mode
+    on its stack, and a Llama-3-70B-shaped rank makes some 160,000 (measured: 1.1 µs a call with no mode, 2.5 µs
+    with one, 7.9 µs with three). Like a mode of its own, a rule's own torch calls pass no rule, and the call a
+    rule passes on (``proceed``) passes only the rules added before it."""
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        if func == _SET_DATA and (isinstance(args[0], DeviceTensor) or isinstance(args[1], DeviceTensor)):
-            return swap_in(*args)
-        return func(*args, **(kwargs or {}))
+        return _rules[0](func, args, kwargs or {})
+
+
+def _call(func: Callable, args: tuple, kwargs: dict) -> Any:
+    return func(*args, **kwargs)
+
+
+#: The rules chained, the last added first (``_rules[0]``); `FunctionRules` calls it.
+_rules: list[Callable[[Callable, tuple, dict], Any]] = [_call]
+
+
+def add_function_rule(rule: Callable[[Callable, tuple, dict, Callable], Any]) -> None:
+    """Let ``rule(func, args, kwargs, proceed)`` see every torch call in this thread before the rules added
+    earlier (``proceed(func, args, kwargs)`` passes the call on to them, then to torch); the first rule enters
+    `FunctionRules`."""
+    if _rules[0] is _call:
+        FunctionRules().__enter__()
+    inner = _rules[0]
+    _rules[0] = lambda func, args, kwargs: rule(func, args, kwargs, inner)
+
+
+def swapping_data(func: Callable, args: tuple, kwargs: dict, proceed: Callable) -> Any:
+    """Sends ``variable.data = other`` to :func:`swap_in` where either is on a mock device.
+
+    A torch-function rule, not the tensor class's ``__torch_function__``: torch's setter asks only ``variable``
+    (a CPU parameter, when FSDP moves it onto the device) whether it overrides torch functions."""
+    if func == _SET_DATA and (isinstance(args[0], DeviceTensor) or isinstance(args[1], DeviceTensor)):
+        return swap_in(*args)
+    return proceed(func, args, kwargs)
 
 
 def swap_in(variable: torch.Tensor, data: torch.Tensor) -> None:
@@ -176,8 +205,8 @@ class DeviceTensor(torch.Tensor):
 
     @data.setter
     def data(self, value: torch.Tensor) -> None:
-        # ``variable.data = other`` on a mock tensor, in any thread. `SwappingData` is a mode, and torch keeps
-        # modes per thread: autograd runs a mock device's backward in its own device thread, where none is
+        # ``variable.data = other`` on a mock tensor, in any thread. `swapping_data` is a rule of a mode, and torch
+        # keeps modes per thread: autograd runs a mock device's backward in its own device thread, where none is
         # entered, so DeepSpeed's hooks there (ZeRO-3 gathering a parameter before its module's backward,
         # ZeRO-2 moving gradients into its buckets) would reach torch's setter, which takes the new sizes
         # and leaves the payload behind (a (1, 64) weight computing on a (0,) payload: "mat2 must be a matrix").
