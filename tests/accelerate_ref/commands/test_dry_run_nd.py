@@ -100,7 +100,8 @@ class Layout:
 
     @property
     def timeout(self) -> int:
-        """The dry run's ``--timeout``: its ranks' wait for each other (the 70B at 64 ranks: 14 to 16 minutes)."""
+        """The dry run's ``--timeout``: its ranks' wait for each other (the 70B at 64 ranks: about 10 minutes, and
+        a busier machine's twice that)."""
         return 1800 if self.model == "70b" else 900
 
     @property
