@@ -7,12 +7,11 @@ fewer elements than torch's.
 """
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from tests.simulators.devices.probes import torch_and_simulator
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -99,16 +98,9 @@ PROBE = textwrap.dedent("""\
     """)
 
 
-def probe(propagation: str) -> dict:
-    """What :data:`PROBE` measures with ``propagation`` ("torch" or "simulator")."""
-    done = subprocess.run([sys.executable, "-c", PROBE, propagation], capture_output=True, text=True, timeout=150)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.splitlines()[-1])
-
-
 @pytest.fixture(scope="module")
 def propagated():
-    return {propagation: probe(propagation) for propagation in ("torch", "simulator")}
+    return torch_and_simulator(PROBE, timeout=150)
 
 
 def test_foreach_ops_over_mixed_layouts_are_sharded_as_by_torch(propagated):

@@ -6,12 +6,11 @@ Each check runs in a process of its own on torch's fake process group (4 ranks, 
 """
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from tests.simulators.devices.probes import torch_and_simulator
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -44,16 +43,9 @@ PROBE = textwrap.dedent("""\
     """)
 
 
-def probe(concatenation: str) -> dict:
-    """What :data:`PROBE` sees with ``concatenation`` ("torch" or "simulator")."""
-    done = subprocess.run([sys.executable, "-c", PROBE, concatenation], capture_output=True, text=True, timeout=100)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.splitlines()[-1])
-
-
 @pytest.fixture(scope="module")
 def concatenated():
-    return {concatenation: probe(concatenation) for concatenation in ("torch", "simulator")}
+    return torch_and_simulator(PROBE, timeout=100)
 
 
 def test_each_concatenated_mesh_is_torchs(concatenated):
