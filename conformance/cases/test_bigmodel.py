@@ -424,6 +424,19 @@ def hooks_add_remove(impl, world):
     expect_tensor(outer(x), before, "recurse=True removes the submodules' hooks too")
 
 
+def _return_free_heap() -> None:
+    """Give the C heap's free pages back to the system (glibc's ``malloc_trim``), so that memory an earlier step
+    freed but kept resident does not absorb what ``function`` allocates: glibc raises its mmap threshold after a
+    large free, and later allocations of that size reuse the resident heap without growing the RSS."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    if trim is not None:
+        trim(0)
+
+
 def _peak_rss_growth(function) -> int:
     """Run ``function`` while sampling this process's resident memory; return the peak above the start, in bytes."""
     import threading
@@ -431,6 +444,7 @@ def _peak_rss_growth(function) -> int:
     import psutil
 
     process = psutil.Process()
+    _return_free_heap()
     start = process.memory_info().rss
     peak = [start]
     done = threading.Event()
