@@ -35,8 +35,8 @@ _META = torch.device("meta")
 #: Tags of ops never kept: results that depend on data, and random draws.
 _UNKEPT_TAGS = frozenset({torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output,
                           torch.Tag.nondeterministic_seeded})
-#: An argument of a call that is run, never kept (a CPU tensor with values the Meta kernel may read).
-_UNKEYABLE = object()
+#: A call not seen before (what ``_results.get`` answers for it).
+_UNSEEN = object()
 #: Distinct calls -> their results' metadata (None: the call's results are not kept).
 _results: dict[tuple, Any] = {}
 
@@ -51,8 +51,8 @@ def run(func: Any, args: tuple, kwargs: dict) -> Any:
     key = _key(func, args, kwargs)
     if key is None:
         return func(*args, **kwargs)
-    kept = _results.get(key, _UNKEYABLE)
-    if kept is _UNKEYABLE:
+    kept = _results.get(key, _UNSEEN)
+    if kept is _UNSEEN:
         out = func(*args, **kwargs)
         _results[key] = _kept(out, args, kwargs)
         return out
