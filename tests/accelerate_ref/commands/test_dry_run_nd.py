@@ -37,46 +37,7 @@ import pytest
 
 from accelerate_ref.commands.accelerate_cli import run
 
-SCRIPT = textwrap.dedent("""\
-    import sys
-
-    import torch
-    from accelerate import Accelerator
-    from accelerate.parallelism_config import ParallelismConfig
-    from accelerate.utils import FullyShardedDataParallelPlugin
-    from transformers import AutoModelForCausalLM
-
-    folder, sizes = sys.argv[1], [int(size) for size in sys.argv[2:6]]
-    config = ParallelismConfig(dp_replicate_size=sizes[0], dp_shard_size=sizes[1], tp_size=sizes[2], cp_size=sizes[3])
-    plugin = None
-    if config.dp_shard_enabled or config.cp_enabled:
-        plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap",
-                                                transformer_cls_names_to_wrap=[sys.argv[7]])
-    accelerator = Accelerator(mixed_precision="bf16", parallelism_config=config, fsdp_plugin=plugin)
-    tensor_parallel = ({"tp_size": config.tp_size, "tp_plan": "auto", "device_mesh": accelerator.torch_device_mesh}
-                       if config.tp_enabled else {})
-    model = AutoModelForCausalLM.from_pretrained(folder, use_cache=False, **tensor_parallel)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    model, optimizer = accelerator.prepare(model, optimizer)
-    for step in range(int(sys.argv[6])):
-        ids = torch.randint(0, model.config.vocab_size, (1, 128), device=accelerator.device)
-        positions = torch.arange(128, device=accelerator.device).unsqueeze(0)
-        buffers = [ids, positions]
-        with accelerator.maybe_context_parallel(buffers=buffers, buffer_seq_dims=[1, 1], no_restore_buffers=set(buffers)):
-            loss = model(input_ids=ids, labels=ids, position_ids=positions).loss
-            accelerator.backward(loss)
-            optimizer.step()
-            optimizer.zero_grad()
-    print("trained", accelerator.distributed_type, flush=True)
-    """)
-
-#: A small Llama whose every split below is even (FSDP2 pads a last shard's parameters, not its optimizer states):
-#: hidden 256, MLP 704 (= 64 x 11), 8 heads, vocabulary 1024.
-LLAMA = {"hidden_size": 256, "intermediate_size": 704, "num_hidden_layers": 2, "num_attention_heads": 8,
-         "num_key_value_heads": 8, "vocab_size": 1024}
-#: A Qwen2 of the same size: biased query, key and value projections (split with their weights' rows under tp), 4
-#: key-value heads.
-QWEN = {**LLAMA, "num_key_value_heads": 4}
+from .nd_scripts import LLAMA, LLAMA_70B, QWEN, SAVE_LLAMA, SCRIPT, SPARSE_LLAMA, WORDS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,67 +115,6 @@ WITHOUT_REPLICATE_PARALLEL = ("the installed Transformers has no integrations.te
                               "(make's Transformers 4) is missing")
 #: The rows ``make test`` runs.
 SMOKE = {"dp_shard2-tp2", "hsdp2x2-tp2-2-machines", "dp_shard2-cp2"}
-
-
-SAVE_LLAMA = textwrap.dedent("""\
-    import json, sys
-
-    import tokenizers
-    import torch
-    import transformers
-
-    folder, architecture, shape, words = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4].split()
-    torch.manual_seed(0)
-    model = getattr(transformers, f"{architecture}ForCausalLM")(getattr(transformers, f"{architecture}Config")(**shape))
-    model.save_pretrained(folder)
-    vocabulary = {word: index for index, word in enumerate(["<unk>", "</s>", *sorted(set(words))])}
-    words = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocabulary, unk_token="<unk>"))
-    words.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
-    transformers.PreTrainedTokenizerFast(tokenizer_object=words, unk_token="<unk>", eos_token="</s>").save_pretrained(folder)
-    sizes = {name: list(parameter.shape) for name, parameter in model.named_parameters()}
-    print(json.dumps({"sizes": sizes, "tp_plan": dict(model.config.base_model_tp_plan)}))
-    """)
-#: Llama 3 70B's shape (80 layers, hidden 8192, 64 heads over 8 key-value heads, vocabulary 128256).
-LLAMA_70B = {"hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80, "num_attention_heads": 64,
-             "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192, "rope_theta": 500000.0}
-#: A Llama checkpoint of holes, as the Hub shards one (bf16 safetensors files of at most 5 GB and their index): each
-#: file is its header and the size its tensors take, holding no disk blocks (no-compute ranks read no weight; one
-#: 141 GB file would be more than a private mapping may take here). Prints the shapes and the tensor-parallel plan.
-SPARSE_LLAMA = textwrap.dedent("""\
-    import json, struct, sys
-
-    import torch
-    import transformers
-
-    folder, shape = sys.argv[1], json.loads(sys.argv[3])
-    config = transformers.LlamaConfig(**shape, torch_dtype="bfloat16")
-    with torch.device("meta"):
-        model = transformers.LlamaForCausalLM(config)
-    config.save_pretrained(folder)
-    shards = [[]]
-    for name, tensor in model.state_dict().items():
-        if shards[-1] and sum(t.numel() * 2 for _, t in shards[-1]) + tensor.numel() * 2 > 5 * 10**9:
-            shards.append([])
-        shards[-1].append((name, tensor))
-    weight_map, total = {}, 0
-    for number, shard in enumerate(shards, 1):
-        file, header, offset = f"model-{number:05d}-of-{len(shards):05d}.safetensors", {"__metadata__": {"format": "pt"}}, 0
-        for name, tensor in shard:
-            header[name] = {"dtype": "BF16", "shape": list(tensor.shape), "data_offsets": [offset, offset + tensor.numel() * 2]}
-            offset, weight_map[name] = offset + tensor.numel() * 2, file
-        text = json.dumps(header).encode()
-        text += b" " * (-len(text) % 8)
-        with open(f"{folder}/{file}", "wb") as stream:
-            stream.write(struct.pack("<Q", len(text)) + text)
-            stream.truncate(8 + len(text) + offset)
-        total += offset
-    with open(f"{folder}/model.safetensors.index.json", "w") as stream:
-        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, stream)
-    sizes = {name: list(parameter.shape) for name, parameter in model.named_parameters()}
-    print(json.dumps({"sizes": sizes, "tp_plan": dict(model.config.base_model_tp_plan)}))
-    """)
-#: The stand-in data set's words (HF's examples read TinyStories): the tokenizer saved with the Llama knows them.
-WORDS = "once upon a time there was a little girl named lily she liked to play with her ball in the park"
 
 
 def tensor_parallel_env() -> dict[str, str] | None:
