@@ -39,6 +39,56 @@ SCRIPT = textwrap.dedent("""\
     print("trained", accelerator.distributed_type, flush=True)
     """)
 
+
+#: DeepSpeed's sequence parallelism (ALST / Ulysses) as HF's ``examples/alst_ulysses_sequence_parallelism/sp-alst.py``
+#: drives it (its DeepSpeed config: ZeRO-3, bf16; its fake data set's loop and loss aggregation), through HF 1.15's
+#: API: the sp group is DeepSpeed's (HF 1.15 builds no device mesh under DeepSpeed SP, so the example's
+#: ``accelerator.torch_device_mesh["sp"]`` is None), the loss is the model's ``loss_function`` on the adapter's
+#: ``shift_labels`` (as HF's own ``test_ds_alst_ulysses_sp.py``: Transformers computes no loss without ``labels``), and
+#: the data-parallel degree is ``dp_shard_size`` (HF sizes DeepSpeed's batch by ``data_parallel_size``). argv is the
+#: model folder, dp_shard, sp, the sequence length and the steps.
+SP_SCRIPT = textwrap.dedent("""\
+    import sys
+
+    import torch
+    from accelerate import Accelerator
+    from accelerate.utils import DeepSpeedPlugin, ParallelismConfig
+    from accelerate.utils.dataclasses import DeepSpeedSequenceParallelConfig
+    from deepspeed.utils import groups
+    from transformers import AutoModelForCausalLM
+
+    folder, dp_shard_size, sp_size, seq_length, steps = sys.argv[1], *(int(value) for value in sys.argv[2:6])
+    handler = DeepSpeedSequenceParallelConfig(sp_seq_length=seq_length, sp_seq_length_is_variable=True,
+                                              sp_attn_implementation="sdpa")
+    config = ParallelismConfig(dp_shard_size=dp_shard_size, sp_backend="deepspeed", sp_size=sp_size, sp_handler=handler)
+    plugin = DeepSpeedPlugin(hf_ds_config={"bf16": {"enabled": True}, "zero_optimization": {"stage": 3},
+                                           "gradient_accumulation_steps": 1, "train_batch_size": "auto",
+                                           "train_micro_batch_size_per_gpu": "auto",
+                                           "seq_parallel_communication_data_type": "bf16"})
+    accelerator = Accelerator(parallelism_config=config, deepspeed_plugin=plugin)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    ids = torch.arange(seq_length * steps * accelerator.num_processes).view(-1, seq_length) % model.config.vocab_size
+    rows = [{"input_ids": row[None], "position_ids": torch.arange(seq_length)[None], "labels": row[None]} for row in ids]
+    loader = torch.utils.data.DataLoader(rows, batch_size=1, collate_fn=lambda batch: batch[0])
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-5)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    sp_group, unwrapped = groups._get_sequence_parallel_group(), accelerator.unwrap_model(model)
+    for step, batch in enumerate(loader):
+        batch = {name: value.to(accelerator.device) for name, value in batch.items()}
+        logits = model(**batch).logits
+        loss = unwrapped.loss_function(logits=logits, labels=None, shift_labels=batch["shift_labels"],
+                                       vocab_size=unwrapped.config.vocab_size)
+        losses = torch.distributed.nn.functional.all_gather(loss, group=sp_group)
+        tokens = torch.distributed.nn.functional.all_gather((batch["shift_labels"] != -100).sum(), group=sp_group)
+        loss = sum(part * count for part, count in zip(losses, tokens)) / max(sum(tokens), 1)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        if step + 1 == steps:
+            break
+    print("trained", accelerator.distributed_type, "on", tuple(batch["input_ids"].shape), "tokens", flush=True)
+    """)
+
 #: A small Llama whose every split below is even (FSDP2 pads a last shard's parameters, not its optimizer states):
 #: hidden 256, MLP 704 (= 64 x 11), 8 heads, vocabulary 1024.
 LLAMA = {"hidden_size": 256, "intermediate_size": 704, "num_hidden_layers": 2, "num_attention_heads": 8,

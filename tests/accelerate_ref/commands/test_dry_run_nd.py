@@ -37,17 +37,21 @@ import pytest
 
 from accelerate_ref.commands.accelerate_cli import run
 
-from .nd_scripts import LLAMA, LLAMA_70B, QWEN, SAVE_LLAMA, SCRIPT, SPARSE_LLAMA, WORDS
+from .nd_scripts import LLAMA, LLAMA_70B, QWEN, SAVE_LLAMA, SCRIPT, SP_SCRIPT, SPARSE_LLAMA, WORDS
 
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-    """One row: the sizes (dp_replicate, dp_shard, tp, cp) and the machines the ranks run on."""
+    """One row: the sizes (dp_replicate, dp_shard, tp, cp, sp) and the machines the ranks run on.
+
+    A row with ``sp`` > 1 runs DeepSpeed's sequence parallelism (:data:`SP_SCRIPT`, ZeRO-3) with ``dp_shard`` as its
+    data-parallel degree; the others run :data:`SCRIPT` (FSDP2 over ``dp_shard_cp``)."""
 
     dp_replicate: int = 1
     dp_shard: int = 1
     tp: int = 1
     cp: int = 1
+    sp: int = 1
     machines: int = 1
     #: ``--no-compute``: meta payloads, the same books.
     no_compute: bool = False
@@ -57,7 +61,7 @@ class Layout:
 
     @property
     def ranks(self) -> int:
-        return self.dp_replicate * self.dp_shard * self.tp * self.cp
+        return self.dp_replicate * self.dp_shard * self.tp * self.cp * self.sp
 
     @property
     def timeout(self) -> int:
@@ -67,21 +71,31 @@ class Layout:
 
     @property
     def fsdp(self) -> int:
-        """The ranks FSDP2 shards over (``dp_shard_cp``)."""
-        return self.dp_shard * self.cp
+        """The ranks FSDP2 shards over (``dp_shard_cp``), or ZeRO-3 under sequence parallelism: every rank (DeepSpeed
+        partitions over its sequence-data-parallel group, dp x sp)."""
+        return self.dp_shard * self.cp * self.sp
+
+    @property
+    def distributed_type(self) -> str:
+        return "DEEPSPEED" if self.sp > 1 else "FSDP"
 
     def model_states(self, parameters: dict[str, tuple[int, ...]], tp_plan: dict[str, str], value_bytes: int = 4,
                      optimizer_values: int = 2) -> dict[str, int]:
         """Bytes per rank: each parameter's local part after tensor parallelism (``colwise``: dim 0 over the tp
-        ranks, ``rowwise``: dim 1), of which FSDP2 keeps ceil(dim 0 / shards) rows (the last shard padded); the
-        parameters and gradients ``value_bytes`` a value, ``optimizer_values`` fp32 states a value (AdamW's two)."""
+        ranks, ``rowwise``: dim 1), of which FSDP2 keeps ceil(dim 0 / shards) rows (the last shard padded) and ZeRO-3
+        ceil(elements / shards) of the flattened parameter; the parameters and gradients ``value_bytes`` a value,
+        ``optimizer_values`` fp32 states a value (AdamW's two). Under ZeRO-3 with bf16 these are the optimizer's
+        fp32 partitions (DeepSpeed's bf16 copies of the parameters are not the optimizer's)."""
         elements = 0
         for name, shape in parameters.items():
             local = list(shape)
             style = next((style for pattern, style in tp_plan.items() if fnmatch.fnmatch(name, f"model.{pattern}.*")), None)
             if style is not None:
                 local[0 if style == "colwise" else 1] //= self.tp
-            elements += -(-local[0] // self.fsdp) * math.prod(local[1:])
+            if self.sp > 1:
+                elements += -(-math.prod(local) // self.fsdp)
+            else:
+                elements += -(-local[0] // self.fsdp) * math.prod(local[1:])
         return {"parameters": value_bytes * elements, "gradients": value_bytes * elements,
                 "optimizer_state": 4 * optimizer_values * elements}
 
@@ -100,9 +114,18 @@ LAYOUTS = {
     "dp_shard2-cp2": Layout(dp_shard=2, cp=2),
     "tp2-cp2": Layout(tp=2, cp=2),
     "qwen2-dp_shard2-tp2": Layout(dp_shard=2, tp=2, model="qwen"),
+    "sp4-deepspeed": Layout(sp=4),
+    "dp_shard2-sp2-deepspeed": Layout(dp_shard=2, sp=2),
+    "dp_shard2-sp4-deepspeed-2-machines": Layout(dp_shard=2, sp=4, machines=2),
+    "dp_shard2-sp8-deepspeed-16-ranks-2-machines-no-compute": Layout(dp_shard=2, sp=8, machines=2, no_compute=True),
 }
 #: Rows the mock cannot run yet, and why (strict xfails under ``make extended``).
-LIMITS: dict[str, str] = {}  # none now: context parallelism runs since the mock has the flash op
+LIMITS: dict[str, str] = {
+    "dp_shard2-sp8-deepspeed-16-ranks-2-machines-no-compute": (
+        "DeepSpeed's UlyssesSPDataLoaderAdapter exchanges each rank's sequence length as a tensor (all_gather, then "
+        ".item()) and shapes the gathered batch by it: without computing that value is a placeholder 0, and the "
+        "model's attention reshapes a sequence of 0 tokens"),
+}
 #: HF accelerate 1.15 prepares FSDP2 + tp with Transformers' ``ReplicateParallel``, which Transformers 5 removed (and
 #: Transformers 5's ``from_pretrained(tp_size=...)`` builds its own mesh over the whole world): with it installed, the
 #: layouts cannot train on a GPU either, and the dry run must say so. The tp rows then run with the Transformers 4
@@ -114,7 +137,10 @@ WITHOUT_REPLICATE_PARALLEL = ("the installed Transformers has no integrations.te
                               f"HF accelerate 1.15's FSDP2 + tp imports (Transformers 5 removed it), and {TRANSFORMERS4} "
                               "(make's Transformers 4) is missing")
 #: The rows ``make test`` runs.
-SMOKE = {"dp_shard2-tp2", "hsdp2x2-tp2-2-machines", "dp_shard2-cp2"}
+SMOKE = {"dp_shard2-tp2", "hsdp2x2-tp2-2-machines", "dp_shard2-cp2", "dp_shard2-sp2-deepspeed"}
+#: Sequence-parallel rows need DeepSpeed (the ``deepspeed`` extra, which ``make`` does not install): skipped without it.
+WITHOUT_DEEPSPEED = ("deepspeed is not installed (the deepspeed extra: pip install --no-deps deepspeed hjson msgpack "
+                     "ninja py-cpuinfo einops), and HF 1.15's sequence parallelism is DeepSpeed's ALST/Ulysses")
 
 
 def tensor_parallel_env() -> dict[str, str] | None:
@@ -185,19 +211,26 @@ def _cases():
         marks = [pytest.mark.xfail(strict=True, reason=LIMITS[name])] if name in LIMITS else []
         if name not in SMOKE:
             marks.append(pytest.mark.extended)
+        if LAYOUTS[name].sp > 1 and importlib.util.find_spec("deepspeed") is None:
+            marks.append(pytest.mark.skip(reason=WITHOUT_DEEPSPEED))
         if LAYOUTS[name].model == "70b":  # past the launch's own timeout and the subprocess's (README, "N-D parallelism")
             marks.append(pytest.mark.timeout(LAYOUTS[name].timeout + 600))
         yield pytest.param(name, marks=marks, id=name)
 
 
 def dry_run(tmp_path, folder, layout: Layout, env: dict[str, str]) -> tuple[int, str, dict]:
-    """``accelerate-ref launch --simulate cuda`` of :data:`SCRIPT` in a process of its own, with ``env``."""
-    (tmp_path / "nd.py").write_text(SCRIPT)
-    sizes = [str(size) for size in (layout.dp_replicate, layout.dp_shard, layout.tp, layout.cp, layout.steps)]
-    decoder_layer = f"{MODELS[layout.model][1]}DecoderLayer"
+    """``accelerate-ref launch --simulate cuda`` of :data:`SCRIPT` (:data:`SP_SCRIPT` for an sp row, 128 tokens) in
+    a process of its own, with ``env``."""
+    if layout.sp > 1:
+        (tmp_path / "nd.py").write_text(SP_SCRIPT)
+        arguments = [str(size) for size in (layout.dp_shard, layout.sp, 128, layout.steps)]
+    else:
+        (tmp_path / "nd.py").write_text(SCRIPT)
+        sizes = [str(size) for size in (layout.dp_replicate, layout.dp_shard, layout.tp, layout.cp, layout.steps)]
+        arguments = [*sizes, f"{MODELS[layout.model][1]}DecoderLayer"]
     argv = ["launch", "--simulate", "cuda", *(["--no-compute"] if layout.no_compute else []), "--num_processes",
             str(layout.ranks), "--num_machines", str(layout.machines), "--timeout", str(layout.timeout), "--summary-json",
-            "summary.json", "nd.py", str(folder), *sizes, decoder_layer]
+            "summary.json", "nd.py", str(folder), *arguments]
     done = subprocess.run([sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", *argv], cwd=tmp_path, text=True,
                           capture_output=True, timeout=layout.timeout + 300, env={**env, "HF_HOME": str(tmp_path / "hf_home")})
     summary = json.loads((tmp_path / "summary.json").read_text()) if (tmp_path / "summary.json").exists() else {}
@@ -214,13 +247,14 @@ def test_nd_layout_dry_runs_with_each_ranks_model_states_as_the_arithmetic(tmp_p
     status, output, summary = dry_run(tmp_path, folder, layout, env)
     assert status == 0, f"{name}:\n{output[-4000:]}"
     for rank in range(layout.ranks):
-        assert f"[rank {rank}] trained DistributedType.FSDP" in output, output[-3000:]
+        assert f"[rank {rank}] trained DistributedType.{layout.distributed_type}" in output, output[-3000:]
     expected = layout.model_states(sizes, tp_plan)
     for rank in summary["ranks"]:
         for device, books in rank["memory"].items():
             assert books["model_states"] == expected, (
                 f"{name}, rank {rank['rank']} on {device}: model states after a step {books['model_states']}, the "
-                f"arithmetic says {expected} (tp {layout.tp}, FSDP2 over {layout.fsdp}, fp32, AdamW)")
+                f"arithmetic says {expected} (tp {layout.tp}, {'ZeRO-3' if layout.sp > 1 else 'FSDP2'} over "
+                f"{layout.fsdp}, fp32, AdamW)")
 
 
 @pytest.mark.skipif(REPLICATE_PARALLEL, reason="the installed Transformers has ReplicateParallel: the layouts train")
@@ -270,6 +304,27 @@ MISCONFIGURED = textwrap.dedent("""\
 def test_a_misconfigured_layout_is_one_line_naming_hfs_error_and_the_scripts_line(tmp_path, monkeypatch, capsys,
                                                                                   ranks, argv, line, error):
     assert_one_finding(tmp_path, monkeypatch, capsys, MISCONFIGURED, ranks, argv, line, error)
+
+
+def _line_of(script: str, text: str) -> int:
+    return next(number for number, line in enumerate(script.splitlines(), 1) if text in line)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason=WITHOUT_DEEPSPEED)
+@pytest.mark.parametrize("argv, line, error", [
+    (["1", "2", "128", "1"], "accelerator.prepare",
+     "AssertionError: Check batch related parameters. train_batch_size is not equal to micro_batch_per_gpu * "
+     "gradient_acc_step * world_size 1 != 1 * 1 * 2.0"),
+    (["2", "2", "127", "1"], "enumerate(loader)", "ValueError: batch's seqlen=127 isn't divisible by sp-size=2"),
+], ids=["sp-data-parallel-degree-unset", "sequence-the-sp-degree-does-not-divide"])
+def test_a_misconfigured_sequence_parallel_run_is_one_line_naming_deepspeeds_error(tmp_path, monkeypatch, capsys,
+                                                                                   llama, argv, line, error):
+    """DeepSpeed's sequence parallelism at 4 ranks: sp 2 with ``dp_shard_size`` left at 1 (HF 1.15 sizes DeepSpeed's
+    batch by ``data_parallel_size``, DeepSpeed by the ranks outside the sp groups: its batch assertion at
+    ``prepare``), and 127 tokens over sp 2 (the Ulysses data loader's refusal at the first batch)."""
+    folder, _, _ = llama
+    assert_one_finding(tmp_path, monkeypatch, capsys, SP_SCRIPT, 4, [str(folder), *argv], _line_of(SP_SCRIPT, line),
+                       error)
 
 
 HEADS = textwrap.dedent("""\
