@@ -153,17 +153,19 @@ def _register_kernels(tensor_class: type[DeviceTensor], keys: Sequence[str]) -> 
     def empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
         if dtype == torch.int32 and (_made_by_ddp_reducer() or no_compute.enabled() and _ddp_rebuilding_buckets()):
             return torch.empty(size, dtype=dtype, layout=layout, memory_format=memory_format)
-        payload = torch.empty(size, dtype=dtype, layout=layout, memory_format=memory_format, device=no_compute.payload_device())
+        payload = torch.empty(size, dtype=dtype, layout=layout, memory_format=memory_format,
+                              device=no_compute.payload_device_for(size, dtype))
         return tensor_class.wrap(payload, tensor_class.index_of(device))
 
     def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
-        payload = torch.empty_strided(size, stride, dtype=dtype, layout=layout, device=no_compute.payload_device())
+        payload = torch.empty_strided(size, stride, dtype=dtype, layout=layout, device=no_compute.payload_device_for(size, dtype))
         return tensor_class.wrap(payload, tensor_class.index_of(device))
 
     def copy_from(source, destination, non_blocking=False):
         target, payload = _payload(destination), _payload(source)
-        if payload.is_meta and not target.is_meta:  # no-compute mode: a copy to the host gets zeros
-            no_compute.record("cpu copy")
+        if payload.is_meta and not target.is_meta:  # no-compute mode: a copy to the host (or a kept value) gets zeros
+            if not isinstance(destination, DeviceTensor):
+                no_compute.record("cpu copy")
             target.zero_()
         else:
             target.copy_(payload)

@@ -15,6 +15,15 @@ With ``SIMULATORS_NO_COMPUTE=1`` in a rank's environment (issue 23, item 1):
   ``"placeholders"``). A line asking more than :data:`RUNAWAY_LIMIT` times
   without an optimizer step in between raises a RuntimeError naming it: a
   loop waiting on a value (a loss threshold) would never end on zeros;
+- a small integral or bool tensor the device allocates (at most :data:`KNOWN_BYTES`:
+  a factory's, a copy from the host; :func:`payload_device_for`) keeps a CPU payload,
+  with values: lengths, counts, indices and positions, which scripts and libraries
+  exchange between ranks and shape tensors by (DeepSpeed's Ulysses data loader
+  all-gathers each rank's sequence length and reads it with ``.item()``). Ops among
+  such tensors compute, and their collectives move the values (gloo), as with
+  compute; an op that also takes a meta-payload tensor reads them as meta tensors of
+  their shape, and one of them it writes then holds zeros, a placeholder like any
+  other (:func:`read_as_meta`);
 - ``data_ptr()`` of a tensor with a meta payload is its storage record's
   address plus its offset (:func:`pointer`; a meta tensor's own is 0), so
   tensors of different storages still have different pointers;
@@ -34,6 +43,7 @@ With ``SIMULATORS_NO_COMPUTE=1`` in a rank's environment (issue 23, item 1):
 from __future__ import annotations
 
 import functools
+import math
 import os
 import zlib
 from typing import Any, Callable, Sequence
@@ -71,6 +81,49 @@ def enabled() -> bool:
 def payload_device() -> torch.device:
     """The device of new payloads: meta in no-compute mode, else the CPU."""
     return _META if enabled() else _CPU
+
+
+#: The most bytes of an integral or bool tensor whose values the mock devices keep in no-compute mode.
+KNOWN_BYTES = 4096
+
+
+def payload_device_for(size: Sequence[int], dtype: torch.dtype | None) -> torch.device:
+    """The device of a new payload of ``size`` and ``dtype`` (None: the default dtype): the CPU for an integral or
+    bool one of at most :data:`KNOWN_BYTES` (its values are kept), else :func:`payload_device`."""
+    dtype = dtype or torch.get_default_dtype()
+    if dtype.is_floating_point or dtype.is_complex:
+        return payload_device()
+    return _CPU if math.prod(size) * dtype.itemsize <= KNOWN_BYTES else payload_device()
+
+
+def read_as_meta(func: Any, payloads: list[torch.Tensor], args: tuple, kwargs: dict) -> tuple[tuple, dict, Callable]:
+    """``args`` and ``kwargs`` (an op's payload arguments, among which meta payloads) with the CPU ones of
+    ``payloads`` (the mock tensors' payloads that keep values) read as meta tensors of their shape, and what to
+    call with the op's results: it zeroes the payloads the op wrote (its schema's written arguments: values it did
+    not compute) and gives back a result that is one's meta reading (an in-place op's ``self``) as that payload."""
+    known = {id(payload) for payload in payloads if not payload.is_meta}
+    readings: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def as_meta(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and id(value) in known:
+            reading = value.to(_META)
+            readings[id(reading)] = (reading, value)
+            return reading
+        return value
+
+    meta_args, meta_kwargs = tree_map(as_meta, (args, kwargs))
+    names = [argument.name for argument in func._schema.arguments]
+    written = [argument.name for argument in func._schema.arguments if argument.alias_info and argument.alias_info.is_write]
+
+    def settle(out: Any) -> Any:
+        named = dict(zip(names, meta_args)) | meta_kwargs
+        for leaf in tree_flatten([named.get(name) for name in written])[0]:
+            if isinstance(leaf, torch.Tensor) and id(leaf) in readings:
+                readings[id(leaf)][1].zero_()
+        return tree_map(lambda value: readings[id(value)][1] if isinstance(value, torch.Tensor) and id(value) in readings
+                        else value, out)
+
+    return meta_args, meta_kwargs, settle
 
 
 # -- placeholders ------------------------------------------------------------------------------

@@ -339,29 +339,36 @@ class DeviceTensor(torch.Tensor):
         first.observe(func, on_device, args, kwargs)
         target = kwargs.get("device")
         payload_args, payload_kwargs = _map(_payload_of, (args, kwargs))
-        if first._payload.is_meta:
+        payloads = [tensor._payload for tensor in on_device]
+        meta = any(payload.is_meta for payload in payloads)
+        settle = None
+        if meta and not all(payload.is_meta for payload in payloads):  # no-compute mode: kept values among them
+            payload_args, payload_kwargs, settle = no_compute.read_as_meta(func, payloads, payload_args, payload_kwargs)
+        if meta:
             answered, value = no_compute.value_of(func, payload_args, payload_kwargs)
             if answered:
                 return value
         if target is not None and torch.device(target).type in ("cpu", "meta"):
             return func(*payload_args, **payload_kwargs)
         index = first.device_index if target is None else first.index_of(target)
-        if _takes_generator(func) and payload_kwargs.get("generator") is None and not first._payload.is_meta:
+        if _takes_generator(func) and payload_kwargs.get("generator") is None and not meta:
             payload_kwargs["generator"] = first.generator_for(index)
         if target is not None:
-            payload_kwargs["device"] = no_compute.payload_device()
+            payload_kwargs["device"] = no_compute.payload_device() if meta else torch.device("cpu")
         if func in PAYLOAD_ADAPTERS:
             payload_args = PAYLOAD_ADAPTERS[func](payload_args)
-        if first._payload.is_meta and func.namespace == "c10d":
+        if meta and func.namespace == "c10d":
             out = no_compute.collective(func, payload_args, payload_kwargs)
         elif func.namespace == "c10d":
             out = _collective_on_aliases(func, payload_args, payload_kwargs)
-        elif first._payload.is_meta:
+        elif meta:
             out = meta_results.run(func, payload_args, payload_kwargs)
         elif func in PAYLOAD_KERNELS:
             out = PAYLOAD_KERNELS[func](*payload_args, **payload_kwargs)
         else:  # bf16/fp16 matrix ops as a GPU computes them: fp32 accumulation, rounded once
             out = lowp_matmul.run(func, payload_args, payload_kwargs)
+        if settle is not None:
+            out = settle(out)
         wrapped = _map(_rewrapper(type(first), index, on_device), out)
         if torch.Tag.inplace_view in func.tags:  # resize_, t_, set_...: the rewrap gave ``self`` its payload's new shape
             return args[0]

@@ -118,14 +118,10 @@ LAYOUTS = {
     "dp_shard2-sp2-deepspeed": Layout(dp_shard=2, sp=2),
     "dp_shard2-sp4-deepspeed-2-machines": Layout(dp_shard=2, sp=4, machines=2),
     "dp_shard2-sp8-deepspeed-16-ranks-2-machines-no-compute": Layout(dp_shard=2, sp=8, machines=2, no_compute=True),
+    "dp_shard8-sp8-deepspeed-64-ranks-8-machines-no-compute": Layout(dp_shard=8, sp=8, machines=8, no_compute=True),
 }
 #: Rows the mock cannot run yet, and why (strict xfails under ``make extended``).
-LIMITS: dict[str, str] = {
-    "dp_shard2-sp8-deepspeed-16-ranks-2-machines-no-compute": (
-        "DeepSpeed's UlyssesSPDataLoaderAdapter exchanges each rank's sequence length as a tensor (all_gather, then "
-        ".item()) and shapes the gathered batch by it: without computing that value is a placeholder 0, and the "
-        "model's attention reshapes a sequence of 0 tokens"),
-}
+LIMITS: dict[str, str] = {}  # none now: DeepSpeed's Ulysses adapter reads the lengths it exchanges (kept values)
 #: HF accelerate 1.15 prepares FSDP2 + tp with Transformers' ``ReplicateParallel``, which Transformers 5 removed (and
 #: Transformers 5's ``from_pretrained(tp_size=...)`` builds its own mesh over the whole world): with it installed, the
 #: layouts cannot train on a GPU either, and the dry run must say so. The tp rows then run with the Transformers 4

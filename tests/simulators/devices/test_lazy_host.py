@@ -153,6 +153,7 @@ def loaded(folder: str):
             got["stream"] = {name: type(value).__name__ for name, value in torch.load(io.BytesIO(stream.read())).items()}
         on_gpu = torch.load(os.path.join(folder, "state.pt"), map_location="cuda")
         got["onto the gpu"] = {name: [str(value.device), value._payload.device.type] for name, value in on_gpu.items()}
+        got["small on the gpu"] = on_gpu["small tail"].tolist()
         tensors = load_file(os.path.join(folder, "state.safetensors"))
         got["safetensors"] = {name: type(value).__name__ for name, value in tensors.items()}
         got["safetensors small"] = tensors["small"].tolist()
@@ -260,7 +261,10 @@ def test_loads_read_only_small_tensors_and_make_the_large_ones_lazy_keeping_view
     assert got["small values"] == [[0, 1, 2, 3, 4], [3, 4], True], got["small values"]  # copied out of the mapping once
     assert got["views stay views"] and got["shapes"] == [[4], (1 << 18) - 4, "torch.float16"], got
     assert got["stream"] == got["by path"], got["stream"]
-    assert got["onto the gpu"] == {name: ["cuda:0", "meta"] for name in got["by path"]}, got["onto the gpu"]
+    # the small integer tensors keep their values on the mock GPU (no_compute.KNOWN_BYTES), the others are meta
+    kept = {"small", "small tail"}
+    assert got["onto the gpu"] == {name: ["cuda:0", "cpu" if name in kept else "meta"] for name in got["by path"]}, got
+    assert got["small on the gpu"] == [3, 4], got["small on the gpu"]
     assert got["safetensors"] == {"big": "LazyHostTensor", "small": "Tensor"} and got["safetensors small"] == [0, 1, 2, 3, 4]
     if "from_pretrained" in got:
         assert got["from_pretrained"] == ["LazyHostTensor", "Parameter", [1.0, 1.0]], got["from_pretrained"]

@@ -168,6 +168,45 @@ def collectives_checked():
         dist.destroy_process_group()
 
 
+def kept_values():
+    """Small integral tensors keep their values without compute: exchanged lengths read back, ops among them
+    compute, an object gathered arrives whole; a float or a large integral tensor is meta, and a kept tensor an op
+    writes from a meta one holds zeros."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    from simulators.devices import no_compute, peaks
+
+    rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(rank)
+    dist.init_process_group()
+    os.environ["SIMULATORS_SCRIPT"] = __file__
+    _mode(True)
+    try:
+        length = torch.full((1,), 128 + rank, dtype=torch.int64, device="cuda")
+        lengths = [torch.zeros(1, dtype=torch.int64, device="cuda") for _ in range(2)]
+        dist.all_gather(lengths, length)
+        objects = [None, None]
+        dist.all_gather_object(objects, {"rank": rank})
+        large = torch.ones(no_compute.KNOWN_BYTES // 8 + 1, dtype=torch.int64, device="cuda")
+        written = torch.full((2,), 7, dtype=torch.int64, device="cuda")
+        written.add_(large[:2])
+        mixed = torch.ones(2, device="cuda") * written
+        mine = os.path.basename(__file__)
+        return {"lengths": [value.item() for value in lengths], "objects": objects,
+                "sums": torch.arange(6, device="cuda").reshape(2, 3).sum(1).tolist(),
+                "payloads": [t._payload.device.type for t in (length, large, written, mixed, torch.ones(2, device="cuda"))],
+                "written": written.tolist(), "float": torch.ones(3, device="cuda").sum().item(),
+                "placeholders": sorted((entry["what"], entry["count"]) for entry in peaks.RECORDER.report()["placeholders"]
+                                       if entry["at"].startswith(mine))}
+    finally:
+        _mode(False)
+        del os.environ["SIMULATORS_SCRIPT"]
+        dist.destroy_process_group()
+
+
 # -- tests (run in pytest) -------------------------------------------------------------------
 
 
@@ -196,3 +235,13 @@ def test_collectives_without_compute_move_nothing_and_name_ranks_that_disagree(f
         assert "Detected mismatch between collectives on ranks" in got["errors"]["shapes"], got["errors"]
         assert "rank 0: allreduce_|float32|4; rank 1: allreduce_|float32|5" in got["errors"]["shapes"], got["errors"]
         assert "rank 0: broadcast_|float32|4; rank 1: allreduce_|float32|4" in got["errors"]["ops"], got["errors"]
+
+
+def test_small_integral_tensors_keep_their_values_so_exchanged_lengths_read_back(fresh_cuda2):
+    for rank, got in enumerate(fresh_cuda2.run(kept_values)):
+        assert got["lengths"] == [128, 129] and got["objects"] == [{"rank": 0}, {"rank": 1}], got
+        assert got["sums"] == [3, 12], got
+        # kept, meta (past KNOWN_BYTES), kept (written from a meta one: zeros), meta (a float op), meta (a float)
+        assert got["payloads"] == ["cpu", "meta", "cpu", "meta", "meta"], got["payloads"]
+        assert got["written"] == [0, 0] and got["float"] == 0.0, got
+        assert got["placeholders"] == [("item", 1)], got["placeholders"]  # the float's only
