@@ -81,6 +81,15 @@ def _log_sum_exp_rows(query: torch.Tensor, masked: bool) -> int:
     return rows if flash else -(-rows // LSE_ALIGNMENT) * LSE_ALIGNMENT
 
 
+def _mask(attn_mask: Any, query: torch.Tensor) -> Any:
+    """The mask's payload, read as meta when the query's is (no-compute mode: a mask built from kept positions keeps
+    values; :func:`simulators.devices.no_compute.payload_device_for`)."""
+    payload = _payload(attn_mask)
+    if isinstance(payload, torch.Tensor) and _payload_of(query).is_meta and not payload.is_meta:
+        return payload.to("meta")
+    return payload
+
+
 def _payload(value: Any) -> Any:
     """The payload of a mock tensor, widened to float32 where it is bf16 or fp16 with values: a GPU's attention
     accumulates in float32 and rounds its results once (:mod:`simulators.devices.lowp_matmul`'s rule)."""
@@ -119,7 +128,7 @@ class _FusedAttention(torch.autograd.Function):
         ctx.rng_state = torch.get_rng_state()
         with torch.no_grad():
             out = torch.nn.functional.scaled_dot_product_attention(
-                _payload(query), _payload(key), _payload(value), _payload(attn_mask), dropout_p, is_causal,
+                _payload(query), _payload(key), _payload(value), _mask(attn_mask, query), dropout_p, is_causal,
                 scale=scale, enable_gqa=enable_gqa)
         output = type(query).wrap(_fresh(out, query.dtype), query.device_index)
         shape = (*query.shape[:-2], _log_sum_exp_rows(query, attn_mask is not None))
@@ -136,7 +145,7 @@ class _FusedAttention(torch.autograd.Function):
         with torch.random.fork_rng(devices=[]), torch.enable_grad():
             torch.set_rng_state(ctx.rng_state)
             out = torch.nn.functional.scaled_dot_product_attention(
-                *inputs, _payload(attn_mask), dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+                *inputs, _mask(attn_mask, query), dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
             wanted = [payload for payload in inputs if payload.requires_grad]
             grads = iter(torch.autograd.grad(out, wanted, _payload(grad)))
         gradients = tuple(type(query).wrap(_fresh(next(grads), tensor.dtype), query.device_index) if payload.requires_grad
