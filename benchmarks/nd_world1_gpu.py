@@ -94,15 +94,16 @@ def measure(out: Path) -> dict:
     return truth
 
 
-def predict(gpu: str, *, no_compute: bool) -> dict[str, dict]:
-    """Each model's nd.py dry-run at world 1 on a mock GPU of ``gpu``'s kind: its peaks, and the line it printed."""
+def predict(gpu: str, *, no_compute: bool, models: tuple[str, ...] = tuple(MODELS)) -> dict[str, dict]:
+    """Each of ``models`` (keys of :data:`MODELS`) as nd.py dry-runs it at world 1 on a mock GPU of ``gpu``'s kind:
+    its peaks, and the line it printed."""
     from simulators.calibration import preset_of
 
     runs = {}
     with tempfile.TemporaryDirectory(prefix="nd-world1-") as scratch:
         Path(scratch, "nd.py").write_text(SCRIPT)
-        for model, shape in MODELS.items():
-            folder = save(Path(scratch, model), shape)
+        for model in models:
+            folder = save(Path(scratch, model), MODELS[model])
             command = [sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", "launch", "--simulate", "cuda",
                        "--gpu", preset_of(gpu), "--num_processes", "1", "--summary-json", "summary.json",
                        *(["--no-compute"] if no_compute else []), "nd.py", str(folder), *WORLD_ONE]
