@@ -58,6 +58,11 @@ LAUNCHERS = {"accelerate-launch": [sys.executable, "-m", "accelerate.commands.la
              "torchrun": [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1"]}
 
 
+def _trained(output: str) -> str:
+    """The last line in which nd.py said it trained (its distributed type), or ""."""
+    return next((line for line in reversed(output.splitlines()) if "trained" in line), "")
+
+
 def save(folder: Path, shape: dict) -> Path:
     """A Llama of ``shape`` with random weights and a tokenizer, saved to ``folder`` by the installed Transformers."""
     subprocess.run([sys.executable, "-c", SAVE_LLAMA, str(folder), "Llama", json.dumps(shape), WORDS], check=True,
@@ -83,12 +88,10 @@ def measure(out: Path) -> dict:
                                       capture_output=True, text=True, timeout=600,
                                       env={**os.environ, "ND_PEAKS": str(peaks), "OMP_NUM_THREADS": "1",
                                            "ND_SNAPSHOT": str(out / f"{model}-{launcher}.pickle")})
-                printed = [line for line in done.stdout.splitlines() if line.startswith("trained")]
                 if done.returncode or not peaks.exists():
                     print(f"{model} under {launcher} failed (exit {done.returncode}):\n{done.stderr[-3000:]}", flush=True)
                     continue
-                truth["runs"][f"{model}-{launcher}"] = {**json.loads(peaks.read_text()),
-                                                        "printed": printed[-1] if printed else ""}
+                truth["runs"][f"{model}-{launcher}"] = {**json.loads(peaks.read_text()), "printed": _trained(done.stdout)}
                 print(model, launcher, truth["runs"][f"{model}-{launcher}"], flush=True)
     (out / "summary.json").write_text(json.dumps(truth, indent=1))
     return truth
@@ -112,9 +115,8 @@ def predict(gpu: str, *, no_compute: bool, models: tuple[str, ...] = tuple(MODEL
                 raise RuntimeError(f"dry run of {model} failed (exit {done.returncode}):\n{done.stdout[-4000:]}")
             devices = json.loads(Path(scratch, "summary.json").read_text())["ranks"][0]["memory"]
             books = max(devices.values(), key=lambda device: device["peak"])
-            printed = [line for line in done.stdout.splitlines() if "trained" in line]
             runs[model] = {"peak": books["peak"], "reserved": books.get("reserved", books["peak"]),
-                           "printed": printed[-1] if printed else ""}
+                           "printed": _trained(done.stdout)}
             Path(scratch, "summary.json").unlink()
     return runs
 
@@ -125,9 +127,11 @@ def compare(summary: Path, *, no_compute: bool) -> str:
 
     truth = load(summary)
     predicted = predict(truth["gpu"], no_compute=no_compute)
-    rows = [Row(f"{name} ({real['printed'].removeprefix('trained ')})", real["peak"],
-                predicted[name.split("-")[0]]["peak"], real["reserved"], predicted[name.split("-")[0]]["reserved"])
-            for name, real in truth["runs"].items()]
+    rows = []
+    for name, real in truth["runs"].items():
+        dry = predicted[name.split("-")[0]]  # "<model>-<launcher>"
+        rows.append(Row(f"{name} ({real['printed'].removeprefix('trained ')})", real["peak"], dry["peak"], real["reserved"],
+                        dry["reserved"]))
     printed = "; ".join(f"{model}: {run['printed']}" for model, run in predicted.items())
     return f"{table(rows)}\n\ndry run ({'no compute' if no_compute else 'computing'}): {printed}"
 

@@ -135,6 +135,7 @@ WITHOUT_REPLICATE_PARALLEL = ("the installed Transformers has no integrations.te
 #: The rows ``make test`` runs.
 SMOKE = {"dp_shard2-tp2", "hsdp2x2-tp2-2-machines", "dp_shard2-cp2", "dp_shard2-sp2-deepspeed"}
 #: Sequence-parallel rows need DeepSpeed (the ``deepspeed`` extra, which ``make`` does not install): skipped without it.
+DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 WITHOUT_DEEPSPEED = ("deepspeed is not installed (the deepspeed extra: pip install --no-deps deepspeed hjson msgpack "
                      "ninja py-cpuinfo einops), and HF 1.15's sequence parallelism is DeepSpeed's ALST/Ulysses")
 
@@ -207,7 +208,7 @@ def _cases():
         marks = [pytest.mark.xfail(strict=True, reason=LIMITS[name])] if name in LIMITS else []
         if name not in SMOKE:
             marks.append(pytest.mark.extended)
-        if LAYOUTS[name].sp > 1 and importlib.util.find_spec("deepspeed") is None:
+        if LAYOUTS[name].sp > 1 and not DEEPSPEED:
             marks.append(pytest.mark.skip(reason=WITHOUT_DEEPSPEED))
         if LAYOUTS[name].model == "70b":  # past the launch's own timeout and the subprocess's (README, "N-D parallelism")
             marks.append(pytest.mark.timeout(LAYOUTS[name].timeout + 600))
@@ -306,7 +307,7 @@ def _line_of(script: str, text: str) -> int:
     return next(number for number, line in enumerate(script.splitlines(), 1) if text in line)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason=WITHOUT_DEEPSPEED)
+@pytest.mark.skipif(not DEEPSPEED, reason=WITHOUT_DEEPSPEED)
 @pytest.mark.parametrize("argv, line, error", [
     (["1", "2", "128", "1"], "accelerator.prepare",
      "AssertionError: Check batch related parameters. train_batch_size is not equal to micro_batch_per_gpu * "
