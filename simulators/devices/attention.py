@@ -17,7 +17,10 @@ for bf16). Rules, for inputs on the mock GPU where a fused kernel is enabled
   memory-efficient attention runs (float32, or an attention mask, or before compute capability 8.0);
 - backward: the gradients, recomputed from the payloads with the forward's random state, so dropout drops
   the same elements, then the kernel's workspace while it runs: a float32 accumulator of the query's size
-  and a float32 row sum per query.
+  and a float32 row sum per query;
+- no-compute mode (meta payloads): the same tensors, nothing computed (the output's shape is the query's rows
+  by the value's features, each gradient its input's), so an attention mask made of kept values
+  (:func:`simulators.devices.no_compute.payload_device_for`) is never read.
 """
 from __future__ import annotations
 
@@ -81,15 +84,6 @@ def _log_sum_exp_rows(query: torch.Tensor, masked: bool) -> int:
     return rows if flash else -(-rows // LSE_ALIGNMENT) * LSE_ALIGNMENT
 
 
-def _mask(attn_mask: Any, query: torch.Tensor) -> Any:
-    """The mask's payload, read as meta when the query's is (no-compute mode: a mask built from kept positions keeps
-    values; :func:`simulators.devices.no_compute.payload_device_for`)."""
-    payload = _payload(attn_mask)
-    if isinstance(payload, torch.Tensor) and _payload_of(query).is_meta and not payload.is_meta:
-        return payload.to("meta")
-    return payload
-
-
 def _payload(value: Any) -> Any:
     """The payload of a mock tensor, widened to float32 where it is bf16 or fp16 with values: a GPU's attention
     accumulates in float32 and rounds its results once (:mod:`simulators.devices.lowp_matmul`'s rule)."""
@@ -126,11 +120,14 @@ class _FusedAttention(torch.autograd.Function):
                 options: tuple) -> torch.Tensor:
         dropout_p, is_causal, scale, enable_gqa = options
         ctx.rng_state = torch.get_rng_state()
-        with torch.no_grad():
-            out = torch.nn.functional.scaled_dot_product_attention(
-                _payload(query), _payload(key), _payload(value), _mask(attn_mask, query), dropout_p, is_causal,
-                scale=scale, enable_gqa=enable_gqa)
-        output = type(query).wrap(_fresh(out, query.dtype), query.device_index)
+        if _payload_of(query).is_meta:  # no-compute mode: the kernel's output, (..., query rows, value features)
+            out = _payload_of(query).new_empty((*query.shape[:-1], value.shape[-1]))
+        else:
+            with torch.no_grad():
+                out = torch.nn.functional.scaled_dot_product_attention(
+                    _payload(query), _payload(key), _payload(value), _payload(attn_mask), dropout_p, is_causal,
+                    scale=scale, enable_gqa=enable_gqa)
+        output = type(query).wrap(_fresh(out, query.dtype), query.device_index, checked=True)
         shape = (*query.shape[:-2], _log_sum_exp_rows(query, attn_mask is not None))
         log_sum_exp = torch.empty(shape, dtype=torch.float32, device=query.device)
         ctx.options = options
@@ -140,18 +137,26 @@ class _FusedAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
         query, key, value, attn_mask, _output, _log_sum_exp = ctx.saved_tensors
-        dropout_p, is_causal, scale, enable_gqa = ctx.options
         inputs = [_payload(tensor).detach().requires_grad_(tensor.requires_grad) for tensor in (query, key, value)]
-        with torch.random.fork_rng(devices=[]), torch.enable_grad():
-            torch.set_rng_state(ctx.rng_state)
-            out = torch.nn.functional.scaled_dot_product_attention(
-                *inputs, _mask(attn_mask, query), dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
-            wanted = [payload for payload in inputs if payload.requires_grad]
-            grads = iter(torch.autograd.grad(out, wanted, _payload(grad)))
-        gradients = tuple(type(query).wrap(_fresh(next(grads), tensor.dtype), query.device_index) if payload.requires_grad
-                          else None for payload, tensor in zip(inputs, (query, key, value)))
+        grads = iter(_gradients(ctx, inputs, attn_mask, query, grad))
+        gradients = tuple(type(query).wrap(_fresh(next(grads), tensor.dtype), query.device_index, checked=True)
+                          if payload.requires_grad else None for payload, tensor in zip(inputs, (query, key, value)))
         _backward_workspace(query)
         return (*gradients, None, None)
+
+
+def _gradients(ctx: Any, inputs: list[torch.Tensor], attn_mask: Any, query: torch.Tensor, grad: torch.Tensor) -> list:
+    """The gradients of the ``inputs`` (payloads) that require one, recomputed with the forward's random state; in
+    no-compute mode (meta payloads) the inputs' shapes only, which :func:`_fresh` lays out anew."""
+    wanted = [payload for payload in inputs if payload.requires_grad]
+    if _payload_of(query).is_meta:
+        return wanted
+    dropout_p, is_causal, scale, enable_gqa = ctx.options
+    with torch.random.fork_rng(devices=[]), torch.enable_grad():
+        torch.set_rng_state(ctx.rng_state)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            *inputs, _payload(attn_mask), dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+        return list(torch.autograd.grad(out, wanted, _payload(grad)))
 
 
 __all__ = ["LSE_ALIGNMENT", "install", "fused"]

@@ -248,9 +248,13 @@ class DeviceTensor(torch.Tensor):
             )
 
     @classmethod
-    def wrap(cls, payload: torch.Tensor, index: int) -> DeviceTensor:
-        """``payload`` (a CPU tensor) as a tensor on this family's device ``index``, counted in its memory."""
-        cls.check_index(index)
+    def wrap(cls, payload: torch.Tensor, index: int, *, checked: bool = False) -> DeviceTensor:
+        """``payload`` (a CPU tensor) as a tensor on this family's device ``index``, counted in its memory.
+
+        ``checked``: ``index`` is known to exist (an op's inputs are on it), so :meth:`check_index`, which reads the
+        machine's settings from the environment, is not asked again (a 70B rank wraps some 27,000 op results)."""
+        if not checked:
+            cls.check_index(index)
         tensor = cls(payload, index)
         cls.memory.track(payload, index)
         return tensor
@@ -369,7 +373,7 @@ class DeviceTensor(torch.Tensor):
             out = lowp_matmul.run(func, payload_args, payload_kwargs)
         if settle is not None:
             out = settle(out)
-        wrapped = _map(_rewrapper(type(first), index, on_device), out)
+        wrapped = _map(_rewrapper(type(first), index, on_device, checked=target is None), out)
         if torch.Tag.inplace_view in func.tags:  # resize_, t_, set_...: the rewrap gave ``self`` its payload's new shape
             return args[0]
         return return_and_correct_aliasing(func, args, kwargs, wrapped) if _aliases(func) else wrapped
@@ -471,8 +475,9 @@ def _payload_of(value: Any) -> Any:
     return value._payload if isinstance(value, DeviceTensor) else value
 
 
-def _rewrapper(cls: type[DeviceTensor], index: int, inputs: list[DeviceTensor]) -> Callable[[Any], Any]:
-    """Maps an op's results back to the device: an input's own payload to that input, others wrapped anew."""
+def _rewrapper(cls: type[DeviceTensor], index: int, inputs: list[DeviceTensor], checked: bool) -> Callable[[Any], Any]:
+    """Maps an op's results back to the device: an input's own payload to that input, others wrapped anew (on
+    ``index``, ``checked`` when it is the inputs' own)."""
     by_payload = {id(tensor._payload): tensor for tensor in inputs}
 
     def rewrap(value: Any) -> Any:
@@ -480,7 +485,7 @@ def _rewrapper(cls: type[DeviceTensor], index: int, inputs: list[DeviceTensor]) 
             return value
         known = by_payload.get(id(value))
         if known is None:
-            return cls.wrap(value, index)
+            return cls.wrap(value, index, checked=checked)
         cls.memory.resized(value, known.device_index)  # an out= or in-place op may have resized its storage
         _follow_payload(known)
         return known

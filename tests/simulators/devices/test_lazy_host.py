@@ -230,6 +230,30 @@ def host_collectives():
         dist.destroy_process_group()
 
 
+def masked_attention(no_compute: bool) -> dict:
+    """Fused attention (grouped-query, a causal mask of 4 KiB, which keeps its values in no-compute mode) and its
+    backward: the memory it holds, its peak, and the results' and gradients' layouts."""
+    import torch
+    import torch.nn.functional as F
+
+    _mode(no_compute)
+    try:
+        query = torch.randn(2, 4, 64, 32, device="cuda", requires_grad=True)
+        key, value = (torch.randn(2, 2, 64, 32, device="cuda", requires_grad=True) for _ in range(2))
+        mask = torch.ones(64, 64, dtype=torch.bool, device="cuda").tril()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, enable_gqa=True)
+        held = torch.cuda.memory_allocated() - before
+        out.sum().backward()
+        return {"meta": [tensor._payload.is_meta for tensor in (query, mask)], "held": held,
+                "peak": torch.cuda.max_memory_allocated() - before,
+                "layouts": [(tuple(t.shape), t.stride(), str(t.dtype), str(t.device))
+                            for t in (out, query.grad, key.grad, value.grad)]}
+    finally:
+        _mode(False)
+
+
 # -- tests (run in pytest) -------------------------------------------------------------------
 
 
@@ -252,6 +276,14 @@ def test_large_cpu_tensors_are_lazy_and_move_to_the_gpu_as_meta_payloads_counted
     kinds = [what for what, _ in got["placeholders"]]
     assert sorted(set(kinds)) == ["cpu copy", "item", "numpy", "tolist"], got["placeholders"]
     assert got["mode off"] == ["Tensor", "Parameter"], got["mode off"]
+
+
+def test_fused_attention_without_compute_holds_and_lays_out_what_it_does_with_compute(cuda1):
+    computed, placeholders = cuda1.one(masked_attention, False), cuda1.one(masked_attention, True)
+    assert computed["meta"] == [False, False] and placeholders["meta"] == [True, False], (
+        f"payloads (query, mask) meta with compute {computed['meta']}, without {placeholders['meta']}")
+    assert placeholders == {**computed, "meta": placeholders["meta"]}, (
+        f"no-compute attention: {placeholders}, with compute: {computed}")
 
 
 def test_loads_read_only_small_tensors_and_make_the_large_ones_lazy_keeping_views(cuda1, tmp_path):
