@@ -100,11 +100,10 @@ def watch_interval(ranks: int) -> float | None:
     :data:`WATCH_INTERVAL_S` per :data:`WATCH_RANKS` ranks, and never less.
 
     A reading costs every rank a dump of its recorder (about 6 ms) and the launch a read and comparison of them all
-    (about 6 ms a rank: 0.4 s at 64 ranks, measured on this project's 2-core machine), and on the same cores a world
-    twice as large also runs twice as long: read every second, the watch's share of the machine would grow with
-    the world (up to 0.8 CPU seconds a second at 64 ranks), read every second per 8 ranks it stays what it is at 8.
-    Ranks in different collectives stay there: the watch names them at its next reading (within 8 s at 64 ranks),
-    long before the timeout."""
+    (about 6 ms a rank), and on the same cores a world twice as large also runs twice as long: read every second,
+    the watch's share of the machine would grow with the world (a quarter of the CPU of a 70B at 64 ranks), read
+    every second per 8 ranks it stays what it is at 8. Ranks in different collectives stay there: the watch
+    names them at its next reading (within 8 s at 64 ranks), long before the timeout."""
     configured = os.environ.get(WATCH_ENV)
     if configured is not None:
         return float(configured) or None
