@@ -28,13 +28,10 @@ from simulators.topology import World
 #: Seconds a dry run may take when ``--timeout`` is not given.
 DEFAULT_TIMEOUT = 600.0
 #: Seconds without a rank exiting after which a dry run reads the ranks' Flight Recorders, so that ranks in
-#: different collectives stop it then (``simulators.launcher.launch``'s ``watch``), per :data:`WATCH_RANKS` ranks
-#: (:func:`watch_interval`); this variable sets another interval, 0 turns the watch off
-#: (``benchmarks/preflight.py`` measures its cost).
+#: different collectives stop it then (``simulators.launcher.launch``'s ``watch``); this variable sets
+#: another interval, 0 turns the watch off (``benchmarks/preflight.py`` measures its cost).
 WATCH_ENV = "SIMULATORS_WATCH_INTERVAL"
 WATCH_INTERVAL_S = 1.0
-#: The world the watch reads every :data:`WATCH_INTERVAL_S` seconds; a larger one is read less often.
-WATCH_RANKS = 8
 MIXING = re.compile(r"Expected all tensors to be on the same device[^\n]*")
 #: torch's check of the collectives every rank enters (TORCH_DISTRIBUTED_DEBUG=DETAIL, the user's): op, sequence number, shapes.
 MISMATCH = re.compile(r"Detected mismatch between collectives on ranks\. Rank (\d+) is running collective: (CollectiveFingerPrint\(.*?\)\)), "
@@ -95,19 +92,9 @@ def preload(script: str) -> list[str]:
     return [*modules, *(f"{node.module}:{alias.name}" for node in from_safe for alias in node.names if alias.name != "*")]
 
 
-def watch_interval(ranks: int) -> float | None:
-    """The Flight Recorder watch's interval for a dry run of ``ranks`` ranks (None: off): ``WATCH_ENV``'s, else
-    :data:`WATCH_INTERVAL_S` per :data:`WATCH_RANKS` ranks, and never less.
-
-    A reading costs every rank a dump of its recorder (about 6 ms) and the launch a read and comparison of them all
-    (about 6 ms a rank), and on the same cores a world twice as large also runs twice as long: read every second,
-    the watch's share of the machine would grow with the world (a quarter of the CPU of a 70B at 64 ranks), read
-    every second per 8 ranks it stays what it is at 8. Ranks in different collectives stay there: the watch
-    names them at its next reading (within 8 s at 64 ranks), long before the timeout."""
-    configured = os.environ.get(WATCH_ENV)
-    if configured is not None:
-        return float(configured) or None
-    return WATCH_INTERVAL_S * max(1.0, ranks / WATCH_RANKS)
+def watch_interval() -> float | None:
+    """The Flight Recorder watch's interval for a dry run (None: off); see ``WATCH_ENV``."""
+    return float(os.environ.get(WATCH_ENV, WATCH_INTERVAL_S)) or None
 
 
 def _user_frame(traceback_text: str, script: str, after: str = "") -> str:

@@ -84,7 +84,7 @@ def dry_run(args: argparse.Namespace) -> int:
            **({NO_COMPUTE_ENV: "1"} if getattr(args, "no_compute", False) else {}),
            **({STEPS_ENV: str(args.steps)} if getattr(args, "steps", None) else {})}
     result = launch([args.training_script, *args.training_script_args], world,
-                    timeout=args.timeout or DEFAULT_TIMEOUT, env=env, watch=watch_interval(world.size),
+                    timeout=args.timeout or DEFAULT_TIMEOUT, env=env, watch=watch_interval(),
                     preload=preload(args.training_script))
     budget = parse_size(memory) if memory else None
     print(summary(result, world, args.training_script, budget, preset), flush=True)

@@ -1,7 +1,7 @@
 """simulators.dryrun's helpers that need no ranks (the dry runs themselves: tests/accelerate_ref/commands)."""
 import textwrap
 
-from simulators.dryrun import FORK_SAFE, WATCH_ENV, WATCH_INTERVAL_S, preload, watch_interval
+from simulators.dryrun import FORK_SAFE, preload
 
 TORCH = list(FORK_SAFE["torch"])
 
@@ -27,13 +27,3 @@ def test_a_script_that_does_not_parse_preloads_torch_only(tmp_path):
     script.write_text("import transformers\ndef (:\n")
     assert preload(str(script)) == TORCH
     assert preload(str(tmp_path / "missing.py")) == TORCH
-
-
-def test_the_watch_reads_a_larger_world_less_often_and_its_variable_wins(monkeypatch):
-    monkeypatch.delenv(WATCH_ENV, raising=False)
-    assert [watch_interval(ranks) for ranks in (1, 8, 16, 64)] == [WATCH_INTERVAL_S, WATCH_INTERVAL_S,
-                                                                   2 * WATCH_INTERVAL_S, 8 * WATCH_INTERVAL_S]
-    monkeypatch.setenv(WATCH_ENV, "0.5")
-    assert watch_interval(64) == 0.5, "SIMULATORS_WATCH_INTERVAL sets the interval whatever the world"
-    monkeypatch.setenv(WATCH_ENV, "0")
-    assert watch_interval(8) is None, "SIMULATORS_WATCH_INTERVAL=0 turns the watch off"
