@@ -20,6 +20,7 @@ the run did not use (a ``sim-xla`` deviation in a ``sim`` run, a ``worlds =
 from __future__ import annotations
 
 import sys
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -125,11 +126,13 @@ class Manifest:
             result.manifest_reason = deviation.reason
         return result
 
-    def unused(self) -> list[Deviation]:
-        """Deviations that matched no result so far, among those of the backends and worlds results came from."""
+    def unused(self, among: Collection[str] | None = None) -> list[Deviation]:
+        """Deviations that matched no result so far, among those of the backends and worlds results came from (and,
+        given ``among``, of those case IDs: the cases a run selected)."""
         return [
             d for i, d in enumerate(self.deviations)
             if i not in self._used
+            and (among is None or d.id in among)
             and (not d.backends or self._backends.intersection(d.backends))
             and (not d.worlds or self._worlds.intersection(d.worlds))
         ]

@@ -221,8 +221,7 @@ def _coverage_warnings(cases: list[Case], worlds: list[World], options: RunOptio
         selected = {c.id for c in cases}
         warnings += [
             f"manifest {options.manifest.source}: deviation {d.id} matched no result"
-            for d in options.manifest.unused()
-            if not options.patterns or d.id in selected
+            for d in options.manifest.unused(among=selected if options.patterns else None)
         ]
     return warnings
 

@@ -138,18 +138,19 @@ class _FusedAttention(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
         query, key, value, attn_mask, _output, _log_sum_exp = ctx.saved_tensors
         inputs = [_payload(tensor).detach().requires_grad_(tensor.requires_grad) for tensor in (query, key, value)]
-        grads = iter(_gradients(ctx, inputs, attn_mask, query, grad))
+        grads = iter(_gradients(ctx, inputs, attn_mask, grad))
         gradients = tuple(type(query).wrap(_fresh(next(grads), tensor.dtype), query.device_index, checked=True)
                           if payload.requires_grad else None for payload, tensor in zip(inputs, (query, key, value)))
         _backward_workspace(query)
         return (*gradients, None, None)
 
 
-def _gradients(ctx: Any, inputs: list[torch.Tensor], attn_mask: Any, query: torch.Tensor, grad: torch.Tensor) -> list:
-    """The gradients of the ``inputs`` (payloads) that require one, recomputed with the forward's random state; in
-    no-compute mode (meta payloads) the inputs' shapes only, which :func:`_fresh` lays out anew."""
+def _gradients(ctx: Any, inputs: list[torch.Tensor], attn_mask: Any, grad: torch.Tensor) -> list:
+    """The gradients of the ``inputs`` (the query's, key's and value's payloads) that require one, recomputed with the
+    forward's random state; in no-compute mode (meta payloads) the inputs' shapes only, which :func:`_fresh` lays out
+    anew."""
     wanted = [payload for payload in inputs if payload.requires_grad]
-    if _payload_of(query).is_meta:
+    if inputs[0].is_meta:
         return wanted
     dropout_p, is_causal, scale, enable_gqa = ctx.options
     with torch.random.fork_rng(devices=[]), torch.enable_grad():

@@ -94,5 +94,5 @@ def test_hf_accelerate_passes_except_its_manifest(capsys, worlds):
     unexpected = [f"{r.id}[{r.world}]" for r in run.unexpected_passes]
     assert unexpected == [], f"manifest entries that HF now passes (remove or narrow them): {unexpected}"
     assert manifest is not None, "HF accelerate's bundled manifest is missing"
-    unused = [f"{d.id} {d.worlds or ''}" for d in manifest.unused() if not selected or d.id in selected]
+    unused = [f"{d.id} {d.worlds or ''}" for d in manifest.unused(among=selected or None)]
     assert unused == [], f"manifest entries that matched no result: {unused}"
