@@ -37,6 +37,8 @@ from simulators.flight_recorder import Diagnosis, diagnose
 from simulators.watchdog import dump_flight_records, dump_stacks
 
 TIMEOUT_STATUS = 124
+#: Seconds a rank whose script has returned gets to finish exiting after another rank failed.
+EXITING_GRACE_S = 5.0
 _BOOTSTRAP = (sys.executable, "-m", "simulators._bootstrap")
 
 
@@ -201,7 +203,7 @@ def _execute(
                         logs=forked, like_spawned=forked, zygote=zygote)
     output = _RankLogs(ranks) if forked else _RankPipes(ranks)
     try:
-        result = _watch(ranks, timeout, watch)
+        result = _watch(ranks, timeout, watch, returned=lambda rank: returned_path(workdir, rank).exists())
     finally:
         kill_all(ranks)
         tails = output.join()
@@ -213,9 +215,13 @@ def _execute(
     return result
 
 
-def _watch(ranks: Sequence[RankProcess], timeout: float | None, watch: float | None = None) -> LaunchResult:
+def _watch(
+    ranks: Sequence[RankProcess], timeout: float | None, watch: float | None = None,
+    returned: Callable[[int], bool] = lambda rank: False,
+) -> LaunchResult:
     """Wait for every rank to exit; stop at the first failure, at a collective mismatch (with ``watch``, see
-    :func:`launch`) or at the timeout."""
+    :func:`launch`) or at the timeout. At a failure, ranks whose script has ``returned`` are given
+    :data:`EXITING_GRACE_S` to finish exiting, so that their exit codes are known (see :func:`_reap_exiting`)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     pending = list(ranks)
     exit_codes: dict[int, int] = {}
@@ -239,9 +245,24 @@ def _watch(ranks: Sequence[RankProcess], timeout: float | None, watch: float | N
             exit_codes[rank.rank] = rank.proc.wait()
         failed = [rank.rank for rank in ready if exit_codes[rank.rank] != 0]
         if failed:
+            _reap_exiting([rank for rank in pending if returned(rank.rank)], exit_codes)
             return LaunchResult("failed", shell_status(exit_codes[failed[0]]), failed_rank=failed[0],
                                 exit_codes=exit_codes)
     return LaunchResult("ok", 0, exit_codes=exit_codes)
+
+
+def _reap_exiting(exiting: Sequence[RankProcess], exit_codes: dict[int, int]) -> None:
+    """Record the exit codes of ``exiting`` ranks (their script returned) that end within :data:`EXITING_GRACE_S`.
+
+    A rank that has finished closes its gloo pairs as it exits, and a peer left waiting alone in a collective
+    fails at that moment, often before the finished rank's own exit is seen: without its exit code, the dry run
+    could not tell that rank as the one that had finished (``waited alone ... after rank(s) 0 had finished``)."""
+    deadline = time.monotonic() + EXITING_GRACE_S
+    pending = list(exiting)
+    while pending and (remaining := deadline - time.monotonic()) > 0:
+        for rank in wait(pending, timeout=remaining):
+            pending.remove(rank)
+            exit_codes[rank.rank] = rank.proc.wait()
 
 
 #: Lines of each rank's output a launch keeps for the dry run's findings.

@@ -130,6 +130,25 @@ def test_a_failing_rank_ends_the_run_while_a_peer_waits_in_a_gloo_barrier(tmp_pa
     assert_gone(recorded_pids(pids))
 
 
+def test_a_rank_that_returned_and_is_still_exiting_when_a_peer_fails_has_its_exit_code(tmp_path, capsys):
+    """Rank 0 returns from its script, closes its gloo pairs and takes a second more to exit; rank 1, alone in
+    a barrier, fails as the pairs close, before rank 0's exit: rank 0's exit code (0) is still recorded, since
+    a dry run tells the rank that finished from one stopped by the failure with it."""
+    script = write_script(tmp_path, """
+    import atexit, os, time
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    if os.environ["RANK"] == "0":
+        atexit.register(time.sleep, 1.0)
+        atexit.register(dist.destroy_process_group)  # runs first: the pairs close, then the sleep
+    else:
+        dist.barrier()
+    """)
+    result = launch([str(script)], World.of(2), timeout=60)
+    assert (result.status, result.failed_rank) == ("failed", 1), capsys.readouterr().err
+    assert result.exit_codes == {0: 0, 1: 1}, f"rank 0 finished cleanly but was recorded as {result.exit_codes}"
+
+
 @SPAWNED_AND_FORKED
 def test_timeout_dumps_the_stack_of_every_live_rank_and_kills_them(tmp_path, capsys, assert_gone, preload):
     pids = tmp_path / "pids"
