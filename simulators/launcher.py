@@ -13,13 +13,14 @@ Rules:
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -37,6 +38,10 @@ from simulators.flight_recorder import Diagnosis, diagnose
 from simulators.watchdog import dump_flight_records, dump_stacks
 
 TIMEOUT_STATUS = 124
+#: What the fork server of :func:`run`'s ranks imports: torch, which every rank function here reaches and which
+#: reads nothing of a rank's own environment at import (its threads are set in each rank, see
+#: :mod:`simulators._zygote`).
+RUN_PRELOAD = ("torch",)
 #: Seconds a rank whose script has returned gets to finish exiting after another rank failed.
 EXITING_GRACE_S = 5.0
 _BOOTSTRAP = (sys.executable, "-m", "simulators._bootstrap")
@@ -121,15 +126,11 @@ def launch(
         reports = Path(workdir, "memory")
         reports.mkdir()
         env = {**(env or {}), MEMORY_REPORTS_ENV: str(reports)}
-        zygote = Zygote(base_env(env, pythonpath), Path(workdir, "zygote.log"), [_BOOTSTRAP[2], *preload]) if preload else None
-        try:
+        with _fork_server(env, pythonpath, Path(workdir), preload) as zygote:
             result = _execute(
                 [*_BOOTSTRAP, *argv], world, timeout=timeout, env=env,
                 cwd=cwd, workdir=Path(workdir), pythonpath=pythonpath, watch=watch, zygote=zygote,
             )
-        finally:
-            if zygote is not None:
-                zygote.close()
         result.memory = read_memory_reports(reports, world.size)
     if result.status != "ok":
         print(result.message, file=sys.stderr, flush=True)
@@ -148,7 +149,8 @@ def run(
     """Call ``fn(*args, **kwargs)`` on every rank of a ``world``-rank world; return the values in rank order.
 
     ``fn`` travels by reference (a module-level function; the ranks get the
-    driver's ``sys.path``). Raises RankFailure when a rank raises or dies,
+    driver's ``sys.path``). The ranks are forked from a fork server that imported
+    :data:`RUN_PRELOAD` once (:mod:`simulators._zygote`), as a launch with ``preload`` does. Raises RankFailure when a rank raises or dies,
     RankTimeout when ``timeout`` seconds pass first.
     """
     shape = World.of(world, machines)
@@ -157,7 +159,8 @@ def run(
         call_file = workdir / "call.pkl"
         write_call(call_file, fn, tuple(args), dict(kwargs or {}))
         argv = [*_BOOTSTRAP, CALL_FLAG, str(call_file), str(workdir)]
-        result = _execute(argv, shape, timeout=timeout, env=env, cwd=None, workdir=workdir)
+        with _fork_server(env, (), workdir, RUN_PRELOAD) as zygote:
+            result = _execute(argv, shape, timeout=timeout, env=env, cwd=None, workdir=workdir, zygote=zygote)
         if result.status == "timeout":
             raise RankTimeout(timeout, result.running, result.stacks)
         if result.failed_rank is not None:
@@ -169,6 +172,20 @@ def run(
                 raise _rank_failure(result, workdir, rank)
             values.append(value)
         return values
+
+
+@contextlib.contextmanager
+def _fork_server(env: Mapping[str, str] | None, pythonpath: Sequence[str], workdir: Path,
+                 preload: Sequence[str]) -> Iterator[Zygote | None]:
+    """A fork server for one launch's ranks that imported ``preload`` (None without one: the ranks are spawned)."""
+    if not preload:
+        yield None
+        return
+    zygote = Zygote(base_env(env or {}, pythonpath), workdir / "zygote.log", [_BOOTSTRAP[2], *preload])
+    try:
+        yield zygote
+    finally:
+        zygote.close()
 
 
 def _read_result(workdir: Path, rank: int) -> tuple[str, Any]:
