@@ -10,15 +10,20 @@ report ``-SIGKILL``.
 """
 from __future__ import annotations
 
+import atexit
+import contextlib
 import functools
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from simulators._zygote import PRELOAD_ENV
@@ -107,6 +112,72 @@ class Zygote:
     def _error(self, reason: str) -> ZygoteError:
         tail = self.log_file.read_text(errors="replace")[-4000:] if self.log_file.exists() else ""
         return ZygoteError(f"{reason}; its log ends:\n{tail}")
+
+
+class KeptZygote:
+    """A :class:`Zygote` with ``preload`` kept from one use to the next, as multiprocessing's forkserver keeps its
+    server: ranks of later uses with the same environment skip starting one (a Python and its torch import).
+
+    A use with another environment replaces it; pytest's ``PYTEST_CURRENT_TEST``, which changes at every test
+    and which no import reads, does not count, so that a test suite's calls share one zygote. It ends at the
+    driver's exit (and dies with the driver before that, see :mod:`simulators.spawn`). It serves one use at a
+    time: a use that finds it in use by another thread gets a zygote of its own for that use, and a forked copy
+    of the driver never shares it."""
+
+    def __init__(self, preload: Sequence[str]) -> None:
+        self.preload = tuple(preload)
+        self._lock = threading.Lock()
+        self._zygote: Zygote | None = None
+        self._env: dict[str, str] | None = None
+        self._folder: str | None = None
+        os.register_at_fork(after_in_child=self._forget)
+        atexit.register(self.close)
+
+    @contextlib.contextmanager
+    def use(self, env: Mapping[str, str]) -> Iterator[Zygote]:
+        """The kept zygote for ranks whose base environment is ``env``, started or replaced when needed."""
+        if not self._lock.acquire(blocking=False):
+            with tempfile.TemporaryDirectory(prefix="simulators-zygote-") as folder:
+                zygote = Zygote(env, Path(folder, "zygote.log"), self.preload)
+                try:
+                    yield zygote
+                finally:
+                    zygote.close()
+            return
+        try:
+            if self._zygote is None or _imports_env(self._env) != _imports_env(env) or not self._zygote.alive:
+                self._end()
+                self._folder = tempfile.mkdtemp(prefix="simulators-zygote-")
+                self._zygote, self._env = Zygote(env, Path(self._folder, "zygote.log"), self.preload), dict(env)
+            yield self._zygote
+        finally:
+            self._lock.release()
+
+    def close(self) -> None:
+        """End the kept zygote, if any."""
+        with self._lock:
+            self._end()
+
+    def _end(self) -> None:
+        if self._zygote is not None:
+            self._zygote.close()
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+        self._zygote = self._env = self._folder = None
+
+    def _forget(self) -> None:
+        """In a forked copy of the driver: the zygote and its pipes are the parent's; start afresh."""
+        self._lock = threading.Lock()
+        self._zygote = self._env = self._folder = None
+
+
+#: Variables that change while a driver runs and that no import reads: pytest's name of the test it runs.
+_NOT_READ_AT_IMPORT = ("PYTEST_CURRENT_TEST",)
+
+
+def _imports_env(env: Mapping[str, str] | None) -> dict[str, str] | None:
+    """Of ``env``, what a zygote's imports could read (see :class:`KeptZygote`)."""
+    return None if env is None else {name: value for name, value in env.items() if name not in _NOT_READ_AT_IMPORT}
 
 
 class ForkedProcess:

@@ -28,7 +28,7 @@ from typing import IO, Any, Callable, Literal
 
 from simulators.calls import CALL_FLAG, read_result, result_path, write_call
 from simulators.ports import free_port
-from simulators.forking import Zygote
+from simulators.forking import KeptZygote, Zygote
 from simulators.spawn import (
     MEMORY_REPORTS_ENV, TAIL_LINES, RankProcess, base_env, describe_exit, kill_all, read_memory_reports, returned_path, shell_status,
     spawn_world,
@@ -45,6 +45,8 @@ RUN_PRELOAD = ("torch",)
 #: Seconds a rank whose script has returned gets to finish exiting after another rank failed.
 EXITING_GRACE_S = 5.0
 _BOOTSTRAP = (sys.executable, "-m", "simulators._bootstrap")
+#: The fork server of :func:`run`, kept from one call to the next.
+_RUN_ZYGOTE = KeptZygote([_BOOTSTRAP[2], *RUN_PRELOAD])
 
 
 @dataclass
@@ -149,9 +151,10 @@ def run(
     """Call ``fn(*args, **kwargs)`` on every rank of a ``world``-rank world; return the values in rank order.
 
     ``fn`` travels by reference (a module-level function; the ranks get the
-    driver's ``sys.path``). The ranks are forked from a fork server that imported
-    :data:`RUN_PRELOAD` once (:mod:`simulators._zygote`), as a launch with ``preload`` does. Raises RankFailure when a rank raises or dies,
-    RankTimeout when ``timeout`` seconds pass first.
+    driver's ``sys.path`` and working directory). The ranks are forked from a fork server
+    that imported :data:`RUN_PRELOAD` once (:mod:`simulators._zygote`), kept for the next call
+    with the same environment (:class:`simulators.forking.KeptZygote`). Raises RankFailure when
+    a rank raises or dies, RankTimeout when ``timeout`` seconds pass first.
     """
     shape = World.of(world, machines)
     with tempfile.TemporaryDirectory(prefix="simulators-run-") as tmp:
@@ -159,8 +162,8 @@ def run(
         call_file = workdir / "call.pkl"
         write_call(call_file, fn, tuple(args), dict(kwargs or {}))
         argv = [*_BOOTSTRAP, CALL_FLAG, str(call_file), str(workdir)]
-        with _fork_server(env, (), workdir, RUN_PRELOAD) as zygote:
-            result = _execute(argv, shape, timeout=timeout, env=env, cwd=None, workdir=workdir, zygote=zygote)
+        with _RUN_ZYGOTE.use(base_env(env or {})) as zygote:
+            result = _execute(argv, shape, timeout=timeout, env=env, cwd=os.getcwd(), workdir=workdir, zygote=zygote)
         if result.status == "timeout":
             raise RankTimeout(timeout, result.running, result.stacks)
         if result.failed_rank is not None:

@@ -20,6 +20,10 @@ def env_of_rank():
     return {name: os.environ[name] for name in TORCHRUN_VARS} | {"pid": os.getpid()}
 
 
+def parent_pid_and_cwd():
+    return os.getppid(), os.getcwd()
+
+
 def rank_and_pid():
     return rank(), os.getpid()
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 import simulators
-from simulators import RankFailure, RankTimeout, World, launch
+from simulators import RankFailure, RankTimeout, World, launch, launcher
 from tests.simulators import rank_functions as ranks
 
 pytestmark = pytest.mark.slow
@@ -196,6 +196,25 @@ def test_env_extras_reach_the_ranks_and_override_defaults():
     assert simulators.run(os.getenv, world=2, args=("OMP_NUM_THREADS",), timeout=30, env=extras) == ["3", "3"]
     assert simulators.run(os.getenv, world=2, args=("SIMULATORS_TEST_EXTRA",), timeout=30, env=extras) == ["yes", "yes"]
     assert simulators.run(os.getenv, world=1, args=("OMP_NUM_THREADS",), timeout=30) == ["1"]
+
+
+def test_run_keeps_its_fork_server_for_the_next_call_in_the_same_environment(tmp_path, monkeypatch, assert_gone):
+    """The ranks of calls with one environment are forked by one server, in the driver's working directory of
+    their call; another environment gets another server, and the first ends then; none outlives close()."""
+    def servers_and_folders(**options):
+        found = simulators.run(ranks.parent_pid_and_cwd, timeout=30, **options)
+        return {server for server, _ in found}, {folder for _, folder in found}
+
+    first, _ = servers_and_folders(world=2)
+    monkeypatch.chdir(tmp_path)
+    second, folders = servers_and_folders(world=2)
+    assert len(first) == 1 and second == first, f"two calls in one environment were forked by servers {first}, {second}"
+    assert folders == {str(tmp_path)}, f"ranks started in {folders}, not in the driver's {tmp_path}"
+    other, _ = servers_and_folders(world=1, env={"SIMULATORS_TEST_EXTRA": "yes"})
+    assert other != first, "a call in another environment was forked by the server of the first"
+    assert_gone(first)
+    launcher._RUN_ZYGOTE.close()
+    assert_gone(other)
 
 
 def test_run_raises_rank_failure_with_the_traceback():
