@@ -126,13 +126,20 @@ class _Warnings(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-def _leftovers() -> list[psutil.Process]:
-    """Processes this driver started that still run (zombies not yet reaped count: they are not gone)."""
-    return [child for child in psutil.Process().children(recursive=True) if child.is_running()]
+def _descendants() -> set[psutil.Process]:
+    """This driver's descendants that still run (zombies not yet reaped count: they are not gone)."""
+    return {child for child in psutil.Process().children(recursive=True) if child.is_running()}
+
+
+def _leftovers(before: set[psutil.Process]) -> set[psutil.Process]:
+    """Descendants that still run and did not before a fault: what it left (not, say, the fork server that
+    ``simulators.run`` keeps between calls, which an earlier test in this process may have started)."""
+    return _descendants() - before
 
 
 def run_fault(fault: Fault) -> Verdict:
     """Run one fault in a fresh backend, close it, and count what is left."""
+    before = _descendants()
     backend = SimBackend("accelerate_ref", case_timeout=CASE_TIMEOUT, env=DEBUG_ENV if fault.debug else None)
     warnings = _Warnings()
     logging.getLogger("simulators").addHandler(warnings)
@@ -146,7 +153,7 @@ def run_fault(fault: Fault) -> Verdict:
     text = "\n".join([*warnings.lines, result.message, *result.stacks.values()])
     found = re.search(fault.diagnosis, text)
     line = next((line.strip() for line in text.splitlines() if found and found.group(0) in line), "")
-    left = len(_leftovers())
+    left = len(_leftovers(before))
     ok = result.status.value in fault.statuses and bool(found) and left == 0
     return Verdict(fault.name, result.status.value, result.duration_s, line or _first(result.message), left, ok)
 
@@ -165,6 +172,7 @@ _DRIVER = textwrap.dedent("""
 def run_driver_killed(timeout: float = 60.0) -> Verdict:
     """SIGKILL a driver whose ranks are up; every process it started must be gone within 5 s."""
     started = time.monotonic()
+    before = _descendants()
     driver = subprocess.Popen([sys.executable, "-c", _DRIVER], stdout=subprocess.PIPE, text=True)
     try:
         assert driver.stdout.readline().strip() == "running"
@@ -182,7 +190,7 @@ def run_driver_killed(timeout: float = 60.0) -> Verdict:
         driver.kill()
         driver.wait()
         driver.stdout.close()
-    left = len(alive) + len(_leftovers())
+    left = len(alive) + len(_leftovers(before))
     diagnosis = f"{len(descendants)} processes (ranks, fork server) gone {gone_s:.2f} s after the driver's SIGKILL"
     return Verdict("driver SIGKILLed", "KILLED", time.monotonic() - started, diagnosis, left,
                    left == 0 and len(descendants) > WORLD.size)
