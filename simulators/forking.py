@@ -128,7 +128,7 @@ class KeptZygote:
         self.preload = tuple(preload)
         self._lock = threading.Lock()
         self._zygote: Zygote | None = None
-        self._env: dict[str, str] | None = None
+        self._env: dict[str, str] | None = None  # the kept zygote's environment, as far as imports read it
         self._folder: str | None = None
         os.register_at_fork(after_in_child=self._forget)
         atexit.register(self.close)
@@ -137,18 +137,15 @@ class KeptZygote:
     def use(self, env: Mapping[str, str]) -> Iterator[Zygote]:
         """The kept zygote for ranks whose base environment is ``env``, started or replaced when needed."""
         if not self._lock.acquire(blocking=False):
-            with tempfile.TemporaryDirectory(prefix="simulators-zygote-") as folder:
-                zygote = Zygote(env, Path(folder, "zygote.log"), self.preload)
-                try:
-                    yield zygote
-                finally:
-                    zygote.close()
+            with tempfile.TemporaryDirectory(prefix="simulators-zygote-") as folder, \
+                    contextlib.closing(Zygote(env, Path(folder, "zygote.log"), self.preload)) as zygote:
+                yield zygote
             return
         try:
-            if self._zygote is None or _imports_env(self._env) != _imports_env(env) or not self._zygote.alive:
+            if self._zygote is None or self._env != _imports_env(env) or not self._zygote.alive:
                 self._end()
                 self._folder = tempfile.mkdtemp(prefix="simulators-zygote-")
-                self._zygote, self._env = Zygote(env, Path(self._folder, "zygote.log"), self.preload), dict(env)
+                self._zygote, self._env = Zygote(env, Path(self._folder, "zygote.log"), self.preload), _imports_env(env)
             yield self._zygote
         finally:
             self._lock.release()
@@ -175,9 +172,9 @@ class KeptZygote:
 _NOT_READ_AT_IMPORT = ("PYTEST_CURRENT_TEST",)
 
 
-def _imports_env(env: Mapping[str, str] | None) -> dict[str, str] | None:
+def _imports_env(env: Mapping[str, str]) -> dict[str, str]:
     """Of ``env``, what a zygote's imports could read (see :class:`KeptZygote`)."""
-    return None if env is None else {name: value for name, value in env.items() if name not in _NOT_READ_AT_IMPORT}
+    return {name: value for name, value in env.items() if name not in _NOT_READ_AT_IMPORT}
 
 
 class ForkedProcess:

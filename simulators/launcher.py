@@ -184,11 +184,8 @@ def _fork_server(env: Mapping[str, str] | None, pythonpath: Sequence[str], workd
     if not preload:
         yield None
         return
-    zygote = Zygote(base_env(env or {}, pythonpath), workdir / "zygote.log", [_BOOTSTRAP[2], *preload])
-    try:
+    with contextlib.closing(Zygote(base_env(env or {}, pythonpath), workdir / "zygote.log", [_BOOTSTRAP[2], *preload])) as zygote:
         yield zygote
-    finally:
-        zygote.close()
 
 
 def _read_result(workdir: Path, rank: int) -> tuple[str, Any]:
