@@ -27,6 +27,8 @@ one PrivateUse1 device):
   (:mod:`simulators.devices.lazy_host`);
 - tells the memory books of a storage resized in place (FSDP2 frees and
   re-allocates its unsharded parameters with ``UntypedStorage.resize_``);
+- lets a library's ``Parameter`` subclass hold the family's tensors
+  (:mod:`simulators.devices.parameter_subclasses`: bitsandbytes' quantized weights);
 - makes ``Tensor.record_stream`` a no-op for the family's tensors (the mock's
   ops finish at once) and lets FSDP1's ``sync_module_states`` broadcast them
   whole (not their CPU payloads), so that torch's FSDP1 runs;
@@ -50,7 +52,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-from simulators.devices import autocast, lazy_host, loading, no_compute, peaks
+from simulators.devices import autocast, lazy_host, loading, no_compute, parameter_subclasses, peaks
 from simulators.devices.import_hooks import after_import
 from simulators.devices.tensor import (DEVICE_KERNELS, PAYLOAD_ADAPTERS, DeviceTensor, add_function_rule, swap_tensors,
                                       swapping_data)
@@ -96,6 +98,7 @@ def install(
     torch.Tensor.record_stream = _recording_on_mock_streams(torch.Tensor.record_stream)
     torch.Tensor._make_wrapper_subclass = _on_the_hidden_device(torch.Tensor._make_wrapper_subclass,
                                                                 tensor_class.device_type, hidden_name)
+    parameter_subclasses.install()
     torch.UntypedStorage.resize_ = _counting_resizes(torch.UntypedStorage.resize_, tensor_class.memory)
     after_import("torch.distributed.fsdp._init_utils", _sync_mock_tensors_whole)
     _installed.append(tensor_class)

@@ -152,6 +152,11 @@ def _cuda_accelerator() -> torch.device:
     return torch.device("cuda")
 
 
+def _null_stream(device_index: int) -> int:
+    """``torch._C._cuda_getCurrentRawStream``: the raw handle of the current stream, CUDA's null stream (0)."""
+    return 0
+
+
 def _pinned(self: torch.Tensor, device: Any = None) -> torch.Tensor:
     """``Tensor.pin_memory``: a copy in host memory (see the module docstring)."""
     return self.clone()
@@ -190,6 +195,9 @@ def install() -> None:
     # default device): a CUDA build says ``cuda``, not the PrivateUse1 name (which a mesh refuses: not alphabetic).
     torch._C._get_accelerator = torch._C._accelerator_getAccelerator = _cuda_accelerator
     torch.Tensor.pin_memory = _pinned
+    # bitsandbytes' CUDA backend reads the current stream's raw handle at import (``torch._C._cuda_getCurrentRawStream``,
+    # bitsandbytes/backends/cuda/ops.py) to pass to its kernels; the mock's streams wait for nothing: the null stream.
+    torch._C._cuda_getCurrentRawStream = _null_stream
     cuda_libraries.plain_for_optimizers(CudaTensor)
     attention.install(CudaTensor)
     tensor.PAYLOAD_KERNELS.update(flash_attention.PAYLOAD_KERNELS)

@@ -131,7 +131,7 @@ def swap_in(variable: torch.Tensor, data: torch.Tensor) -> None:
     Between two tensors of one mock family, torch's ``set_data`` takes the new sizes and the payload follows.
     Otherwise ``variable`` is swapped (``torch.utils.swap_tensors``) for a tensor of ``data``'s device with
     ``data``'s values, a parameter with ``variable``'s ``requires_grad`` if ``variable`` was one."""
-    if isinstance(variable, DeviceTensor) and type(variable) is type(data):
+    if isinstance(variable, DeviceTensor) and isinstance(data, DeviceTensor) and family_of(type(variable)) is family_of(type(data)):
         with torch._C.DisableTorchFunction():
             _SET_DATA_OF(variable, data)
         variable._payload, variable.device_index = data._payload, data.device_index
@@ -373,10 +373,15 @@ class DeviceTensor(torch.Tensor):
             out = lowp_matmul.run(func, payload_args, payload_kwargs)
         if settle is not None:
             out = settle(out)
-        wrapped = _map(_rewrapper(type(first), index, on_device, checked=target is None), out)
+        family = family_of(type(first))
+        wrapped = _map(_rewrapper(family, index, on_device, checked=target is None), out)
         if torch.Tag.inplace_view in func.tags:  # resize_, t_, set_...: the rewrap gave ``self`` its payload's new shape
             return args[0]
-        return return_and_correct_aliasing(func, args, kwargs, wrapped) if _aliases(func) else wrapped
+        if not _aliases(func):
+            return wrapped
+        if family is not type(first):
+            args = _read_aliases_of_family(func, args)
+        return return_and_correct_aliasing(func, args, kwargs, wrapped)
 
 
 class _MoveBetweenIndices(torch.autograd.Function):
@@ -393,10 +398,35 @@ class _MoveBetweenIndices(torch.autograd.Function):
         return _moved(grad, index, dtype, None), None, None, None
 
 
+def family_of(cls: type[DeviceTensor]) -> type[DeviceTensor]:
+    """The family class of a mock tensor's class: the class op results are made of (a library's parameter subclass
+    on the device, :mod:`simulators.devices.parameter_subclasses`, gives results of its family, not of itself)."""
+    return getattr(cls, "_family", cls)
+
+
+def _read_aliases_of_family(func: Any, args: tuple) -> tuple:
+    """``args`` with each library parameter subclass on the device that ``func`` returns a view of (``detach``,
+    ``view``...) replaced by a tensor of its family on the same payload and storage: the view is of the family (as on
+    a GPU, where a view of a ``Params4bit`` is a plain tensor), and ``return_and_correct_aliasing`` wants a view's
+    type to be its base's."""
+    viewed = {index for index, argument in enumerate(func._schema.arguments)
+              if argument.alias_info is not None and not argument.alias_info.is_write}
+
+    def as_family(tensor: Any) -> Any:
+        family = family_of(type(tensor)) if isinstance(tensor, DeviceTensor) else None
+        if family is None or family is type(tensor):
+            return tensor
+        twin = family(tensor._payload, tensor.device_index)
+        torch._functionalize_unsafe_set(twin, tensor)
+        return twin
+
+    return tuple(as_family(value) if index in viewed else value for index, value in enumerate(args))
+
+
 def _moved(tensor: DeviceTensor, index: int, dtype: torch.dtype, memory_format: Any) -> DeviceTensor:
     """A copy of ``tensor`` on index ``index`` of its family, as ``dtype``."""
     options = {"memory_format": memory_format} if memory_format is not None else {}
-    return type(tensor).wrap(tensor._payload.to(dtype, copy=True, **options), index)
+    return family_of(type(tensor)).wrap(tensor._payload.to(dtype, copy=True, **options), index)
 
 
 @functools.cache
