@@ -34,7 +34,7 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e ".[test,hf,transformers,trackers]"
+	$(PY) -m pip install --quiet -e ".[test,hf,transformers,trackers,finetune]"
 	# bitsandbytes' CPU backend runs the 8-bit case; --no-deps, so pip never replaces torch (extra "bnb").
 	$(PY) -m pip install --quiet --no-deps "bitsandbytes>=0.45"
 	# torchdata's StatefulDataLoader backs use_stateful_dataloader; --no-deps: its metadata pins torch.

@@ -122,7 +122,7 @@ def arithmetic(config: dict, ranks: int) -> dict[str, int]:
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config, tie_word_embeddings=False))
     shard = sum(math.ceil(param.shape[0] / ranks) * param[0].numel() for param in model.parameters()) * 4
     counters = 4 * len(list(model.parameters()))  # AdamW's step, a 0-dim fp32 tensor per parameter
-    return {"parameters": shard, "gradients": shard, "optimizer_state": 2 * shard + counters}
+    return {"trainable_parameters": shard, "frozen_parameters": 0, "quantized_weights": 0, "gradients": shard, "optimizer_state": 2 * shard + counters}
 
 
 def check_states(name: str, ranks: int, states: dict[str, int]) -> str:

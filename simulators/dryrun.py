@@ -48,6 +48,8 @@ FORK_SAFE = {
     "accelerate_ref": ("accelerate_ref.accelerator",),
     "safetensors": ("safetensors.torch",),
 }
+#: Parts of a peak the summary leaves out when they are 0 (a full fine-tune has no frozen or quantized weights).
+OPTIONAL_PARTS = frozenset({"frozen_parameters", "quantized_weights"})
 #: gloo's words when the rank at the other end of a collective has gone.
 PEER_GONE = "Connection closed by peer"
 RECOMPILATION = re.compile(r"XLA recompilation at step[^\n]*")
@@ -210,6 +212,7 @@ def record(result: LaunchResult, world: World, script: str, budget: int | None =
             "memory": report["devices"] if report else {},
             "steps": report["steps"] if report else None,
             "placeholders": report.get("placeholders", []) if report else [],  # no-compute runs: values not computed
+            "batches": report.get("batches") if report else None,
             **_verdict(report, budget),
         })
     return {"world": {"ranks": world.size, "machines": world.machines}, "status": result.status,
@@ -223,7 +226,8 @@ def _memory_line(rank: dict) -> str | None:
     if rank["verdict"] == "unknown" or not rank["memory"]:
         return None
     device, peak = max(rank["memory"].items(), key=lambda item: (_reserved(item[1]), item[1]["peak"]))
-    parts = ", ".join(f"{name.replace('_', ' ')} {human(size)}" for name, size in peak["parts"].items())
+    parts = ", ".join(f"{name.replace('_', ' ')} {human(size)}" for name, size in peak["parts"].items()
+                      if size or name not in OPTIONAL_PARTS)
     verdict = (f"fits, {human(rank['headroom'])} headroom" if rank["verdict"] == "fits"
                else "no budget given (--device-memory or --gpu)")
     when = f"at step {peak['step']}" if peak["step"] else "before any optimizer step"
@@ -261,6 +265,25 @@ def _placeholder_lines(ranks: list[dict]) -> list[str]:
     return lines
 
 
+def _batch_lines(ranks: list[dict]) -> list[str]:
+    """Which batches ran first where the heaviest were asked for (``--heaviest-batches``), else a warning when the
+    batches that ran differed in size: the peak may come at a larger one the run did not reach."""
+    lines = []
+    for rank in ranks:
+        batches = rank.get("batches") or {}
+        ran = batches.get("ran", [])
+        sizes = {batch["size"] for batch in ran}
+        if batches.get("heaviest") and ran:
+            read = sum(batches.get("read", [])) or len(ran)
+            first = ", ".join(f"#{batch['index']} ({batch['size']:,} elements)" for batch in ran[1:batches["heaviest"] + 1])
+            lines.append(f"rank {rank['rank']}: of {read} batches read, ran the first, then the heaviest: {first}")
+        elif len(sizes) > 1:
+            lines.append(f"rank {rank['rank']}: the {len(ran)} batches it ran differ in size ({min(sizes):,} to "
+                         f"{max(sizes):,} elements): a larger batch later in the data may peak higher; "
+                         "--heaviest-batches K runs the largest first")
+    return ["-- batches --", *lines] if lines else []
+
+
 def summary(result: LaunchResult, world: World, script: str, budget: int | None = None, budget_name: str = "") -> str:
     """The run summary printed after a dry run (see :func:`record` for what it reports)."""
     found = record(result, world, script, budget)
@@ -274,6 +297,7 @@ def summary(result: LaunchResult, world: World, script: str, budget: int | None 
     if memory:
         of = f"budget {human(budget)} per device{f', {budget_name}' if budget_name else ''}" if budget else "no budget"
         lines += [f"-- memory per rank ({of}) --", *memory]
+    lines += _batch_lines(found["ranks"])
     lines += _placeholder_lines(found["ranks"])
     for rank, stack in sorted(result.stacks.items()):
         lines.append(f"--- rank {rank} stack ---\n{stack.rstrip()}")

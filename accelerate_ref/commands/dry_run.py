@@ -6,7 +6,8 @@ accelerate's launch variables; ``ACCELERATE_USE_CPU`` for ``cpu``) plus the
 simulator's for the family (:func:`simulators.dryrun.family_env`) and each
 mock device's memory budget (``--device-memory`` or a ``--gpu`` preset) and,
 with ``--no-compute``, tensors without values, with ``--steps N``, ranks that end after
-N optimizer steps (:mod:`simulators.devices.machine`); then
+N optimizer steps (:mod:`simulators.devices.machine`), with ``--heaviest-batches K``, each
+data loader's K largest batches first (:mod:`simulators.devices.batches`); then
 the simulator's run summary is printed (with each rank's peak device memory
 and its verdict against the budget; as JSON too with ``--summary-json``) and
 the launch's exit status returned. Ranks that enter different collectives
@@ -40,15 +41,17 @@ def _budget(args: argparse.Namespace) -> tuple[str | None, str]:
 
 
 def _check_mock_device_flags(args: argparse.Namespace, memory: str | None) -> None:
-    """Refuse what only a mock device family has (a budget, no-compute mode, a step limit) on ``--simulate cpu``,
-    and a step limit below 1 (ValueError, one line)."""
+    """Refuse what only a mock device family has (a budget, no-compute mode, a step limit, the heaviest batches first)
+    on ``--simulate cpu``, and a step or batch count below 1 (ValueError, one line)."""
     asked = (("a memory budget", memory is not None), ("--no-compute", getattr(args, "no_compute", False)),
-             ("--steps", getattr(args, "steps", None) is not None))
+             ("--steps", getattr(args, "steps", None) is not None),
+             ("--heaviest-batches", getattr(args, "heaviest_batches", None) is not None))
     for what, given in asked:
         if given and args.simulate == "cpu":
             raise ValueError(f"{what} needs a mock device: --simulate cuda, xla or npu (not cpu)")
-    if getattr(args, "steps", None) is not None and args.steps < 1:
-        raise ValueError(f"--steps {args.steps}: give at least 1")
+    for flag, count in (("--steps", getattr(args, "steps", None)), ("--heaviest-batches", getattr(args, "heaviest_batches", None))):
+        if count is not None and count < 1:
+            raise ValueError(f"{flag} {count}: give at least 1")
 
 
 #: (family, launch option, value) a family's hardware does not run, with why (refused before any rank starts).
@@ -68,6 +71,7 @@ def _check_family_runs(args: argparse.Namespace) -> None:
 
 def dry_run(args: argparse.Namespace) -> int:
     """Run ``args.training_script`` on the simulator and print the summary; return the launcher's exit status."""
+    from simulators.devices.batches import HEAVIEST_ENV
     from simulators.devices.machine import NO_COMPUTE_ENV, STEPS_ENV, gpu_env, machine_env, parse_size
     from simulators.dryrun import DEFAULT_TIMEOUT, family_env, preload, record, summary, watch_interval
     from simulators.launcher import launch
@@ -82,7 +86,8 @@ def dry_run(args: argparse.Namespace) -> int:
     env = {**launch_env(args, base={}), "ACCELERATE_USE_CPU": str(args.simulate == "cpu" or bool(args.cpu)),
            **family_env(args.simulate), **machine_env(args.simulate, memory=memory), **(gpu_env(preset) if preset else {}),
            **({NO_COMPUTE_ENV: "1"} if getattr(args, "no_compute", False) else {}),
-           **({STEPS_ENV: str(args.steps)} if getattr(args, "steps", None) else {})}
+           **({STEPS_ENV: str(args.steps)} if getattr(args, "steps", None) else {}),
+           **({HEAVIEST_ENV: str(args.heaviest_batches)} if getattr(args, "heaviest_batches", None) else {})}
     result = launch([args.training_script, *args.training_script_args], world,
                     timeout=args.timeout or DEFAULT_TIMEOUT, env=env, watch=watch_interval(),
                     preload=preload(args.training_script))

@@ -14,9 +14,9 @@ of ``--seq_len`` random tokens. ``--distributed``: ``ddp`` (every rank holds the
 model), ``fsdp`` (FSDP2 full shard, each decoder layer then the root), ``zero2``
 (DeepSpeed, the ``deepspeed`` extra); ``zero3`` is refused (`NO_ZERO3`). The table gives per rank
 the peak, the peak of what torch's caching allocator reserved (its model's, see
-``simulators.devices.caching_allocator``), the peak's parts (parameters, gradients,
-optimizer state: the optimizer's tensors; the rest: activations, temporaries,
-communication buffers) and where it was reached; ranks with the same figures share
+``simulators.devices.caching_allocator``), the peak's parts (parameters: the
+model's, trainable, frozen and quantized together; gradients; optimizer state;
+the rest: activations, temporaries, communication buffers) and where it was reached; ranks with the same figures share
 a row. With ``--gpu`` (or ``--device-memory``) each row ends with the verdict of the
 reserved peak against that budget.
 
@@ -153,6 +153,8 @@ def estimate_training(args: argparse.Namespace) -> int:
 def rows(found: dict) -> list[list[str]]:
     """One row per group of ranks with the same peak and parts: ranks, peak, reserved peak, the parts, where, the
     verdict (by the reserved peak: what the caching allocator took from the card)."""
+    from simulators.devices.peaks import PARAMETER_PARTS
+
     grouped: dict[tuple, list[int]] = {}
     for rank in found["ranks"]:
         if not rank["memory"]:
@@ -165,7 +167,7 @@ def rows(found: dict) -> list[list[str]]:
             if rank["verdict"] != "out_of_memory" and rank["state"] != "exit 0":
                 verdict = f"failed: {rank['state']} (see below)"
             key = (convert_bytes(device["peak"]), convert_bytes(device.get("reserved", device["peak"])),
-                   convert_bytes(parts["parameters"]), convert_bytes(parts["gradients"]),
+                   convert_bytes(sum(parts[kind] for kind in PARAMETER_PARTS)), convert_bytes(parts["gradients"]),
                    convert_bytes(parts["optimizer_state"]), convert_bytes(parts["other"]),
                    f"step {device['step']}, {device['at'] or '?'}", verdict)
         grouped.setdefault(key, []).append(rank["rank"])

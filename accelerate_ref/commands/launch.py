@@ -426,7 +426,8 @@ def validate(args: argparse.Namespace) -> None:
     dry_run_only = [flag for flag, value in (("--device-memory", getattr(args, "device_memory", None)), ("--gpu", getattr(args, "gpu", None)),
                                              ("--summary-json", getattr(args, "summary_json", None)),
                                              ("--no-compute", getattr(args, "no_compute", False)),
-                                             ("--steps", getattr(args, "steps", None))) if value]
+                                             ("--steps", getattr(args, "steps", None)),
+                                             ("--heaviest-batches", getattr(args, "heaviest_batches", None))) if value]
     if dry_run_only and not args.simulate:
         raise LaunchError(f"{', '.join(dry_run_only)}: only for a dry run (add --simulate cuda, xla or npu)")
     # A dry run puts every simulated machine on this host: no address to give.

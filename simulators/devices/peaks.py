@@ -10,11 +10,16 @@ Rules (:class:`simulators.devices.memory.DeviceMemory` calls :func:`on_peak` and
 - the line of a peak is the innermost frame of the user's script
   (``$SIMULATORS_SCRIPT``, set by the rank's bootstrap) on the stack when the
   device reached it;
-- what a device held at its peak is split into parameters, gradients and
-  optimizer state (the tensors every optimizer created in the process holds:
-  its parameters, their ``.grad``, its ``state``; for a DTensor, its local
-  shard) and the rest: activations, temporaries, communication buffers, a
-  model's parameters no optimizer holds. The split is taken again whenever the
+- what a device held at its peak is split into the model's parameters, their
+  gradients, the optimizers' state and the rest (activations, temporaries,
+  communication buffers). The parameters are those of every module made in
+  the process and every optimizer's (for a DTensor, its local shard; for a
+  DeepSpeed ZeRO-3 parameter, its partition ``ds_tensor``), split three ways:
+  quantized weights (a bitsandbytes ``Params4bit`` or ``Int8Params`` with its
+  quantization state: absmax, nested absmax, code, offset, the int8 row
+  scales, on the parameter or its layer's ``MatmulLtState``), trainable (``requires_grad``, or held by an optimizer) and frozen
+  (a LoRA's base); gradients are the parameters' ``.grad``; optimizer state is
+  each optimizer's ``state``. The split is taken again whenever the
   peak has grown by 1% since the last one (taking it costs a walk over the
   optimizers' tensors), so the model-state parts are those of a moment within
   1% of the peak and the rest is the peak minus them;
@@ -23,6 +28,9 @@ Rules (:class:`simulators.devices.memory.DeviceMemory` calls :func:`on_peak` and
   the steps: what the bytes-per-parameter arithmetic predicts (issue 22, item 4);
 - an allocation that would pass the budget is recorded (device, step, line and
   torch's message) before torch's ``OutOfMemoryError`` is raised;
+- the batches the data loaders yielded, by position and size, are listed under
+  ``batches`` (:mod:`simulators.devices.batches`, which also runs the heaviest first
+  where asked);
 - the places where a no-compute run (:mod:`simulators.devices.no_compute`) gave a
   placeholder for a value are listed under ``placeholders`` (line, what was asked, how often);
 - with ``$SIMULATORS_STEPS`` set (``--steps N``), the rank ends (exit 0) once an
@@ -44,6 +52,7 @@ from typing import Any
 
 import torch
 
+from simulators.devices import batches
 from simulators.devices.machine import STEPS_ENV
 from simulators.devices.memory import storage_key
 from simulators.spawn import MEMORY_REPORTS_ENV as REPORT_DIR_ENV
@@ -51,7 +60,15 @@ from simulators.spawn import SCRIPT_ENV, memory_report_path
 
 #: The peak must grow by this factor before its split is taken again.
 SPLIT_GROWTH = 1.01
-PARTS = ("parameters", "gradients", "optimizer_state")
+PARAMETER_PARTS = ("trainable_parameters", "frozen_parameters", "quantized_weights")
+PARTS = (*PARAMETER_PARTS, "gradients", "optimizer_state")
+#: bitsandbytes' parameter classes whose data is quantized (bitsandbytes/nn/modules.py).
+QUANTIZED_CLASSES = frozenset({"Params4bit", "Int8Params"})
+#: The tensors of a bitsandbytes ``QuantState`` (bitsandbytes/functional.py: ``QuantState``), its nested state's too.
+QUANT_STATE_TENSORS = ("absmax", "code", "offset")
+#: The tensors an ``Int8Params`` keeps beside its data: the int8 copy and the row scales, which ``Linear8bitLt``'s first
+#: forward moves to the layer's ``MatmulLtState`` (bitsandbytes/nn/modules.py: ``init_8bit_state``).
+INT8_TENSORS = ("CB", "SCB")
 
 
 class _Recorder:
@@ -59,6 +76,7 @@ class _Recorder:
 
     def __init__(self) -> None:
         self.optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        self.modules: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
         self.steps: weakref.WeakKeyDictionary[torch.optim.Optimizer, int] = weakref.WeakKeyDictionary()
         self.books: list[Any] = []
         self.out_of_memory: dict[str, Any] | None = None
@@ -94,16 +112,33 @@ class _Recorder:
 
         Taken with torch functions off: it reads attributes only, and every ``param.grad`` or hash of a tensor
         would otherwise pass through each torch-function mode the mock devices keep (a walk over a 70B's 723
-        parameters, taken at every 1% of growth)."""
+        parameters, taken at every 1% of growth). A storage in two parts counts in the first of quantized,
+        trainable, frozen."""
         keys: dict[str, set[int]] = {part: set() for part in PARTS}
         with torch._C.DisableTorchFunction():
+            held = [param for optimizer in list(self.optimizers) for group in optimizer.param_groups for param in group["params"]]
+            held_ids = {id(param) for param in held}
+            for param in held + [param for module in list(self.modules) for param in module._parameters.values()]:
+                if param is None:
+                    continue
+                if type(param).__name__ in QUANTIZED_CLASSES:
+                    for tensor in _quantized_tensors(param):
+                        _add_key(keys["quantized_weights"], tensor, device_type, index)
+                else:
+                    trainable = param.requires_grad or id(param) in held_ids
+                    part = keys["trainable_parameters" if trainable else "frozen_parameters"]
+                    _add_key(part, getattr(param, "ds_tensor", param), device_type, index)
+                _add_key(keys["gradients"], param.grad, device_type, index)
+            for module in list(self.modules):  # an 8-bit layer's int8 copy and scales, moved to its MatmulLtState
+                state = getattr(module, "state", None)
+                for name in INT8_TENSORS if type(state).__name__ == "MatmulLtState" else ():
+                    _add_key(keys["quantized_weights"], getattr(state, name, None), device_type, index)
             for optimizer in list(self.optimizers):
-                for group in optimizer.param_groups:
-                    for param in group["params"]:
-                        _add_key(keys["parameters"], param, device_type, index)
-                        _add_key(keys["gradients"], param.grad, device_type, index)
-                        for value in optimizer.state.get(param, {}).values():
-                            _add_key(keys["optimizer_state"], value, device_type, index)
+                for state in optimizer.state.values():
+                    for value in state.values():
+                        _add_key(keys["optimizer_state"], value, device_type, index)
+        keys["trainable_parameters"] -= keys["quantized_weights"]
+        keys["frozen_parameters"] -= keys["quantized_weights"] | keys["trainable_parameters"]
         return keys
 
     def split(self, device_type: str, index: int, storages: dict[int, Any]) -> dict[str, int]:
@@ -118,7 +153,8 @@ class _Recorder:
                 name = f"{books.device_type}:{index}"
                 devices[name] = {**summary, "model_states": self.model_states.get(name, dict.fromkeys(PARTS, 0))}
         placeholders = [{"at": at, "what": what, "count": count} for (at, what), count in self.placeholders.items()]
-        return {"steps": self.completed, "devices": devices, "out_of_memory": self.out_of_memory, "placeholders": placeholders}
+        return {"steps": self.completed, "devices": devices, "out_of_memory": self.out_of_memory, "placeholders": placeholders,
+                "batches": batches.RECORD.report()}
 
     def write(self) -> None:
         if not self.books or not os.environ.get(REPORT_DIR_ENV):
@@ -131,6 +167,16 @@ class _Recorder:
 
 
 RECORDER = _Recorder()
+
+
+def _quantized_tensors(param: torch.Tensor) -> list[Any]:
+    """A bitsandbytes quantized parameter and the tensors of its quantization state (see ``QUANT_STATE_TENSORS``)."""
+    tensors = [param, *(getattr(param, name, None) for name in INT8_TENSORS)]
+    state = getattr(param, "quant_state", None)
+    while state is not None:
+        tensors += [getattr(state, name, None) for name in QUANT_STATE_TENSORS]
+        state = getattr(state, "state2", None)
+    return tensors
 
 
 def _add_key(keys: set[int], tensor: Any, device_type: str, index: int) -> None:
@@ -182,20 +228,26 @@ def install(books: Any) -> None:
     books.recorder = sys.modules[__name__]
     if not RECORDER.books:
         _watch_optimizers()
+        batches.install()
         atexit.register(RECORDER.write)
     if books not in RECORDER.books:
         RECORDER.books.append(books)
 
 
 def _watch_optimizers() -> None:
-    """Every optimizer this process makes is known from its creation; each ``step()`` is counted."""
+    """Every module and optimizer this process makes is known from its creation; each ``step()`` is counted."""
     from torch.optim.optimizer import register_optimizer_step_post_hook  # not at import: torch loads this before torch.optim
 
-    original = torch.optim.Optimizer.__init__
+    made_optimizer, made_module = torch.optim.Optimizer.__init__, torch.nn.Module.__init__
 
     def registering(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
+        made_optimizer(self, *args, **kwargs)
         RECORDER.optimizers.add(self)
 
+    def registering_module(self: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
+        made_module(self, *args, **kwargs)
+        RECORDER.modules.add(self)
+
     torch.optim.Optimizer.__init__ = registering
+    torch.nn.Module.__init__ = registering_module
     register_optimizer_step_post_hook(lambda optimizer, args, kwargs: RECORDER.stepped(optimizer))

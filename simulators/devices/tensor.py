@@ -137,7 +137,13 @@ def swap_in(variable: torch.Tensor, data: torch.Tensor) -> None:
         variable._payload, variable.device_index = data._payload, data.device_index
         return
     replacement = data.detach()
-    if isinstance(variable, torch.nn.Parameter) or getattr(variable, "_is_param", False):
+    if isinstance(variable, torch.nn.Parameter) and type(variable) is not torch.nn.Parameter and isinstance(data, DeviceTensor):
+        # a library's Parameter subclass (bitsandbytes' Int8Params quantizes with ``self.data = int8_on_the_gpu``) stays
+        # one, with its attributes (:mod:`simulators.devices.parameter_subclasses`)
+        attributes = dict(variable.__dict__)
+        replacement = torch.Tensor._make_subclass(type(variable), replacement, variable.requires_grad)
+        replacement.__dict__.update(attributes)
+    elif isinstance(variable, torch.nn.Parameter) or getattr(variable, "_is_param", False):
         replacement = torch.nn.Parameter(replacement, requires_grad=variable.requires_grad)
     else:
         replacement.requires_grad_(variable.requires_grad)

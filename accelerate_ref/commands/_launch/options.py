@@ -237,6 +237,9 @@ OWN_GROUP = ("accelerate-ref Arguments", "accelerate-ref's own options: a shorte
     _option("--no_compute", action="store_true", default=False,
             help="with --simulate cuda|xla|npu: tensors carry no values (shapes, dtypes, memory, collectives)"),
     _option("--steps", type=int, default=None, help="with --simulate cuda|xla|npu: end each process after N optimizer steps"),
+    _option("--heaviest_batches", type=int, default=None, metavar="K",
+            help="with --simulate cuda|xla|npu: read each data loader's epoch first (collation only) and run its K "
+                 "largest batches first"),
 ))
 
 

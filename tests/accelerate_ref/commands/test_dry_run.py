@@ -175,7 +175,7 @@ def test_cuda_dry_run_reports_each_ranks_peak_its_parts_and_the_verdict(tmp_path
     for rank in found["ranks"]:
         (device, memory), = rank["memory"].items()
         assert device == f"cuda:{rank['rank']}" and rank["verdict"] == "fits", rank
-        assert memory["parts"]["parameters"] == 424 and memory["parts"]["optimizer_state"] == 848, memory
+        assert memory["parts"]["trainable_parameters"] == 424 and memory["parts"]["optimizer_state"] == 848, memory
         assert memory["at"].startswith("train.py:") and memory["step"] >= 1 and rank["steps"] == 2, memory
         # the verdict is the caching allocator model's: its segments (2 MiB multiples) against the card
         assert memory["reserved"] >= memory["peak"] and memory["reserved"] % (2 << 20) == 0, memory

@@ -96,7 +96,8 @@ class Layout:
                 elements += -(-math.prod(local) // self.fsdp)
             else:
                 elements += -(-local[0] // self.fsdp) * math.prod(local[1:])
-        return {"parameters": value_bytes * elements, "gradients": value_bytes * elements,
+        return {"trainable_parameters": value_bytes * elements, "frozen_parameters": 0, "quantized_weights": 0,
+                "gradients": value_bytes * elements,
                 "optimizer_state": 4 * optimizer_values * elements}
 
 

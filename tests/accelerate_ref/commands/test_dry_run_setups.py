@@ -80,7 +80,8 @@ class Setup:
             offsets = [sum(SIZES[:index]) for index in range(len(SIZES))]
             overlapping = [n for n, offset in zip(SIZES, offsets) if offset < end and offset + n > start]
             gradients = 4 * overlapping[0] if len(overlapping) == 1 else size
-        return {"parameters": size, "gradients": gradients, "optimizer_state": 2 * size}
+        return {"trainable_parameters": size, "frozen_parameters": 0, "quantized_weights": 0, "gradients": gradients,
+                "optimizer_state": 2 * size}
 
 
 #: The sizes of the script's parameters: two Linear layers (8 -> 16 -> 4) with biases; every dimension splits evenly
@@ -194,7 +195,8 @@ def dry_run_setup(tmp_path, monkeypatch, capsys, name: str, family: str, package
     for rank in summary["ranks"]:
         expected = setup.model_states(rank["rank"] % 2)  # hybrid sharding: ranks 2 and 3 hold 0's and 1's shards
         if package == "accelerate" and name in HF_OPTIMIZER_ORPHANED:
-            expected = {"parameters": PARAMETERS * 4, "gradients": 0, "optimizer_state": 0}
+            expected = {"trainable_parameters": PARAMETERS * 4, "frozen_parameters": 0, "quantized_weights": 0, "gradients": 0,
+                        "optimizer_state": 0}
         for device, books in rank["memory"].items():
             assert books["model_states"] == expected, (
                 f"{name} ({package} on {family}), rank {rank['rank']} on {device}: model states after a step "
