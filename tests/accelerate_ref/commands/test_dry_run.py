@@ -200,6 +200,9 @@ def test_cuda_dry_run_past_the_budget_names_the_out_of_memory_line(tmp_path):
     (["--simulate", "cuda", "--gpu", "l4-24gb", "--device-memory", "1GB"], "--gpu and --device-memory both set a budget"),
     (["--simulate", "cpu", "--device-memory", "1GB"], "a memory budget needs a mock device"),
     (["--gpu", "l4-24gb"], "--gpu: only for a dry run"),
+    (["--heaviest_batches", "2"], "--heaviest-batches: only for a dry run"),
+    (["--simulate", "cpu", "--heaviest_batches", "2"], "--heaviest-batches needs a mock device"),
+    (["--simulate", "cuda", "--heaviest_batches", "0"], "--heaviest-batches 0: give at least 1"),
     (["--simulate", "xla", "--num_processes", "2", "--use_fsdp"], "--simulate xla: torch's FSDP does not run on XLA devices"),
     (["--simulate", "xla", "--mixed_precision", "fp16"], "--simulate xla: fp16 mixed precision is not a TPU setup"),
 ])
