@@ -22,68 +22,16 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import textwrap
 
 import pytest
 
 from accelerate_ref.commands.accelerate_cli import run
 
+from .finetune_scripts import RANK, RECIPES, SCRIPT, SHAPES, TARGETS
+
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("peft") is None or importlib.util.find_spec("bitsandbytes") is None,
     reason="peft and bitsandbytes are not installed (extra finetune)")
-
-RANK = 8
-TARGETS = ("q_proj", "v_proj")
-#: Two decoder shapes, as saved locally from configs (no download).
-SHAPES = {
-    "llama": ("LlamaConfig", dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                                  num_key_value_heads=2, vocab_size=512)),
-    "qwen": ("Qwen2Config", dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                                 num_key_value_heads=2, vocab_size=512)),
-}
-#: Each recipe's quantization (None: a full-precision base) and whether it checkpoints activations.
-RECIPES = {
-    "lora": (None, False),
-    "lora-checkpointing": (None, True),
-    "qlora-nf4": ("dict(load_in_4bit=True, bnb_4bit_quant_type='nf4', bnb_4bit_use_double_quant=True, "
-                  "bnb_4bit_compute_dtype=torch.bfloat16)", True),
-    "qlora-fp4": ("dict(load_in_4bit=True, bnb_4bit_quant_type='fp4', bnb_4bit_compute_dtype=torch.bfloat16)", True),
-    "lora-8bit": ("dict(load_in_8bit=True)", True),
-}
-
-SCRIPT = textwrap.dedent("""\
-    import sys
-
-    import torch
-    from accelerate import Accelerator
-    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
-
-    folder = sys.argv[1]
-    accelerator = Accelerator()
-    quantization = {quantization}
-    if quantization is not None:
-        model = AutoModelForCausalLM.from_pretrained(folder, quantization_config=BitsAndBytesConfig(**quantization),
-                                                     device_map={{"": accelerator.local_process_index}}, dtype=torch.bfloat16)
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing={checkpointing})
-    else:
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-        if {checkpointing}:
-            model.gradient_checkpointing_enable()
-            model.enable_input_require_grads()
-    model = get_peft_model(model, LoraConfig(r={rank}, target_modules={targets}))
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
-    tokens = torch.randint(0, model.config.vocab_size, (8, 32))
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(tokens), batch_size=2)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    for (batch,) in loader:
-        loss = model(input_ids=batch, labels=batch).loss
-        accelerator.backward(loss)
-        optimizer.step()
-        optimizer.zero_grad()
-    print("trained", type(accelerator.unwrap_model(model)).__name__, flush=True)
-    """)
-
 
 @pytest.fixture(scope="module")
 def saved_models(tmp_path_factory):
