@@ -17,6 +17,7 @@ for what the mock takes over from a CPU-only torch).
 from __future__ import annotations
 
 import ast
+import importlib.util
 import os
 import re
 import sys
@@ -50,6 +51,13 @@ FORK_SAFE = {
 }
 #: Parts of a peak the summary leaves out when they are 0 (a full fine-tune has no frozen or quantized weights).
 OPTIONAL_PARTS = frozenset({"frozen_parameters", "quantized_weights"})
+#: The fine-tune and engine packages a script may import, and how to install each (the project's extras).
+ENGINE_EXTRAS = {
+    "peft": "pip install 'accelerate-ref[finetune]'",
+    "bitsandbytes": "pip install --no-deps 'bitsandbytes>=0.45' (extra bnb)",
+    "deepspeed": "pip install --no-deps deepspeed hjson msgpack ninja psutil py-cpuinfo pydantic einops (extra deepspeed)",
+    "trl": "pip install --no-deps trl datasets",
+}
 #: gloo's words when the rank at the other end of a collective has gone.
 PEER_GONE = "Connection closed by peer"
 RECOMPILATION = re.compile(r"XLA recompilation at step[^\n]*")
@@ -76,20 +84,34 @@ def family_env(family: str) -> dict[str, str]:
     return env
 
 
-def preload(script: str) -> list[str]:
-    """The modules a dry run's ranks are forked with, imported once (``simulators.launcher.launch``'s
-    ``preload``): torch's, those of the ``FORK_SAFE`` libraries the script imports, and the names it imports from
-    them (``"transformers:LlamaForCausalLM"``: the fork server looks the name up, which imports the module a lazy
-    package defines it in). A script that does not parse gets torch's only (its ranks report the error)."""
+def _imports(script: str) -> tuple[set[str], list[ast.ImportFrom]]:
+    """The top-level packages ``script`` imports, and its absolute ``from ... import`` statements (none for a script
+    that does not parse: its ranks report the error)."""
     try:
         with open(script, encoding="utf-8") as stream:
             tree = ast.parse(stream.read(), script)
     except (OSError, SyntaxError, ValueError):
         tree = ast.Module(body=[], type_ignores=[])
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    from_safe = [node for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module and not node.level
-                 and node.module.split(".")[0] in FORK_SAFE]
-    imported |= {node.module.split(".")[0] for node in from_safe}
+    froms = [node for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module and not node.level]
+    return imported | {node.module.split(".")[0] for node in froms}, froms
+
+
+def missing_engines(script: str) -> list[str]:
+    """The fine-tune and engine packages ``script`` imports that are not installed, each as the line saying how to
+    install it (``ENGINE_EXTRAS``)."""
+    imported, _ = _imports(script)
+    return [f"{os.path.basename(script)} imports {package}, which is not installed: {how}"
+            for package, how in ENGINE_EXTRAS.items() if package in imported and importlib.util.find_spec(package) is None]
+
+
+def preload(script: str) -> list[str]:
+    """The modules a dry run's ranks are forked with, imported once (``simulators.launcher.launch``'s
+    ``preload``): torch's, those of the ``FORK_SAFE`` libraries the script imports, and the names it imports from
+    them (``"transformers:LlamaForCausalLM"``: the fork server looks the name up, which imports the module a lazy
+    package defines it in). A script that does not parse gets torch's only (its ranks report the error)."""
+    imported, froms = _imports(script)
+    from_safe = [node for node in froms if node.module.split(".")[0] in FORK_SAFE]
     modules = [module for library in ["torch", *sorted(imported & FORK_SAFE.keys() - {"torch"})] for module in FORK_SAFE[library]]
     return [*modules, *(f"{node.module}:{alias.name}" for node in from_safe for alias in node.names if alias.name != "*")]
 

@@ -13,7 +13,9 @@ and its verdict against the budget; as JSON too with ``--summary-json``) and
 the launch's exit status returned. Ranks that enter different collectives
 stop the run within about a second (the simulator's Flight Recorder watch),
 each rank's collective and line named. A budget that does not parse, an unknown
-preset, a budget without a mock device family, or a setup the family's
+preset, a budget without a mock device family, a script importing an engine
+that is not installed (peft, bitsandbytes, deepspeed, trl: the line says how to
+install it), or a setup the family's
 hardware does not run (FSDP or fp16 on XLA) is a ValueError (one line, exit
 2) before any rank starts.
 The simulator knows no implementation: it takes argv, world, environment and
@@ -73,13 +75,16 @@ def dry_run(args: argparse.Namespace) -> int:
     """Run ``args.training_script`` on the simulator and print the summary; return the launcher's exit status."""
     from simulators.devices.batches import HEAVIEST_ENV
     from simulators.devices.machine import NO_COMPUTE_ENV, STEPS_ENV, gpu_env, machine_env, parse_size
-    from simulators.dryrun import DEFAULT_TIMEOUT, family_env, preload, record, summary, watch_interval
+    from simulators.dryrun import DEFAULT_TIMEOUT, family_env, missing_engines, preload, record, summary, watch_interval
     from simulators.launcher import launch
     from simulators.topology import World
 
     if args.module or args.no_python:
         raise ValueError("--simulate runs a script file; -m and --no_python are not supported with it")
     _check_family_runs(args)
+    missing = missing_engines(args.training_script)
+    if missing:
+        raise ValueError(missing[0])
     memory, preset = _budget(args)
     _check_mock_device_flags(args, memory)
     world = World.of(args.num_processes, machines=args.num_machines)

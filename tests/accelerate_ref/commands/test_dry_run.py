@@ -360,3 +360,20 @@ def test_save_state_load_state_and_loading_onto_mock_gpus(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for rank in (0, 1):
         assert f"[rank {rank}] loaded cuda:{rank} cuda:{rank}" in done.stdout, done.stdout[-3000:]
+
+
+@pytest.mark.parametrize("package, how", [("peft", "accelerate-ref[finetune]"), ("trl", "pip install --no-deps trl"),
+                                          ("bitsandbytes", "(extra bnb)"), ("deepspeed", "(extra deepspeed)")])
+def test_a_script_importing_an_engine_that_is_not_installed_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, package, how):
+    import importlib.util
+
+    from accelerate_ref.commands.accelerate_cli import run
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None if name == package else find_spec(name, *args))
+    (tmp_path / "train.py").write_text(f"import torch\nfrom {package} import something\nraise SystemExit('never run')\n")
+    monkeypatch.chdir(tmp_path)
+    assert run(["launch", "--simulate", "cuda", "train.py"]) == 2
+    err = capsys.readouterr().err
+    assert f"train.py imports {package}, which is not installed: " in err and how in err, err
+    assert len(err.strip().splitlines()) == 1, err
