@@ -7,7 +7,9 @@ The arithmetic (bytes at the end of an optimizer step, the gradients not yet zer
 - trainable: peft's LoRA matrices A (r x in) and B (out x r) of each target, in fp32 (peft casts adapters to fp32);
   their gradients the same; AdamW's two moments twice that (its step counters stay on the host);
 - frozen: every other parameter of the base at its dtype: fp32 in a full-precision base, and in a quantized base,
-  where ``prepare_model_for_kbit_training`` casts the unquantized ones (embeddings, norms, head) to fp32;
+  where ``prepare_model_for_kbit_training`` casts the unquantized ones (embeddings, norms, head, an 8-bit
+  layer's bias) to fp32, but a 4-bit layer's bias (Qwen's q, k and v projections have one), which
+  ``Linear4bit.forward`` casts to its input's dtype, bf16 here (bitsandbytes/nn/modules.py);
 - quantized (bitsandbytes' CUDA layout, bitsandbytes/functional.py ``quantize_4bit`` and
   ``int8_vectorwise_quant``): a 4-bit weight of n values is n/2 packed bytes, its absmax one value per 64-value block
   (fp32, or with double quantization one byte per block plus an fp32 absmax per 256 blocks, the 256-entry fp32 code of
@@ -73,8 +75,11 @@ def arithmetic(shape: str, recipe: str) -> dict[str, int]:
             trainable += 4 * RANK * (module.in_features + module.out_features)
     for name, param in base.named_parameters():
         owner = base.get_submodule(name.rsplit(".", 1)[0])
-        if quantization and isinstance(owner, torch.nn.Linear) and name.startswith("model.layers."):
+        quantized_layer = quantization and isinstance(owner, torch.nn.Linear) and name.startswith("model.layers.")
+        if quantized_layer and name.endswith(".weight"):
             quantized += _quantized_bytes(param.numel(), owner.out_features, quantization)
+        elif quantized_layer and "load_in_4bit" in quantization:  # Linear4bit.forward casts its bias to the input's bf16
+            frozen += 2 * param.numel()
         else:
             frozen += 4 * param.numel()
     return {"trainable_parameters": trainable, "frozen_parameters": frozen, "quantized_weights": quantized,
@@ -105,8 +110,12 @@ def check_model_states(summary: dict, shape: str, recipe: str) -> None:
 
 
 SMOKE = [("llama", "qlora-nf4", 2, False), ("qwen", "lora-checkpointing", 2, True), ("llama", "lora-8bit", 1, False)]
-PRODUCT = [(shape, recipe, ranks, no_compute) for shape in SHAPES for recipe in RECIPES for ranks in (1, 2)
-           for no_compute in (False, True)]
+#: Why an 8-bit base does not dry-run without compute: bitsandbytes' ``int8_vectorwise_quant`` returns the outlier
+#: columns past its threshold, how many depends on the values, and its fake kernel refuses meta tensors.
+EIGHT_BIT_NEEDS_VALUES = pytest.mark.xfail(strict=True, reason="8-bit quantization's outlier columns depend on values")
+PRODUCT = [pytest.param(shape, recipe, ranks, no_compute,
+                        marks=[EIGHT_BIT_NEEDS_VALUES] if (recipe, no_compute) == ("lora-8bit", True) else [])
+           for shape in SHAPES for recipe in RECIPES for ranks in (1, 2) for no_compute in (False, True)]
 
 
 @pytest.mark.parametrize("shape, recipe, ranks, no_compute", SMOKE)
@@ -115,7 +124,7 @@ def test_recipe_dry_runs_with_model_states_as_the_arithmetic(tmp_path, capsys, s
 
 
 @pytest.mark.extended
-@pytest.mark.parametrize("shape, recipe, ranks, no_compute", [case for case in PRODUCT if case not in SMOKE])
+@pytest.mark.parametrize("shape, recipe, ranks, no_compute", [case for case in PRODUCT if tuple(case.values) not in SMOKE])
 def test_every_recipe_shape_and_world(tmp_path, capsys, saved_models, shape, recipe, ranks, no_compute):
     check_model_states(dry_run(tmp_path, capsys, saved_models[shape], recipe, ranks, no_compute=no_compute), shape, recipe)
 
