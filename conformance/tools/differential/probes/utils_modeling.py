@@ -8,6 +8,8 @@ weight to ``cuda:1``, loading straight to a GPU, the grad scaler.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import logging
 import os
@@ -19,6 +21,11 @@ from safetensors.torch import save_file
 from torch import nn
 
 from ..probe import Api, probe
+
+# peft's import warns (torch.jit deprecations, and bitsandbytes' CPU kernels), once a process; is_peft_model imports it
+# on either side, so it is imported with the probes, before any probe records what it warns
+if importlib.util.find_spec("peft") is not None:
+    importlib.import_module("peft")
 from ._models import TWO_GPUS, Block, Net, PreTrainedModel, Tied, placement, quiet
 
 M = "utils.modeling."
