@@ -118,7 +118,8 @@ class _Recorder:
         with torch._C.DisableTorchFunction():
             held = [param for optimizer in list(self.optimizers) for group in optimizer.param_groups for param in group["params"]]
             held_ids = {id(param) for param in held}
-            for param in held + [param for module in list(self.modules) for param in module._parameters.values()]:
+            for param in held + [param for module in list(self.modules)
+                                 for param in module.__dict__.get("_parameters", {}).values()]:
                 if param is None:
                     continue
                 if type(param).__name__ in QUANTIZED_CLASSES:
@@ -130,7 +131,7 @@ class _Recorder:
                     _add_key(part, getattr(param, "ds_tensor", param), device_type, index)
                 _add_key(keys["gradients"], param.grad, device_type, index)
             for module in list(self.modules):  # an 8-bit layer's int8 copy and scales, moved to its MatmulLtState
-                state = getattr(module, "state", None)
+                state = module.__dict__.get("state")  # not getattr: FSDP1's __getattr__ recurses on a module mid-init
                 for name in INT8_TENSORS if type(state).__name__ == "MatmulLtState" else ():
                     _add_key(keys["quantized_weights"], getattr(state, name, None), device_type, index)
             for optimizer in list(self.optimizers):
