@@ -137,9 +137,10 @@ def swap_in(variable: torch.Tensor, data: torch.Tensor) -> None:
         variable._payload, variable.device_index = data._payload, data.device_index
         return
     replacement = data.detach()
-    if isinstance(variable, torch.nn.Parameter) and type(variable) is not torch.nn.Parameter and isinstance(data, DeviceTensor):
+    if issubclass(type(variable), torch.nn.Parameter) and type(variable) is not torch.nn.Parameter and isinstance(data, DeviceTensor):
         # a library's Parameter subclass (bitsandbytes' Int8Params quantizes with ``self.data = int8_on_the_gpu``) stays
-        # one, with its attributes (:mod:`simulators.devices.parameter_subclasses`)
+        # one, with its attributes (:mod:`simulators.devices.parameter_subclasses`); by its class, not ``isinstance``,
+        # which a tensor of another class marked ``_is_param`` (a lazy host tensor's parameter) also passes
         attributes = dict(variable.__dict__)
         replacement = torch.Tensor._make_subclass(type(variable), replacement, variable.requires_grad)
         replacement.__dict__.update(attributes)
