@@ -25,6 +25,7 @@ run's ranks, :mod:`simulators.devices.peaks` reports what is recorded here):
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any, Iterator
 
 import torch
@@ -53,8 +54,8 @@ def size(batch: Any) -> int:
     """The elements of the tensors in ``batch`` (tensors, or tuples, lists and dicts of them)."""
     if isinstance(batch, torch.Tensor):
         return batch.numel()
-    if isinstance(batch, dict) or hasattr(batch, "keys") and hasattr(batch, "__getitem__"):
-        return sum(size(batch[key]) for key in batch.keys())
+    if isinstance(batch, Mapping):  # a dict, or Transformers' BatchEncoding
+        return sum(size(value) for value in batch.values())
     if isinstance(batch, (list, tuple)):
         return sum(size(item) for item in batch)
     return 0

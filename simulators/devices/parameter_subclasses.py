@@ -51,15 +51,8 @@ def _make_subclass(cls: type, data: torch.Tensor, requires_grad: bool = False, *
     torch's own, names and defaults: torch._dynamo's stand-in for it checks that they match."""
     if not isinstance(data, DeviceTensor):
         return _MAKE_SUBCLASS(cls, data, requires_grad, **kwargs)
-    family = family_of(type(data))
-    joined = _joined(cls, family)
-    payload = data._payload
-    tensor = torch.Tensor._make_wrapper_subclass(
-        joined, payload.size(), strides=payload.stride(), storage_offset=payload.storage_offset(),
-        dtype=payload.dtype, layout=payload.layout, device=torch.device(torch._C._get_privateuse1_backend_name(), 0),
-        requires_grad=requires_grad,
-    )
-    tensor._payload, tensor.device_index = payload, data.device_index
+    tensor = DeviceTensor.__new__(_joined(cls, family_of(type(data))), data._payload, data.device_index)
+    tensor.requires_grad_(requires_grad)
     return tensor
 
 

@@ -118,8 +118,14 @@ class _Recorder:
         with torch._C.DisableTorchFunction():
             held = [param for optimizer in list(self.optimizers) for group in optimizer.param_groups for param in group["params"]]
             held_ids = {id(param) for param in held}
-            for param in held + [param for module in list(self.modules)
-                                 for param in module.__dict__.get("_parameters", {}).values()]:
+            params = list(held)
+            for module in list(self.modules):
+                fields = module.__dict__  # not getattr: FSDP1's __getattr__ recurses on a module mid-init
+                params += fields.get("_parameters", {}).values()
+                state = fields.get("state")  # an 8-bit layer's int8 copy and scales, moved to its MatmulLtState
+                for name in INT8_TENSORS if type(state).__name__ == "MatmulLtState" else ():
+                    _add_key(keys["quantized_weights"], getattr(state, name, None), device_type, index)
+            for param in params:
                 if param is None:
                     continue
                 if type(param).__name__ in QUANTIZED_CLASSES:
@@ -130,10 +136,6 @@ class _Recorder:
                     part = keys["trainable_parameters" if trainable else "frozen_parameters"]
                     _add_key(part, getattr(param, "ds_tensor", param), device_type, index)
                 _add_key(keys["gradients"], param.grad, device_type, index)
-            for module in list(self.modules):  # an 8-bit layer's int8 copy and scales, moved to its MatmulLtState
-                state = module.__dict__.get("state")  # not getattr: FSDP1's __getattr__ recurses on a module mid-init
-                for name in INT8_TENSORS if type(state).__name__ == "MatmulLtState" else ():
-                    _add_key(keys["quantized_weights"], getattr(state, name, None), device_type, index)
             for optimizer in list(self.optimizers):
                 for state in optimizer.state.values():
                     for value in state.values():

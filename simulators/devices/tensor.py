@@ -411,13 +411,19 @@ def family_of(cls: type[DeviceTensor]) -> type[DeviceTensor]:
     return getattr(cls, "_family", cls)
 
 
+@functools.cache
+def _read_alias_positions(func: Any) -> frozenset[int]:
+    """The positions of ``func``'s arguments its results are read-only views of."""
+    return frozenset(index for index, argument in enumerate(func._schema.arguments)
+                     if argument.alias_info is not None and not argument.alias_info.is_write)
+
+
 def _read_aliases_of_family(func: Any, args: tuple) -> tuple:
     """``args`` with each library parameter subclass on the device that ``func`` returns a view of (``detach``,
     ``view``...) replaced by a tensor of its family on the same payload and storage: the view is of the family (as on
     a GPU, where a view of a ``Params4bit`` is a plain tensor), and ``return_and_correct_aliasing`` wants a view's
     type to be its base's."""
-    viewed = {index for index, argument in enumerate(func._schema.arguments)
-              if argument.alias_info is not None and not argument.alias_info.is_write}
+    viewed = _read_alias_positions(func)
 
     def as_family(tensor: Any) -> Any:
         family = family_of(type(tensor)) if isinstance(tensor, DeviceTensor) else None

@@ -21,12 +21,12 @@ from safetensors.torch import save_file
 from torch import nn
 
 from ..probe import Api, probe
+from ._models import TWO_GPUS, Block, Net, PreTrainedModel, Tied, placement, quiet
 
 # peft's import warns (torch.jit deprecations, and bitsandbytes' CPU kernels), once a process; is_peft_model imports it
 # on either side, so it is imported with the probes, before any probe records what it warns
 if importlib.util.find_spec("peft") is not None:
     importlib.import_module("peft")
-from ._models import TWO_GPUS, Block, Net, PreTrainedModel, Tied, placement, quiet
 
 M = "utils.modeling."
 #: Two mock GPUs of 4 MB each on every rank of the CUDA family.
