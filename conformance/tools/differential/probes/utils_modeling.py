@@ -8,11 +8,14 @@ weight to ``cuda:1``, loading straight to a GPU, the grad scaler.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
+import io
 import json
 import logging
 import os
+import warnings
 from collections import OrderedDict
 from pathlib import Path
 
@@ -22,11 +25,6 @@ from torch import nn
 
 from ..probe import Api, probe
 from ._models import TWO_GPUS, Block, Net, PreTrainedModel, Tied, placement, quiet
-
-# peft's import warns (torch.jit deprecations, and bitsandbytes' CPU kernels), once a process; is_peft_model imports it
-# on either side, so it is imported with the probes, before any probe records what it warns
-if importlib.util.find_spec("peft") is not None:
-    importlib.import_module("peft")
 
 M = "utils.modeling."
 #: Two mock GPUs of 4 MB each on every rank of the CUDA family.
@@ -567,7 +565,18 @@ def precision_helpers(api: Api) -> None:
     kwargs = api.get("utils.AutocastKwargs")(cache_enabled=False)
     context = api.get(M + "get_mixed_precision_context_manager")(True, kwargs)
     api.observe("autocast kwargs", lambda: [context.fast_dtype, context._cache_enabled])
+    if importlib.util.find_spec("peft") is not None:
+        _imported_quietly("peft")
     api.call("is_peft_model", M + "is_peft_model", Net())
+
+
+def _imported_quietly(name: str) -> None:
+    """Import ``name`` with its warnings and stderr dropped: peft's import warns (torch.jit deprecations) and prints
+    (bitsandbytes' CPU kernels) once a process, and ``is_peft_model`` imports it on either side, so which side says
+    so depends only on whether an earlier probe in the process imported it first."""
+    with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        importlib.import_module(name)
 
 
 @probe("utils.modeling", env={"ACCELERATE_MIXED_PRECISION": "fp16"})
