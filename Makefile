@@ -37,6 +37,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[test,hf,transformers,trackers,finetune]"
 	# bitsandbytes' CPU backend runs the 8-bit case; --no-deps, so pip never replaces torch (extra "bnb").
 	$(PY) -m pip install --quiet --no-deps "bitsandbytes>=0.45"
+	# DeepSpeed (an sdist; its setup imports torch only to pre-compile ops, which it skips) and its requirements:
+	# --no-deps for the same reason (extra "deepspeed"); pydantic comes with the trackers.
+	$(PY) -m pip install --quiet --no-deps "deepspeed>=0.16" hjson msgpack ninja psutil py-cpuinfo einops
 	# torchdata's StatefulDataLoader backs use_stateful_dataloader; --no-deps: its metadata pins torch.
 	$(PY) -m pip install --quiet --no-deps "torchdata==0.11.0"
 	# lomo-optim (12 kB, pure Python) runs the LOMO route of backward; --no-deps for the same reason.

@@ -50,7 +50,7 @@ FORK_SAFE = {
     "safetensors": ("safetensors.torch",),
 }
 #: Parts of a peak the summary leaves out when they are 0 (a full fine-tune has no frozen or quantized weights).
-OPTIONAL_PARTS = frozenset({"frozen_parameters", "quantized_weights"})
+OPTIONAL_PARTS = frozenset({"frozen_parameters", "quantized_weights", "communication_buffers"})
 #: The fine-tune and engine packages a script may import, and how to install each (the project's extras).
 ENGINE_EXTRAS = {
     "peft": "pip install 'accelerate-ref[finetune]'",

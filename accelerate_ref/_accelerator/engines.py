@@ -35,6 +35,8 @@ from ..utils.dataclasses import (
 from ..utils._dataclasses.low_precision import FP8_BACKEND_PACKAGES, FP8_RECIPE_CLASSES, FP8BackendType, fp8_backend_of
 
 #: The Accelerator's keyword arguments naming an engine.
+#: The plugins of which one engine drives training.
+ENGINE_PLUGINS = ("fsdp_plugin", "deepspeed_plugin", "deepspeed_plugins", "megatron_lm_plugin")
 ENGINE_ARGUMENTS = ("deepspeed_plugin", "deepspeed_plugins", "fsdp_plugin", "megatron_lm_plugin", "torch_tp_plugin",
                     "parallelism_config")
 
@@ -85,8 +87,10 @@ def resolve_engines(
     module docstring); ``mixed_precision="fp8"`` with an FP8 recipe handler
     is refused naming its backend's package, a recipe handler without fp8
     (and without FSDP or DeepSpeed) is HF's ValueError. Without an engine
-    plugin, ``ACCELERATE_USE_FSDP=true`` (what ``launch --use_fsdp`` or a
-    config's FSDP sets) makes a `FullyShardedDataParallelPlugin` from the
+    plugin, ``ACCELERATE_USE_DEEPSPEED=true`` (what ``launch --use_deepspeed``
+    or a config's DEEPSPEED sets) makes a `DeepSpeedPlugin` from the
+    ``ACCELERATE_DEEPSPEED_*`` variables and ``ACCELERATE_USE_FSDP=true``
+    (``launch --use_fsdp``) a `FullyShardedDataParallelPlugin` from the
     ``FSDP_*`` variables, as HF does; unlike HF, a given plugin does not set
     ``ACCELERATE_USE_FSDP`` in this process's environment (HF's write leaks
     FSDP into every later `Accelerator` of the process).
@@ -98,8 +102,10 @@ def resolve_engines(
     if dynamo_backend is not None and dynamo_plugin is not None:
         raise ValueError("You cannot pass in both `dynamo_plugin` and `dynamo_backend`, please only pass in one.")
     given = {name: value for name, value in engines.items() if value is not None}
+    if not set(given) & set(ENGINE_PLUGINS) and os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+        given["deepspeed_plugin"] = DeepSpeedPlugin()  # a launch's DeepSpeed options, as HF builds it
     _check_engine_arguments(given)
-    exclusive = sorted(set(given) & {"fsdp_plugin", "deepspeed_plugin", "deepspeed_plugins", "megatron_lm_plugin"})
+    exclusive = sorted(set(given) & set(ENGINE_PLUGINS))
     if len(exclusive) > 1:
         raise ValueError(f"Pass only one engine plugin; got {', '.join(exclusive)}")
     if "megatron_lm_plugin" in given:

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..utils.dataclasses import ACCELERATOR_WORLD_TYPES, ComputeEnvironment, DistributedType
-from ..utils.environment import convert_dict_to_env_variables, get_int_from_env, patch_environment
+from ..utils.environment import get_int_from_env, patch_environment
 from ..utils.imports import (
     is_bf16_available,
     is_deepspeed_available,
@@ -93,14 +93,13 @@ DEFAULTS = {
 
 #: config ``distributed_type`` -> the launch flag it stands for.
 DISTRIBUTED_FLAGS = {"MULTI_GPU": "multi_gpu", "MULTI_NPU": "multi_gpu", "XLA": "tpu", "TPU": "tpu", "MULTI_CPU": "cpu",
-                     "FSDP": "use_fsdp"}
+                     "FSDP": "use_fsdp", "DEEPSPEED": "use_deepspeed"}
 
 #: Config sections whose keys stand for launch options no flag gave, with the prefix their options have.
-SECTION_PREFIXES = {"fsdp_config": "fsdp_", "parallelism_config": "parallelism_config_"}
+SECTION_PREFIXES = {"fsdp_config": "fsdp_", "parallelism_config": "parallelism_config_", "deepspeed_config": ""}
 
 #: 🤗 Accelerate's launch flags that pick a launcher accelerate-ref's ``launch`` does not have -> what it is.
 UNSUPPORTED_LAUNCHERS = {
-    "use_deepspeed": ("--use_deepspeed", "a DeepSpeed launch"),
     "use_megatron_lm": ("--use_megatron_lm", "a Megatron-LM launch"),
     "tpu_use_cluster": ("--tpu_cluster", "a TPU pod launch"),
     "mpirun_hostfile": ("--mpirun_hostfile", "an mpirun launch"),
@@ -194,7 +193,7 @@ def _apply_config(args: argparse.Namespace) -> None:
         raise LaunchError(f"{path} is an Amazon SageMaker config (compute_environment: AMAZON_SAGEMAKER); "
                           "accelerate-ref launches on this host only")
     if config is not None:
-        if not (args.cpu or args.multi_gpu or args.tpu or args.use_fsdp):
+        if not (args.cpu or args.multi_gpu or args.tpu or args.use_fsdp or args.use_deepspeed):
             flag = DISTRIBUTED_FLAGS.get(getattr(config.distributed_type, "value", config.distributed_type))
             if flag:
                 setattr(args, flag, True)
@@ -203,6 +202,8 @@ def _apply_config(args: argparse.Namespace) -> None:
         if "use_parallelism_config" not in given:
             args.use_parallelism_config = bool(config.parallelism_config)
         _fill_sections(args, config, given)
+        # The DeepSpeed settings the config gave, which a DeepSpeed config file may not give again (HF's rule).
+        args.deepspeed_fields_from_accelerate_config = ",".join(getattr(config, "deepspeed_config", None) or {})
     args.use_fsdp, args.use_parallelism_config = bool(args.use_fsdp), bool(args.use_parallelism_config)
     for name, default in DEFAULTS.items():
         if getattr(args, name) is None:
@@ -417,6 +418,10 @@ def validate(args: argparse.Namespace) -> None:
             raise LaunchError(f"{flag} asks for {what}, which accelerate-ref launch does not run "
                               "(it starts torchrun processes, or one process)")
     _apply_config(args)
+    launcher = getattr(args, "deepspeed_multinode_launcher", None)
+    if args.use_deepspeed and args.num_machines > 1 and launcher not in (None, "standard"):
+        raise LaunchError(f"--deepspeed_multinode_launcher {launcher} runs the deepspeed runner over {launcher}, which "
+                          "accelerate-ref launch does not start; use the standard launcher (torchrun on each machine)")
     if args.num_processes < 1 or args.num_machines < 1:
         raise LaunchError("--num_processes and --num_machines must be at least 1")
     if args.num_processes % args.num_machines:
@@ -525,27 +530,13 @@ def multi_gpu_launcher(args):
 
 
 def deepspeed_launcher(args):
-    """A DeepSpeed launch (🤗 Accelerate's launch options on ``args``; needs the ``deepspeed`` package).
-
-    One machine, or the ``standard`` multi-node launcher: torchrun's ranks with ``prepare_deepspeed_cmd_env``'s
-    environment. Other multi-node launchers (pdsh, MPI, slurm, nossh): the ``deepspeed`` runner, with the
-    environment also appended to its ``.deepspeed_env`` file.
-    """
+    """A DeepSpeed launch (🤗 Accelerate's launch options on ``args``; needs the ``deepspeed`` package): torchrun's
+    ranks with ``prepare_deepspeed_cmd_env``'s environment, on one machine or each machine of the ``standard``
+    multi-node launcher (``validate`` refuses the runner's pdsh, MPI and slurm launchers)."""
     if not is_deepspeed_available():
         raise ImportError("DeepSpeed is not installed: pip install deepspeed")
-    cmd, env = prepare_deepspeed_cmd_env(args)
-    if cmd is None:
-        _run_ranks(args, env)
-        return
-    from deepspeed.launcher.runner import DEEPSPEED_ENVIRONMENT_NAME
-
-    lines = convert_dict_to_env_variables(env)
-    if len(lines) > 1:
-        with open(DEEPSPEED_ENVIRONMENT_NAME, "a") as handle:
-            handle.writelines(lines)
-    code = subprocess.Popen(cmd, env=env).wait()
-    if code != 0:
-        raise RankFailure(f"the deepspeed runner exited with code {code}")
+    _, env = prepare_deepspeed_cmd_env(args)
+    _run_ranks(args, env)
 
 
 def tpu_launcher(args):
@@ -588,7 +579,9 @@ def launch_command(args: argparse.Namespace) -> int:
         from .dry_run import dry_run
 
         return dry_run(args)
-    if args.num_processes == 1 and args.num_machines == 1 and not args.use_fsdp:  # FSDP: torchrun's ranks, as in HF
+    if args.use_deepspeed:
+        deepspeed_launcher(args)
+    elif args.num_processes == 1 and args.num_machines == 1 and not args.use_fsdp:  # FSDP: torchrun's ranks, as in HF
         simple_launcher(args)
     else:
         multi_gpu_launcher(args)

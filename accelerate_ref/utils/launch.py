@@ -60,6 +60,8 @@ def launch_env(args: argparse.Namespace, base: dict[str, str] | None = None) -> 
         env["CUDA_VISIBLE_DEVICES"] = gpu_ids
     if getattr(args, "use_fsdp", False):
         env.update(fsdp_env(args))
+    if getattr(args, "use_deepspeed", False):
+        env.update(deepspeed_env(args))
     if getattr(args, "use_parallelism_config", False):
         prepare_extend_env_parallelism_config(args, env)
     return env
@@ -306,6 +308,20 @@ _DEEPSPEED_ENV = (
 )
 
 
+def deepspeed_env(args: argparse.Namespace) -> dict[str, str]:
+    """The variables that carry a launch's DeepSpeed options to the ranks (``ACCELERATE_USE_DEEPSPEED`` and each
+    option that is set), which `DeepSpeedPlugin` reads, as 🤗 Accelerate's ``prepare_deepspeed_cmd_env`` sets them."""
+    env = {"ACCELERATE_CONFIG_DS_FIELDS": str(getattr(args, "deepspeed_fields_from_accelerate_config", "")).lower(),
+           "ACCELERATE_USE_DEEPSPEED": "true"}
+    for option, variable, lower in _DEEPSPEED_ENV:
+        value = getattr(args, option, None)
+        if value is not None:
+            env[variable] = str(value).lower() if lower else str(value)
+    if getattr(args, "deepspeed_moe_layer_cls_names", None) is not None:
+        env["ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES"] = str(args.deepspeed_moe_layer_cls_names)
+    return env
+
+
 def prepare_deepspeed_cmd_env(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     """The command and environment of a DeepSpeed launch (🤗 Accelerate's launch options on ``args``).
 
@@ -336,16 +352,9 @@ def prepare_deepspeed_cmd_env(args: argparse.Namespace) -> tuple[list[str], dict
     if precision == "fp8":
         _require_fp8()
         env = setup_fp8_env(args, env)
-    env["ACCELERATE_CONFIG_DS_FIELDS"] = str(args.deepspeed_fields_from_accelerate_config).lower()
-    env["ACCELERATE_USE_DEEPSPEED"] = "true"
-    for option, variable, lower in _DEEPSPEED_ENV:
-        value = getattr(args, option)
-        if value is not None:
-            env[variable] = str(value).lower() if lower else str(value)
+    env.update(deepspeed_env(args))
     if args.enable_cpu_affinity:
         env["ACCELERATE_CPU_AFFINITY"] = "1"
-    if args.deepspeed_moe_layer_cls_names is not None:
-        env["ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES"] = str(args.deepspeed_moe_layer_cls_names)
     if args.use_parallelism_config:
         env = prepare_extend_env_parallelism_config(args, env)
     return cmd, env

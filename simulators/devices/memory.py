@@ -38,6 +38,7 @@ import os
 import threading
 import weakref
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -78,6 +79,8 @@ class _Device:
     split: dict[str, int] | None = None
     split_at: int = 0
     split_step: int = -1
+    #: The storages held at the last split and each part's keys then, until the next change completes the split.
+    split_pending: tuple[dict[int, _Storage], dict[str, set[int]], Any] | None = None
     allocator: CachingAllocator | None = None
 
 
@@ -195,6 +198,8 @@ class DeviceMemory:
         allocator model: with one, the model has reserved the memory already)."""
         if size > 0 and device.allocator is None:
             self._check_budget(device, index, size)
+        if device.split_pending is not None and self.recorder is not None:
+            self.recorder.on_change(self, index, device)
         device.allocated += size
         if device.allocated > device.peak:
             device.peak = device.allocated

@@ -19,7 +19,10 @@ Rules (:class:`simulators.devices.memory.DeviceMemory` calls :func:`on_peak` and
   quantization state: absmax, nested absmax, code, offset, the int8 row
   scales, on the parameter or its layer's ``MatmulLtState``), trainable (``requires_grad``, or held by an optimizer) and frozen
   (a LoRA's base); gradients are the parameters' ``.grad``; optimizer state is
-  each optimizer's ``state``. The split is taken again whenever the
+  each optimizer's ``state``. Under DeepSpeed ZeRO, the gradients are also the
+  ZeRO optimizer's gradient partitions, and its reduce buckets
+  (``reduce_bucket_size`` elements each) are a part of their own,
+  communication buffers (``ZERO_GRADIENTS``, ``ZERO_BUCKETS``). The split is taken again whenever the
   peak has grown by 1% since the last one (taking it costs a walk over the
   optimizers' tensors), so the model-state parts are those of a moment within
   1% of the peak and the rest is the peak minus them;
@@ -61,7 +64,15 @@ from simulators.spawn import SCRIPT_ENV, memory_report_path
 #: The peak must grow by this factor before its split is taken again.
 SPLIT_GROWTH = 1.01
 PARAMETER_PARTS = ("trainable_parameters", "frozen_parameters", "quantized_weights")
-PARTS = (*PARAMETER_PARTS, "gradients", "optimizer_state")
+#: What the bytes-per-parameter arithmetic predicts ("model states") ...
+MODEL_STATE_PARTS = (*PARAMETER_PARTS, "gradients", "optimizer_state")
+#: ... and every part of a peak's split.
+PARTS = (*MODEL_STATE_PARTS, "communication_buffers")
+#: DeepSpeed's ZeRO optimizer (``DeepSpeedEngine.optimizer``): its gradient partitions, ``averaged_gradients`` (ZeRO-1/2,
+#: deepspeed/runtime/zero/stage_1_and_2.py) or ``grad_partitions_flat_buffer`` (ZeRO-3, stage3.py) ...
+ZERO_GRADIENTS = ("averaged_gradients", "grad_partitions_flat_buffer")
+#: ... and its reduce buckets, ``ipg_buckets[dtype].buffer`` (a list of ``reduce_bucket_size`` tensors, or one for ZeRO-3).
+ZERO_BUCKETS = "ipg_buckets"
 #: bitsandbytes' parameter classes whose data is quantized (bitsandbytes/nn/modules.py).
 QUANTIZED_CLASSES = frozenset({"Params4bit", "Int8Params"})
 #: The tensors of a bitsandbytes ``QuantState`` (bitsandbytes/functional.py: ``QuantState``), its nested state's too.
@@ -98,9 +109,10 @@ class _Recorder:
         self.completed = max(self.completed, self.steps[optimizer])
         for books in self.books:
             for index, storages in books.held().items():
-                states = self.model_states.setdefault(f"{books.device_type}:{index}", dict.fromkeys(PARTS, 0))
-                for part, size in self.split(books.device_type, index, storages).items():
-                    states[part] = max(states[part], size)
+                states = self.model_states.setdefault(f"{books.device_type}:{index}", dict.fromkeys(MODEL_STATE_PARTS, 0))
+                split = self.split(books.device_type, index, storages)
+                for part in MODEL_STATE_PARTS:
+                    states[part] = max(states[part], split[part])
         self.write()
         if self.completed >= int(os.environ.get(STEPS_ENV) or 0) > 0:
             sys.stdout.flush()
@@ -125,6 +137,9 @@ class _Recorder:
                 state = fields.get("state")  # an 8-bit layer's int8 copy and scales, moved to its MatmulLtState
                 for name in INT8_TENSORS if type(state).__name__ == "MatmulLtState" else ():
                     _add_key(keys["quantized_weights"], getattr(state, name, None), device_type, index)
+                if type(module).__name__ == "DeepSpeedEngine":
+                    for part, tensor in _zero_buffers(fields.get("optimizer")):
+                        _add_key(keys[part], tensor, device_type, index)
             for param in params:
                 if param is None:
                     continue
@@ -140,21 +155,21 @@ class _Recorder:
                 for state in optimizer.state.values():
                     for value in state.values():
                         _add_key(keys["optimizer_state"], value, device_type, index)
+        keys["gradients"] -= keys["communication_buffers"]  # ZeRO-1/2 gradients that are views of a bucket
         keys["trainable_parameters"] -= keys["quantized_weights"]
         keys["frozen_parameters"] -= keys["quantized_weights"] | keys["trainable_parameters"]
         return keys
 
     def split(self, device_type: str, index: int, storages: dict[int, Any]) -> dict[str, int]:
         """Bytes of each model-state part among ``storages`` (the books' storages of device ``index``)."""
-        keys = self.storages(device_type, index)
-        return {part: sum(storages[key].size for key in keys[part] if key in storages) for part in PARTS}
+        return _sizes(self.storages(device_type, index), storages)
 
     def report(self) -> dict[str, Any]:
         devices = {}
         for books in self.books:
             for index, summary in books.summaries().items():
                 name = f"{books.device_type}:{index}"
-                devices[name] = {**summary, "model_states": self.model_states.get(name, dict.fromkeys(PARTS, 0))}
+                devices[name] = {**summary, "model_states": self.model_states.get(name, dict.fromkeys(MODEL_STATE_PARTS, 0))}
         placeholders = [{"at": at, "what": what, "count": count} for (at, what), count in self.placeholders.items()]
         return {"steps": self.completed, "devices": devices, "out_of_memory": self.out_of_memory, "placeholders": placeholders,
                 "batches": batches.RECORD.report()}
@@ -180,6 +195,21 @@ def _quantized_tensors(param: torch.Tensor) -> list[Any]:
         tensors += [getattr(state, name, None) for name in QUANT_STATE_TENSORS]
         state = getattr(state, "state2", None)
     return tensors
+
+
+def _zero_buffers(optimizer: Any) -> list[tuple[str, Any]]:
+    """(part, tensor) of a DeepSpeed ZeRO optimizer's gradient partitions and reduce buckets (``ZERO_GRADIENTS``,
+    ``ZERO_BUCKETS``); none for another optimizer."""
+    fields = getattr(optimizer, "__dict__", {})
+    found: list[tuple[str, Any]] = []
+    for name in ZERO_GRADIENTS:
+        value = fields.get(name)
+        for tensors in value.values() if isinstance(value, dict) else [value]:
+            found += [("gradients", tensor) for tensor in (tensors if isinstance(tensors, (list, tuple)) else [tensors])]
+    for bucket in (fields.get(ZERO_BUCKETS) or {}).values():
+        buffer = getattr(bucket, "buffer", None)
+        found += [("communication_buffers", tensor) for tensor in (buffer if isinstance(buffer, list) else [buffer])]
+    return found
 
 
 def _add_key(keys: set[int], tensor: Any, device_type: str, index: int) -> None:
@@ -211,8 +241,42 @@ def on_peak(books: Any, index: int, device: Any) -> None:
     device.peak_step = RECORDER.step
     device.peak_at = user_line()
     if device.peak >= device.split_at * SPLIT_GROWTH or device.split_step != device.peak_step:
-        device.split = RECORDER.split(books.device_type, index, device.storages)
+        held, keys = dict(device.storages), RECORDER.storages(books.device_type, index)
+        device.split, device.split_pending = _sizes(keys, held), (held, keys, _statement())
         device.split_at, device.split_step = device.peak, device.peak_step
+
+
+def on_change(books: Any, index: int, device: Any) -> None:
+    """The first allocation or release after the statement that made a split's peak completes the split: a reduce
+    bucket held at the peak is counted once its list holds it (DeepSpeed makes the bucket, the allocation that makes
+    the peak, then appends it to ``ipg_buckets[dtype].buffer``). The other parts are those of the peak (an
+    all-gathered parameter that FSDP registers after its buffer is made stays in "other", as a gradient released
+    since stays a gradient)."""
+    held, keys, statement = device.split_pending
+    if _statement() == statement:
+        return
+    device.split_pending = None
+    held = {**device.storages, **held}  # the peak's own storage is booked after the peak is noted
+    claimed = set().union(*keys.values())
+    keys["communication_buffers"] |= RECORDER.storages(books.device_type, index)["communication_buffers"] - claimed
+    device.split = _sizes(keys, held)
+
+
+#: Where the frames between a statement and the books are: torch, the simulator, Python's own library.
+_INNER_FOLDERS = tuple(os.path.dirname(path) + os.sep for path in (torch.__file__, os.path.dirname(__file__), os.__file__))
+
+
+def _statement() -> tuple[Any, int] | None:
+    """The innermost frame outside ``_INNER_FOLDERS``, and its line: the statement an allocation serves."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_INNER_FOLDERS):
+        frame = frame.f_back
+    return (frame, frame.f_lineno) if frame is not None else None
+
+
+def _sizes(keys: dict[str, set[int]], storages: dict[int, Any]) -> dict[str, int]:
+    """Bytes of each part's storage ``keys`` among ``storages``."""
+    return {part: sum(storages[key].size for key in keys[part] if key in storages) for part in PARTS}
 
 
 def on_out_of_memory(books: Any, index: int, message: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -10,6 +11,7 @@ import textwrap
 
 import pytest
 
+from simulators.devices import machine
 from simulators.dryrun import summary
 from simulators.launcher import LaunchResult
 from simulators.topology import World
@@ -194,8 +196,44 @@ def test_cuda_dry_run_past_the_budget_names_the_out_of_memory_line(tmp_path):
     assert "out of memory on cuda:" in done.stdout and "train.py:" in done.stdout and "CUDA out of memory. Tried to allocate" in done.stdout
 
 
+DEEPSPEED_TRAIN = textwrap.dedent("""\
+    import torch
+    from accelerate import Accelerator
+
+    accelerator = Accelerator()
+    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 256))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    loader = torch.utils.data.DataLoader(torch.randn(16, 256), batch_size=4)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    for batch in loader:
+        accelerator.backward(model(batch).pow(2).mean())
+        optimizer.step()
+        optimizer.zero_grad()
+    print("zero stage", accelerator.state.deepspeed_plugin.zero_stage, accelerator.distributed_type, flush=True)
+    """)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed (the deepspeed extra)")
+@pytest.mark.parametrize("stage", [2, 3])
+def test_launch_use_deepspeed_dry_runs_and_names_the_reduce_bucket(tmp_path, stage):
+    """``launch --use_deepspeed --zero_stage N``, as an HF user types it, runs DeepSpeed on torchrun's ranks with the
+    settings in their environment; the summary names DeepSpeed's reduce bucket, ``reduce_bucket_size`` (5e8) fp32
+    elements, apart from the rest."""
+    (tmp_path / "train.py").write_text(DEEPSPEED_TRAIN)
+    done = _launch(tmp_path, "--simulate", "cuda", "--num_processes", "2", "--use_deepspeed", "--zero_stage", str(stage),
+                   "--gpu", "a100-40gb", "--no-compute", "--timeout", "240", "train.py")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"zero stage {stage} DistributedType.DEEPSPEED" in done.stdout, done.stdout[-3000:]
+    bucket = machine.human(500_000_000 * 4)
+    for rank in (0, 1):
+        line = next(line for line in done.stdout.splitlines() if line.startswith(f"rank {rank}: peak"))
+        assert f"communication buffers {bucket}" in line, line
+
+
 @pytest.mark.parametrize("argv, message", [
-    (["--simulate", "cuda", "--gpu", "b200"], "--gpu: unknown GPU 'b200'; known: t4-16gb"),
+    (["--simulate", "cuda", "--gpu", "b300"], "--gpu: unknown GPU 'b300'; known: t4-16gb"),
+    (["--simulate", "cuda", "--use_deepspeed", "--num_processes", "4", "--num_machines", "2", "--deepspeed_multinode_launcher",
+      "pdsh"], "--deepspeed_multinode_launcher pdsh runs the deepspeed runner over pdsh"),
     (["--simulate", "cuda", "--device-memory", "12XB"], "--device-memory: '12XB' is not a memory size"),
     (["--simulate", "cuda", "--gpu", "l4-24gb", "--device-memory", "1GB"], "--gpu and --device-memory both set a budget"),
     (["--simulate", "cpu", "--device-memory", "1GB"], "a memory budget needs a mock device"),

@@ -59,6 +59,8 @@ class Setup:
     distributed_type: str = "MULTI_GPU"
     #: The engine package the setup needs (absent: the run is skipped naming it).
     needs: str | None = None
+    #: DeepSpeed's ZeRO stage, where DeepSpeed trains.
+    zero_stage: int | None = None
     #: The model states live on the CPU (CPU offload): none on the device.
     offloaded: bool = False
 
@@ -70,17 +72,25 @@ class Setup:
 
     def model_states(self, rank: int) -> dict[str, int]:
         """Bytes of each model-state part device ``rank`` holds after a step: fp32 parameters and gradients, AdamW's
-        two fp32 moments (its step count stays on the CPU). ZeRO-1 and 2: a rank whose partition of the flattened
-        model falls inside one parameter steps on a view of that parameter's gradient, which keeps the whole of it;
-        another steps on a flat copy of its partition."""
+        two fp32 moments (its step count stays on the CPU). DeepSpeed keeps the optimizer's fp32 master weights as
+        a copy of the rank's partition: ZeRO-1/2 always clones it (deepspeed/runtime/zero/stage_1_and_2.py:
+        ``weights_partition``), and so does ZeRO-3, whose test for sharing compares a ``torch.device`` with the
+        device's name, never equal (stage3.py: ``fp32_partitioned_groups_flat``). ZeRO-1 and 2: every rank keeps
+        the whole model (its flattened parameters) beside it; a rank whose partition of the flattened model falls
+        inside one parameter steps on a view of that parameter's gradient, which keeps the whole of it; another
+        steps on a flat copy of its partition. ZeRO-3: the gradient partitions' buffer and the flat fp32 copy of
+        them the step gives the master weights (stage3.py: ``_prepare_fp32_grad_for_sub_group``)."""
         size = 0 if self.offloaded else PARAMETERS * 4 // self.shards
-        gradients = size
-        if self.distributed_type == "DEEPSPEED" and "zero_stage=3" not in self.accelerator:
+        gradients, parameters = size, size
+        if self.zero_stage == 3:
+            gradients, parameters = 2 * size, 2 * size
+        elif self.zero_stage is not None:
+            parameters = PARAMETERS * 4 + size
             start, end = rank * PARAMETERS // self.shards, (rank + 1) * PARAMETERS // self.shards
             offsets = [sum(SIZES[:index]) for index in range(len(SIZES))]
             overlapping = [n for n, offset in zip(SIZES, offsets) if offset < end and offset + n > start]
             gradients = 4 * overlapping[0] if len(overlapping) == 1 else size
-        return {"trainable_parameters": size, "frozen_parameters": 0, "quantized_weights": 0, "gradients": gradients,
+        return {"trainable_parameters": parameters, "frozen_parameters": 0, "quantized_weights": 0, "gradients": gradients,
                 "optimizer_state": 2 * size}
 
 
@@ -125,7 +135,13 @@ SETUPS = {
     "fsdp1-config-file-shard-grad-op": Setup(config=_fsdp_config({"fsdp_version": 1, "fsdp_sharding_strategy": "SHARD_GRAD_OP"}),
                                              distributed_type="FSDP"),
     **{f"deepspeed-zero{stage}": Setup(f"deepspeed_plugin=DeepSpeedPlugin(zero_stage={stage}, gradient_accumulation_steps=1)",
-                                       distributed_type="DEEPSPEED", needs="deepspeed") for stage in (1, 2, 3)},
+                                       distributed_type="DEEPSPEED", needs="deepspeed", zero_stage=stage) for stage in (1, 2, 3)},
+    # launch's DeepSpeed path: the config's settings reach the ranks' environment, whose DeepSpeedPlugin the
+    # Accelerator makes (as `accelerate launch --use_deepspeed --zero_stage N` gives them).
+    **{f"deepspeed-zero{stage}-config-file": Setup(
+        config={"compute_environment": "LOCAL_MACHINE", "distributed_type": "DEEPSPEED", "mixed_precision": "no", "use_cpu": False,
+                "deepspeed_config": {"zero_stage": stage, "gradient_accumulation_steps": 1}},
+        distributed_type="DEEPSPEED", needs="deepspeed", zero_stage=stage) for stage in (2, 3)},
 }
 #: Setups a GPU runs and the mock cannot, with torch's mechanism that refuses them (README, "Limits").
 LIMITS = {
@@ -134,8 +150,9 @@ LIMITS = {
 }
 #: Setups whose HF-accelerate script trains nothing, as on a GPU: HF 1.15's FSDP1 plugin defaults to
 #: ``use_orig_params=False`` and does not give an optimizer made before ``prepare`` the flat parameters, so the
-#: optimizer keeps the original, unsharded parameters, which never get a gradient (no state is made either). The dry
-#: run's model states show it; accelerate_ref hands the optimizer the sharded parameters.
+#: optimizer keeps the original, unsharded parameters, which never get a gradient (no state is made either), beside
+#: the FSDP module's sharded flat parameter and its gradient. The dry run's model states show it; accelerate_ref hands
+#: the optimizer the sharded parameters.
 HF_OPTIMIZER_ORPHANED = {"fsdp1-full-shard"}
 #: How the XLA family reports its distributed type.
 FAMILY_TYPES = {"xla": {"MULTI_GPU": "XLA"}, "npu": {"MULTI_GPU": "MULTI_NPU"}}
@@ -156,6 +173,7 @@ SMOKE = {
     ("fsdp2-config-file", "cuda", "accelerate_ref"), ("fsdp2-config-file-hybrid-2-machines", "cuda", "accelerate"),
     ("fsdp1-full-shard", "npu", "accelerate_ref"), ("fsdp1-config-file-shard-grad-op", "cuda", "accelerate"),
     ("deepspeed-zero1", "cuda", "accelerate"), ("deepspeed-zero2", "cuda", "accelerate_ref"), ("deepspeed-zero3", "cuda", "accelerate"),
+    ("deepspeed-zero2-config-file", "cuda", "accelerate"), ("deepspeed-zero3-config-file", "cuda", "accelerate_ref"),
 }
 
 
@@ -195,8 +213,9 @@ def dry_run_setup(tmp_path, monkeypatch, capsys, name: str, family: str, package
     for rank in summary["ranks"]:
         expected = setup.model_states(rank["rank"] % 2)  # hybrid sharding: ranks 2 and 3 hold 0's and 1's shards
         if package == "accelerate" and name in HF_OPTIMIZER_ORPHANED:
-            expected = {"trainable_parameters": PARAMETERS * 4, "frozen_parameters": 0, "quantized_weights": 0, "gradients": 0,
-                        "optimizer_state": 0}
+            shard = PARAMETERS * 4 // setup.shards  # the FSDP module's flat parameter, which gets the gradients
+            expected = {"trainable_parameters": PARAMETERS * 4 + shard, "frozen_parameters": 0, "quantized_weights": 0,
+                        "gradients": shard, "optimizer_state": 0}
         for device, books in rank["memory"].items():
             assert books["model_states"] == expected, (
                 f"{name} ({package} on {family}), rank {rank['rank']} on {device}: model states after a step "
