@@ -54,13 +54,13 @@ def load(summary: str | os.PathLike) -> dict:
 
 def preset_of(gpu_name: str) -> str:
     """The ``--gpu`` preset of a card ``torch.cuda.get_device_name()`` names (``"NVIDIA H200"`` -> ``h200-141gb``,
-    ``"NVIDIA A100-SXM4-80GB"`` -> ``a100-80gb``); ValueError when none matches."""
+    ``"NVIDIA A100-SXM4-80GB"`` -> ``a100-80gb``, ``"NVIDIA H100 PCIe"`` -> ``h100-pcie-80gb``); ValueError when none
+    matches."""
     name = gpu_name.lower().replace("nvidia", "").strip()
     family = name.replace("-", " ").split()[0] if name else ""
     kinds = [preset for preset in GPU_PRESETS if preset.split("-")[0] == family]
-    sized = [preset for preset in kinds if preset.split("-")[1] in name]
-    if kinds:
-        return (sized or kinds)[0]
+    if kinds:  # the one naming most of the card's words ("pcie", "80gb"); the first of a tie
+        return max(kinds, key=lambda preset: sum(part in name for part in preset.split("-")[1:]))
     raise ValueError(f"no --gpu preset for {gpu_name!r}; known: {', '.join(GPU_PRESETS)}")
 
 

@@ -50,6 +50,10 @@ FORK_SAFE = {
     "safetensors": ("safetensors.torch",),
 }
 #: Parts of a peak the summary leaves out when they are 0 (a full fine-tune has no frozen or quantized weights).
+#: Libraries whose workspaces the GPU picks at run time, which no source gives a rule for: the smallest ratio of a dry
+#: run's reserved peak to a real GPU's among the runs that used one, and why. cuDNN's convolutions: 0.616 (conv) and
+#: 0.782 (conv_bf16) of a real H200's (../shared/gpu/summary.json, torch 2.11).
+LOWER_BOUNDS = {"cudnn": (0.616, "cuDNN picks its convolution engines and their workspaces on the GPU")}
 OPTIONAL_PARTS = frozenset({"frozen_parameters", "quantized_weights", "communication_buffers"})
 #: The fine-tune and engine packages a script may import, and how to install each (the project's extras).
 ENGINE_EXTRAS = {
@@ -151,10 +155,12 @@ def _reserved(device: dict) -> int:
     return device.get("reserved", device["peak"])
 
 
-def _verdict(report: dict | None, budget: int | None) -> dict:
-    """What a rank's memory report says against ``budget``: ``fits`` (with the headroom the highest reserved
-    peak of its devices leaves: what the caching allocator took from the card, as on a GPU, where running out
-    is reserving past it), ``out_of_memory`` (where, and torch's message), or ``unknown``."""
+def _verdict(report: dict | None, budget: int | None, held: int = 0) -> dict:
+    """What a rank's memory report says against ``budget`` less what the GPU's runtime ``held`` beside the allocator:
+    ``fits`` (with the headroom the highest reserved peak of its devices leaves: what the caching allocator took
+    from the card, as on a GPU, where running out is reserving past it), ``may_not_fit`` where the run used a
+    library whose workspaces the GPU picks (``LOWER_BOUNDS``) and the headroom is less than such a workspace may
+    take, ``out_of_memory`` (where, and torch's message), or ``unknown``."""
     if report is None:
         return {"verdict": "unknown", "reason": "no memory report (no mock device, or stopped before using it)"}
     if report.get("out_of_memory"):
@@ -163,7 +169,13 @@ def _verdict(report: dict | None, budget: int | None) -> dict:
     reserved = max(map(_reserved, report["devices"].values()), default=0)
     if budget is None:
         return {"verdict": "no_budget", "peak": peak, "reserved": reserved}
-    return {"verdict": "fits", "peak": peak, "reserved": reserved, "headroom": budget - reserved}
+    found = {"peak": peak, "reserved": reserved, "headroom": budget - held - reserved}
+    for library in report.get("lower_bounds", []):
+        ratio, why = LOWER_BOUNDS[library]
+        if reserved / ratio > budget - held:
+            return {"verdict": "may_not_fit", **found, "reason": f"{why}: a real GPU may reserve up to "
+                    f"{human(int(reserved / ratio))}, more than the {human(budget - held)} it has"}
+    return {"verdict": "fits", **found}
 
 
 def _fingerprint(text: str) -> str:
@@ -215,11 +227,12 @@ def _raised(tail: str, script: str) -> dict | None:
     return {"at": _user_frame("\n".join(body), script), "error": error.strip()}
 
 
-def record(result: LaunchResult, world: World, script: str, budget: int | None = None) -> dict:
+def record(result: LaunchResult, world: World, script: str, budget: int | None = None,
+           held: dict[str, int] | None = None) -> dict:
     """The dry run's findings, machine-readable (``--summary-json``): per rank its exit state, device
     mixing, XLA recompilations, memory (peak and reserved peak per device, when and where, what it held, the
     verdict against the budget by the reserved peak) and, without computing, where the script got placeholders
-    for values."""
+    for values. ``held``: what the GPU's runtime holds beside the allocator in each rank, by what it is."""
     ranks = []
     for rank in range(world.size):
         tail = result.output_tail.get(rank, "")
@@ -235,10 +248,11 @@ def record(result: LaunchResult, world: World, script: str, budget: int | None =
             "steps": report["steps"] if report else None,
             "placeholders": report.get("placeholders", []) if report else [],  # no-compute runs: values not computed
             "batches": report.get("batches") if report else None,
-            **_verdict(report, budget),
+            "lower_bounds": report.get("lower_bounds", []) if report else [],
+            **_verdict(report, budget, sum((held or {}).values())),
         })
     return {"world": {"ranks": world.size, "machines": world.machines}, "status": result.status,
-            "budget": budget, "ranks": ranks}
+            "budget": budget, "held": held or {}, "ranks": ranks}
 
 
 def _memory_line(rank: dict) -> str | None:
@@ -250,11 +264,13 @@ def _memory_line(rank: dict) -> str | None:
     device, peak = max(rank["memory"].items(), key=lambda item: (_reserved(item[1]), item[1]["peak"]))
     parts = ", ".join(f"{name.replace('_', ' ')} {human(size)}" for name, size in peak["parts"].items()
                       if size or name not in OPTIONAL_PARTS)
-    verdict = (f"fits, {human(rank['headroom'])} headroom" if rank["verdict"] == "fits"
-               else "no budget given (--device-memory or --gpu)")
+    verdict = {"fits": lambda: f"fits, {human(rank['headroom'])} headroom",
+               "may_not_fit": lambda: f"may not fit: {rank['reason']}",
+               "no_budget": lambda: "no budget given (--device-memory or --gpu)"}[rank["verdict"]]()
     when = f"at step {peak['step']}" if peak["step"] else "before any optimizer step"
+    bounds = "".join(f"; a lower bound: {LOWER_BOUNDS[library][1]}" for library in rank["lower_bounds"])
     return (f"rank {rank['rank']}: peak {human(peak['peak'])}, reserved {human(_reserved(peak))} on {device} {when}, "
-            f"{peak['at'] or '?'} ({parts}): {verdict}")
+            f"{peak['at'] or '?'} ({parts}): {verdict}{bounds}")
 
 
 def _raised_lines(ranks: list[dict]) -> list[str]:
@@ -306,9 +322,20 @@ def _batch_lines(ranks: list[dict]) -> list[str]:
     return ["-- batches --", *lines] if lines else []
 
 
-def summary(result: LaunchResult, world: World, script: str, budget: int | None = None, budget_name: str = "") -> str:
+def _budget_words(budget: int, name: str, held: dict[str, int]) -> str:
+    """``budget 39.39 GiB per device, a100-40gb as torch reports it, less CUDA context 426.00 MiB ...``."""
+    words = f"budget {human(budget)} per device"
+    if name:
+        words += f", {name} as torch reports it"
+    if held:
+        words += ", less " + " and ".join(f"{what} {human(size)}" for what, size in held.items()) + " per process"
+    return words
+
+
+def summary(result: LaunchResult, world: World, script: str, budget: int | None = None, budget_name: str = "",
+            held: dict[str, int] | None = None) -> str:
     """The run summary printed after a dry run (see :func:`record` for what it reports)."""
-    found = record(result, world, script, budget)
+    found = record(result, world, script, budget, held)
     lines = [f"== dry run summary: {world.size} ranks as {world.machines} machine(s), {result.status} =="]
     lines += [f"rank {rank['rank']}: {rank['state']}" for rank in found["ranks"]]
     lines += _raised_lines(found["ranks"])
@@ -317,7 +344,7 @@ def summary(result: LaunchResult, world: World, script: str, budget: int | None 
         lines += [f"rank {rank['rank']}: {text}" for text in rank["recompilations"] + rank["collectives"]]
     memory = [line for line in map(_memory_line, found["ranks"]) if line]
     if memory:
-        of = f"budget {human(budget)} per device{f', {budget_name}' if budget_name else ''}" if budget else "no budget"
+        of = _budget_words(budget, budget_name, held or {}) if budget else "no budget"
         lines += [f"-- memory per rank ({of}) --", *memory]
     lines += _batch_lines(found["ranks"])
     lines += _placeholder_lines(found["ranks"])

@@ -4,7 +4,8 @@ Rule: the script runs on ``num_processes`` simulator ranks as
 ``num_machines`` machines with the environment ``launch`` would give it (HF
 accelerate's launch variables; ``ACCELERATE_USE_CPU`` for ``cpu``) plus the
 simulator's for the family (:func:`simulators.dryrun.family_env`) and each
-mock device's memory budget (``--device-memory`` or a ``--gpu`` preset) and,
+mock device's memory budget (``--device-memory``, or a ``--gpu`` preset: the card's memory as torch reports
+it, of which the CUDA context and NCCL's buffers take their share, :mod:`simulators.devices.gpus`) and,
 with ``--no-compute``, tensors without values, with ``--steps N``, ranks that end after
 N optimizer steps (:mod:`simulators.devices.machine`), with ``--heaviest-batches K``, each
 data loader's K largest batches first (:mod:`simulators.devices.batches`); then
@@ -74,6 +75,7 @@ def _check_family_runs(args: argparse.Namespace) -> None:
 def dry_run(args: argparse.Namespace) -> int:
     """Run ``args.training_script`` on the simulator and print the summary; return the launcher's exit status."""
     from simulators.devices.batches import HEAVIEST_ENV
+    from simulators.devices.gpus import runtime_held
     from simulators.devices.machine import NO_COMPUTE_ENV, STEPS_ENV, gpu_env, machine_env, parse_size
     from simulators.dryrun import DEFAULT_TIMEOUT, family_env, missing_engines, preload, record, summary, watch_interval
     from simulators.launcher import launch
@@ -89,16 +91,16 @@ def dry_run(args: argparse.Namespace) -> int:
     _check_mock_device_flags(args, memory)
     world = World.of(args.num_processes, machines=args.num_machines)
     env = {**launch_env(args, base={}), "ACCELERATE_USE_CPU": str(args.simulate == "cpu" or bool(args.cpu)),
-           **family_env(args.simulate), **machine_env(args.simulate, memory=memory), **(gpu_env(preset) if preset else {}),
+           **family_env(args.simulate), **machine_env(args.simulate, memory=memory), **(gpu_env(preset, world.size) if preset else {}),
            **({NO_COMPUTE_ENV: "1"} if getattr(args, "no_compute", False) else {}),
            **({STEPS_ENV: str(args.steps)} if getattr(args, "steps", None) else {}),
            **({HEAVIEST_ENV: str(args.heaviest_batches)} if getattr(args, "heaviest_batches", None) else {})}
     result = launch([args.training_script, *args.training_script_args], world,
                     timeout=args.timeout or DEFAULT_TIMEOUT, env=env, watch=watch_interval(),
                     preload=preload(args.training_script))
-    budget = parse_size(memory) if memory else None
-    print(summary(result, world, args.training_script, budget, preset), flush=True)
+    budget, held = parse_size(memory) if memory else None, runtime_held(world.size) if preset else {}
+    print(summary(result, world, args.training_script, budget, preset, held), flush=True)
     if getattr(args, "summary_json", None):
         with open(args.summary_json, "w", encoding="utf-8") as stream:
-            json.dump(record(result, world, args.training_script, budget), stream, indent=1)
+            json.dump(record(result, world, args.training_script, budget, held), stream, indent=1)
     return result.exit_code

@@ -163,6 +163,7 @@ def rows(found: dict) -> list[list[str]]:
             device = max(rank["memory"].values(), key=lambda books: (books.get("reserved", books["peak"]), books["peak"]))
             parts = device["parts"]
             verdict = {"fits": lambda: f"fits ({convert_bytes(rank['headroom'])} free)", "no_budget": lambda: "-",
+                       "may_not_fit": lambda: f"may not fit ({rank['reason']})",
                        "out_of_memory": lambda: f"out of memory at {rank.get('at') or '?'}"}[rank["verdict"]]()
             if rank["verdict"] != "out_of_memory" and rank["state"] != "exit 0":
                 verdict = f"failed: {rank['state']} (see below)"

@@ -10,8 +10,8 @@ Found in the caching allocator's snapshots of a real H200 (``../shared/gpu/*.pic
   backward thread for the device each hold one (snapshot ``mlp.pickle``: one 33,554,432-byte allocation
   in ``setWorkspaceForHandle`` under ``Engine::thread_main``, beside the main thread's, made before
   recording). Its size is ``CUBLAS_WORKSPACE_CONFIG`` (``:SIZE:COUNT`` pairs, SIZE KiB each) or, unset,
-  32 MiB on a compute-capability 9.0 GPU (Hopper) and 4096 KiB x 2 + 16 KiB x 8 elsewhere
-  (``parseChosenWorkspaceSize``);
+  32 MiB on a GPU of compute capability 9 to 12 (Hopper and Blackwell) and 4096 KiB x 2 + 16 KiB x 8
+  elsewhere (``parseChosenWorkspaceSize``, torch 2.13);
 - **cuBLASLt workspace**: a matrix product with a bias vector (``addmm`` with a 1-D bias: ``nn.Linear``'s
   forward) runs through cuBLASLt, whose first call per thread allocates ``CUBLASLT_WORKSPACE_SIZE`` KiB
   (default 1024) and keeps it (``getCUDABlasLtWorkspace``; snapshot ``mlp.pickle``: 1,048,576 bytes in the
@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from simulators.devices import machine
+from simulators.devices import machine, peaks
 
 #: The ops that call cuBLAS (a handle, so a workspace, for the calling thread).
 CUBLAS_OPS = frozenset({
@@ -41,8 +41,13 @@ CUBLAS_OPS = frozenset({
 })
 #: The ops that take the cuBLASLt path (with a bias vector).
 CUBLASLT_OPS = frozenset({"addmm", "_addmm_activation"})
+#: The ops that run cuDNN's convolutions, whose engines and workspaces the GPU picks: the dry run's figures are then
+#: a lower bound (``simulators.dryrun.LOWER_BOUNDS``).
+CUDNN_OPS = frozenset({"convolution", "_convolution", "cudnn_convolution", "convolution_backward"})
 #: ``parseChosenWorkspaceSize``'s defaults: Hopper's, and every other architecture's.
 HOPPER_WORKSPACE = 4096 * 8 * 1024
+#: The compute capabilities (major) that take Hopper's workspace: Hopper and Blackwell (9, 10, 11, 12).
+LARGE_WORKSPACE_MAJORS = frozenset({9, 10, 11, 12})
 DEFAULT_WORKSPACE = 4096 * 1024 * 2 + 16 * 1024 * 8
 #: ``parseCUDABlasLtWorkspaceSize``'s default, in KiB.
 DEFAULT_LT_WORKSPACE_KIB = 1024
@@ -60,7 +65,7 @@ def cublas_workspace_size() -> int:
         pairs = re.findall(r":([0-9]+):([0-9]+)", config)
         if pairs:
             return sum(int(size) * 1024 * int(count) for size, count in pairs)
-    return HOPPER_WORKSPACE if machine.gpu_capability() == (9, 0) else DEFAULT_WORKSPACE
+    return HOPPER_WORKSPACE if machine.gpu_capability()[0] in LARGE_WORKSPACE_MAJORS else DEFAULT_WORKSPACE
 
 
 def cublaslt_workspace_size() -> int:
@@ -75,6 +80,8 @@ def cublaslt_workspace_size() -> int:
 def observe(tensor_class: type, func: Any, tensors: list) -> None:
     """Before ``func`` runs on mock GPU ``tensors``: the workspaces its library takes on first use in this thread."""
     name = func._opname
+    if name in CUDNN_OPS:
+        peaks.RECORDER.lower_bounds.add("cudnn")
     if name not in CUBLAS_OPS:
         return
     index = tensors[0].device_index

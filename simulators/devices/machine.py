@@ -26,7 +26,8 @@ from __future__ import annotations
 import functools
 import os
 import re
-from typing import NamedTuple
+
+from simulators.devices.gpus import DEFAULT_GPU, GPU_PRESETS, GpuPreset, preset, runtime_held
 
 #: The device-count variable of each mock device family.
 COUNT_VARIABLES = {
@@ -116,53 +117,42 @@ def machine_env(kind: str, count: int | None = None, memory: str | None = None) 
     return env
 
 
-class GpuPreset(NamedTuple):
-    """One ``--gpu`` preset: the memory the card is sold with, its compute capability (the architecture: which
-    library workspaces and kernels it gets, :mod:`simulators.devices.cuda_libraries`) and its streaming
-    multiprocessors (how torch's reduction kernels split their work, :mod:`simulators.devices.cuda_reduce`)."""
-
-    memory: str
-    capability: tuple[int, int]
-    multiprocessors: int
-
-
-#: Common GPUs, by name (``--gpu``), as their vendor's data sheets give them; torch reports the memory a little
-#: above what a script can use (the CUDA context takes a few hundred MiB on a real card).
-GPU_PRESETS = {
-    "t4-16gb": GpuPreset("16GiB", (7, 5), 40), "v100-32gb": GpuPreset("32GiB", (7, 0), 80),
-    "a10g-24gb": GpuPreset("24GiB", (8, 6), 80), "l4-24gb": GpuPreset("24GiB", (8, 9), 58),
-    "rtx4090-24gb": GpuPreset("24GiB", (8, 9), 128), "a100-40gb": GpuPreset("40GiB", (8, 0), 108),
-    "a100-80gb": GpuPreset("80GiB", (8, 0), 108), "h100-80gb": GpuPreset("80GiB", (9, 0), 132),
-    "h200-141gb": GpuPreset("141GB", (9, 0), 132),
-}
-#: The GPU a dry run simulates when no ``--gpu`` names one: the most common data-centre GPU's architecture.
-DEFAULT_GPU = "h100-80gb"
+#: Bytes each simulated GPU's runtime holds beside torch's allocator (CUDA context, NCCL), set from ``--gpu``.
+HELD_VARIABLE = "SIMULATORS_DEVICE_HELD"
 #: The simulated GPU's compute capability (``"8.0"``), set from ``--gpu``; unset: :data:`DEFAULT_GPU`'s.
 CAPABILITY_VARIABLE = "SIMULATORS_GPU_CAPABILITY"
 #: The simulated GPU's streaming multiprocessors, set from ``--gpu``; unset: :data:`DEFAULT_GPU`'s.
 MULTIPROCESSORS_VARIABLE = "SIMULATORS_GPU_MULTIPROCESSORS"
 #: Resident threads per multiprocessor by compute capability (CUDA C Programming Guide, "Compute Capabilities"):
-#: 2048 on 7.0, 8.0 and 9.0, 1024 on 7.5, 1536 on 8.6 and 8.9.
-THREADS_PER_MULTIPROCESSOR = {(7, 5): 1024, (8, 6): 1536, (8, 7): 1024, (8, 9): 1536}
-
-
-def _preset(name: str) -> GpuPreset:
-    try:
-        return GPU_PRESETS[name.lower()]
-    except KeyError:
-        raise ValueError(f"--gpu: unknown GPU {name!r}; known: {', '.join(GPU_PRESETS)}") from None
+#: 2048 on 7.0, 8.0, 9.0 and 10.0, 1024 on 7.5, 1536 on 8.6, 8.9 and 12.0.
+THREADS_PER_MULTIPROCESSOR = {(7, 5): 1024, (8, 6): 1536, (8, 7): 1024, (8, 9): 1536, (12, 0): 1536}
 
 
 def gpu_budget(name: str) -> str:
-    """The memory budget of GPU preset ``name``; ValueError naming the presets for an unknown one."""
-    return _preset(name)[0]
+    """The memory of GPU preset ``name`` as torch reports it, in bytes; ValueError naming the presets for an unknown one."""
+    return str(preset(name).memory)
 
 
-def gpu_env(name: str) -> dict[str, str]:
-    """The environment simulating GPU preset ``name``'s architecture (ValueError for an unknown one)."""
-    preset = _preset(name)
-    major, minor = preset.capability
-    return {CAPABILITY_VARIABLE: f"{major}.{minor}", MULTIPROCESSORS_VARIABLE: str(preset.multiprocessors)}
+def gpu_env(name: str, world_size: int = 1) -> dict[str, str]:
+    """The environment simulating GPU preset ``name``'s architecture and, in each of ``world_size`` ranks, what the
+    GPU's runtime holds beside torch's allocator (:func:`simulators.devices.gpus.runtime_held`; ValueError for an
+    unknown preset)."""
+    card = preset(name)
+    major, minor = card.capability
+    return {CAPABILITY_VARIABLE: f"{major}.{minor}", MULTIPROCESSORS_VARIABLE: str(card.multiprocessors),
+            HELD_VARIABLE: str(sum(runtime_held(world_size).values()))}
+
+
+def device_held() -> int:
+    """Bytes each device's runtime holds beside torch's allocator (``SIMULATORS_DEVICE_HELD``; 0 when unset)."""
+    value = os.environ.get(HELD_VARIABLE, "").strip()
+    return int(value) if value.isdigit() else 0
+
+
+def device_capacity() -> int | None:
+    """What torch's allocator may reserve on each device: the budget less what the runtime holds (None: no budget)."""
+    budget = device_memory()
+    return None if budget is None else max(budget - device_held(), 0)
 
 
 def gpu_capability() -> tuple[int, int]:
@@ -194,6 +184,7 @@ def human(size: int) -> str:
 __all__ = [
     "COUNT_VARIABLES", "MEMORY_VARIABLE", "UNBUDGETED_TOTAL",
     "parse_size", "device_memory", "device_count", "parse_count", "machine_env", "human", "GPU_PRESETS", "gpu_budget",
-    "DEFAULT_GPU", "CAPABILITY_VARIABLE", "MULTIPROCESSORS_VARIABLE", "THREADS_PER_MULTIPROCESSOR", "GpuPreset",
+    "DEFAULT_GPU", "CAPABILITY_VARIABLE", "HELD_VARIABLE", "device_held", "device_capacity", "MULTIPROCESSORS_VARIABLE",
+    "THREADS_PER_MULTIPROCESSOR", "GpuPreset",
     "gpu_env", "gpu_capability", "gpu_multiprocessors", "gpu_threads_per_multiprocessor",
 ]

@@ -163,7 +163,7 @@ class DeviceMemory:
         allocate); OutOfMemoryError when the model cannot reserve a segment for it within the budget."""
         if device.allocator is None or nbytes == 0:
             return None
-        device.allocator.capacity = machine.device_memory()
+        device.allocator.capacity = machine.device_capacity()
         self._busy = True
         try:
             return device.allocator.malloc(nbytes)
@@ -267,19 +267,19 @@ class DeviceMemory:
 
     def info(self, index: int) -> tuple[int, int]:
         """``(free, total)`` bytes of device ``index``, as ``torch.cuda.mem_get_info`` reports them: the budget less
-        what the device reserves."""
+        what the GPU's runtime holds beside the allocator and what the device reserves."""
         total = machine.device_memory() or machine.UNBUDGETED_TOTAL
-        return max(total - self.reserved(index), 0), total
+        return max(total - machine.device_held() - self.reserved(index), 0), total
 
     def _check_budget(self, device: _Device, index: int, size: int) -> None:
-        budget = machine.device_memory()
+        budget = machine.device_capacity()
         if budget is None or device.allocated + size <= budget:
             return
         self._out_of_memory(device, index, size)
 
     def _out_of_memory(self, device: _Device, index: int, size: int) -> None:
         """Raise torch's OutOfMemoryError for ``size`` bytes asked of device ``index`` (recorded first)."""
-        budget = machine.device_memory() or 0
+        budget, capacity = machine.device_memory() or 0, machine.device_capacity() or 0
         used, reserved = device.allocated, ""
         if device.allocator is not None:
             used = device.allocator.reserved
@@ -287,7 +287,7 @@ class DeviceMemory:
         message = (
             f"{self.device_type.upper()} out of memory. Tried to allocate {machine.human(size)} ({self.device_type}:{index}; "
             f"{machine.human(budget)} total capacity; {machine.human(device.allocated)} already allocated; {reserved}"
-            f"{machine.human(max(budget - used, 0))} free; simulators mock device budget "
+            f"{machine.human(max(capacity - used, 0))} free; simulators mock device budget "
             f"{machine.MEMORY_VARIABLE}={os.environ.get(machine.MEMORY_VARIABLE)})"
         )
         if self.recorder is not None:

@@ -95,6 +95,8 @@ class _Recorder:
         self.completed = 0
         #: Per device ("cuda:0"): the most bytes of each model-state part at the end of an optimizer step.
         self.model_states: dict[str, dict[str, int]] = {}
+        #: The libraries the run used whose GPU-chosen workspaces make its figures a lower bound ("cudnn").
+        self.lower_bounds: set[str] = set()
         #: Per (user line, what was asked): how many values a no-compute run answered with placeholders there.
         self.placeholders: dict[tuple[str, str], int] = {}
 
@@ -172,7 +174,7 @@ class _Recorder:
                 devices[name] = {**summary, "model_states": self.model_states.get(name, dict.fromkeys(MODEL_STATE_PARTS, 0))}
         placeholders = [{"at": at, "what": what, "count": count} for (at, what), count in self.placeholders.items()]
         return {"steps": self.completed, "devices": devices, "out_of_memory": self.out_of_memory, "placeholders": placeholders,
-                "batches": batches.RECORD.report()}
+                "batches": batches.RECORD.report(), "lower_bounds": sorted(self.lower_bounds)}
 
     def write(self) -> None:
         if not self.books or not os.environ.get(REPORT_DIR_ENV):

@@ -38,5 +38,7 @@ def test_the_preset_of_a_card_is_found_by_its_name():
     assert calibration.preset_of("NVIDIA H200") == "h200-141gb"
     assert calibration.preset_of("NVIDIA A100-SXM4-80GB") == "a100-80gb"
     assert calibration.preset_of("NVIDIA A100-PCIE-40GB") == "a100-40gb"
+    assert calibration.preset_of("NVIDIA H100 PCIe") == "h100-pcie-80gb"
+    assert calibration.preset_of("NVIDIA H100 80GB HBM3") == "h100-80gb"
     with pytest.raises(ValueError, match="no --gpu preset for 'Quantum 9000'"):
         calibration.preset_of("Quantum 9000")

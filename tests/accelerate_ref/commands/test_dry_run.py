@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from simulators.devices import machine
+from simulators.devices import gpus, machine
 from simulators.dryrun import summary
 from simulators.launcher import LaunchResult
 from simulators.topology import World
@@ -169,11 +169,13 @@ def test_cuda_dry_run_reports_each_ranks_peak_its_parts_and_the_verdict(tmp_path
     done = _launch(tmp_path, "--simulate", "cuda", "--num_processes", "2", "--gpu", "l4-24gb", "--summary-json", "summary.json",
                    "--timeout", "240", str(script))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "-- memory per rank (budget 24.00 GiB per device, l4-24gb) --" in done.stdout, done.stdout[-3000:]
+    card, held = gpus.GPU_PRESETS["l4-24gb"].memory, gpus.CUDA_CONTEXT + gpus.NCCL_PAIR_BUFFERS
+    assert (f"-- memory per rank (budget {machine.human(card)} per device, l4-24gb as torch reports it, less CUDA context "
+            f"426.00 MiB and NCCL buffers 544.00 MiB per process) --") in done.stdout, done.stdout[-3000:]
     for rank in (0, 1):
         assert f"[rank {rank}] shard (8, 8) of (16, 8) mesh cuda" in done.stdout, done.stdout[-3000:]
     found = json.loads((tmp_path / "summary.json").read_text())
-    assert found["budget"] == 24 * 2**30
+    assert found["budget"] == card == 23_570_219_008 and sum(found["held"].values()) == held
     for rank in found["ranks"]:
         (device, memory), = rank["memory"].items()
         assert device == f"cuda:{rank['rank']}" and rank["verdict"] == "fits", rank
@@ -181,7 +183,7 @@ def test_cuda_dry_run_reports_each_ranks_peak_its_parts_and_the_verdict(tmp_path
         assert memory["at"].startswith("train.py:") and memory["step"] >= 1 and rank["steps"] == 2, memory
         # the verdict is the caching allocator model's: its segments (2 MiB multiples) against the card
         assert memory["reserved"] >= memory["peak"] and memory["reserved"] % (2 << 20) == 0, memory
-        assert rank["headroom"] == 24 * 2**30 - memory["reserved"] and rank["reserved"] == memory["reserved"]
+        assert rank["headroom"] == card - held - memory["reserved"] and rank["reserved"] == memory["reserved"]
         assert f"rank {rank['rank']}: peak " in done.stdout and ", reserved " in done.stdout and "fits, " in done.stdout
 
 
@@ -415,3 +417,32 @@ def test_a_script_importing_an_engine_that_is_not_installed_is_one_line_and_exit
     err = capsys.readouterr().err
     assert f"train.py imports {package}, which is not installed: " in err and how in err, err
     assert len(err.strip().splitlines()) == 1, err
+
+
+CARD_PROBE = textwrap.dedent("""\
+    import torch
+
+    conv = torch.nn.Conv2d(3, 64, 3).cuda()
+    conv(torch.randn(8, 3, 64, 64, device="cuda")).sum().backward()
+    free, total = torch.cuda.mem_get_info()
+    print("card", torch.cuda.get_device_properties(0).total_memory, total, free, torch.cuda.memory_reserved(), flush=True)
+    """)
+
+
+def test_a_gpu_preset_is_the_card_as_torch_reports_it_less_the_cuda_context_and_a_convolution_is_a_lower_bound(tmp_path):
+    """``--gpu t4-16gb``: ``get_device_properties().total_memory`` and ``mem_get_info``'s total are the memory torch
+    reports for the card, and the free memory is that less the CUDA context and what the allocator reserved. A run
+    that used cuDNN's convolutions says its figures are a lower bound, and the verdict is "may not fit" when a
+    real GPU's convolution workspaces (up to 1 / 0.616 of the reserved peak in the measured runs) could pass the
+    budget."""
+    (tmp_path / "probe.py").write_text(CARD_PROBE)
+    done = _launch(tmp_path, "--simulate", "cuda", "--gpu", "t4-16gb", "--timeout", "120", "probe.py")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    line = next(line for line in done.stdout.splitlines() if line.startswith("[rank 0] card "))
+    properties, total, free, reserved = map(int, line.split()[3:])
+    assert properties == total == gpus.GPU_PRESETS["t4-16gb"].memory and free == total - gpus.CUDA_CONTEXT - reserved, line
+    assert "fits, " in done.stdout and "; a lower bound: cuDNN picks its convolution engines" in done.stdout, done.stdout
+    tight = _launch(tmp_path, "--simulate", "cuda", "--device-memory", f"{reserved + (2 << 20)}", "--timeout", "120", "probe.py")
+    assert tight.returncode == 0, tight.stdout[-3000:] + tight.stderr[-3000:]
+    assert "may not fit: cuDNN picks its convolution engines and their workspaces on the GPU: a real GPU may reserve up to" \
+        in tight.stdout, tight.stdout[-3000:]
