@@ -12,17 +12,19 @@ no-compute mode (``accelerate-ref launch --simulate cuda --no-compute``: shapes,
 dtypes and collectives, no values), with batches of ``--batch_size`` sequences
 of ``--seq_len`` random tokens. ``--distributed``: ``ddp`` (every rank holds the
 model), ``fsdp`` (FSDP2 full shard, each decoder layer then the root), ``zero2``
-(DeepSpeed, the ``deepspeed`` extra); ``zero3`` is refused (`NO_ZERO3`). The table gives per rank
+and ``zero3`` (DeepSpeed, the ``deepspeed`` extra; ZeRO-3 builds the model partitioned, under
+``deepspeed.zero.Init``), each given to the launch as ``accelerate launch``'s options (`LAUNCH_OPTIONS`). With
+``--fit [N]`` the launch tries the options that make a run fit instead (:mod:`.fit`). The table gives per rank
 the peak, the peak of what torch's caching allocator reserved (its model's, see
 ``simulators.devices.caching_allocator``), the peak's parts (parameters: the
 model's, trainable, frozen and quantized together; gradients; optimizer state;
-the rest: activations, temporaries, communication buffers) and where it was reached; ranks with the same figures share
+DeepSpeed's communication buffers; the rest: activations, temporaries) and where it was reached; ranks with the same figures share
 a row. With ``--gpu`` (or ``--device-memory``) each row ends with the verdict of the
 reserved peak against that budget.
 
 Refusals, one line each before anything runs (ValueError, exit 2): a model
 that is not a local folder or config file, a folder without ``config.json``,
-``--distributed zero3``, ``--distributed zero2`` without ``deepspeed``, a world that does not
+``--distributed zero2`` or ``zero3`` without ``deepspeed``, a world that does not
 divide into the machines.
 """
 
@@ -40,43 +42,38 @@ import textwrap
 from ..utils import convert_bytes
 
 DISTRIBUTED = ("ddp", "fsdp", "zero2", "zero3")
-#: Why ``zero3`` is refused: its engine needs values a no-compute run does not have.
-NO_ZERO3 = ("--distributed zero3 cannot be estimated without computing: DeepSpeed ZeRO-3 checks values across ranks "
-            "(it broadcasts list lengths from rank 0 and compares them); dry-run the training script with "
-            "`accelerate-ref launch --simulate cuda` instead")
 MIXED_PRECISION = ("no", "fp16", "bf16")
 
 #: The training script each rank runs; ``sys.argv``: model folder, distributed, batch size, sequence length and,
 #: optionally, the optimizer steps (two by default: the second runs with the optimizer state the first made).
 SCRIPT = textwrap.dedent("""\
+    import contextlib
     import sys
 
     import torch
     import transformers
+    from torch.distributed.fsdp import CPUOffloadPolicy
 
     from accelerate_ref import Accelerator
     from accelerate_ref.big_modeling import init_empty_weights
-    from accelerate_ref.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin
+    from accelerate_ref.utils import DistributedType
 
-    folder, distributed, batch, length = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    steps = int(sys.argv[5]) if len(sys.argv) > 5 else 2
-    plugins = {
-        "ddp": {},
-        "fsdp": {"fsdp_plugin": FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap")},
-        "zero2": {"deepspeed_plugin": DeepSpeedPlugin(zero_stage=2, gradient_accumulation_steps=1)},
-    }
-    accelerator = Accelerator(**plugins[distributed])
-    if distributed.startswith("zero"):  # DeepSpeed's batch size is read from its config (no data loader here)
+    folder, batch, length = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    steps = int(sys.argv[4]) if len(sys.argv) > 4 else 2
+    accelerator = Accelerator()  # FSDP or DeepSpeed as the launch's options set them
+    if accelerator.distributed_type == DistributedType.DEEPSPEED:  # its batch size is read from its config (no data loader here)
         accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = batch
     config = transformers.AutoConfig.from_pretrained(folder)
-    with init_empty_weights(include_buffers=False):
+    zero3 = accelerator.distributed_type == DistributedType.DEEPSPEED and accelerator.state.deepspeed_plugin.zero_stage == 3
+    with contextlib.nullcontext() if zero3 else init_empty_weights(include_buffers=False):  # ZeRO-3 partitions as it builds
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    if distributed == "fsdp":  # sharded on the meta device, then only each rank's shards take device memory
+    if accelerator.distributed_type == DistributedType.FSDP:  # sharded on the meta device: only each rank's shards take memory
         model = accelerator.prepare(model, device_placement=[False])
-        model.to_empty(device=accelerator.device)
-        optimizer = accelerator.prepare(torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True))
+        offloaded = isinstance(accelerator.state.fsdp_plugin.cpu_offload, CPUOffloadPolicy)  # the shards live on the CPU
+        model.to_empty(device="cpu" if offloaded else accelerator.device)
+        optimizer = accelerator.prepare(torch.optim.AdamW(model.parameters(), lr=1e-5))
     else:  # DeepSpeed takes the model and its optimizer in one call
-        model = model.to_empty(device=accelerator.device)
+        model = model if zero3 else model.to_empty(device=accelerator.device)
         model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True))
     for step in range(steps):
         tokens = torch.randint(0, config.vocab_size, (batch, length), device=accelerator.device)
@@ -85,6 +82,13 @@ SCRIPT = textwrap.dedent("""\
         optimizer.step()
         optimizer.zero_grad()
     """)
+#: ``--distributed`` -> the launch options that give it (``accelerate launch``'s).
+LAUNCH_OPTIONS = {
+    "ddp": [],
+    "fsdp": ["--use_fsdp", "--fsdp_version", "2", "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP"],
+    "zero2": ["--use_deepspeed", "--zero_stage", "2"],
+    "zero3": ["--use_deepspeed", "--zero_stage", "3"],
+}
 
 
 def add_training_arguments(parser: argparse.ArgumentParser) -> None:
@@ -113,8 +117,6 @@ def check(args: argparse.Namespace) -> None:
         raise ValueError(f"--training reads a local model folder or config.json, offline; {args.model_name!r} is neither")
     if not os.path.isfile(os.path.join(folder, "config.json")):
         raise ValueError(f"{args.model_name!r} has no config.json: --training builds the model from its config")
-    if args.distributed == "zero3":
-        raise ValueError(NO_ZERO3)
     if args.distributed.startswith("zero") and importlib.util.find_spec("deepspeed") is None:
         raise ValueError(f"--distributed {args.distributed} needs deepspeed (pip install accelerate-ref[deepspeed])")
     if min(args.num_processes, args.num_machines, args.batch_size, args.seq_len) < 1:
@@ -123,22 +125,31 @@ def check(args: argparse.Namespace) -> None:
         raise ValueError(f"--num_processes {args.num_processes} does not divide into {args.num_machines} machines")
 
 
-def estimate_training(args: argparse.Namespace) -> int:
-    """Dry-run the training script (see the module docstring) and print the per-rank table; the exit status."""
-    check(args)
+def launch_argv(args: argparse.Namespace, script: str, summary: str | None = None) -> list[str]:
+    """The ``accelerate-ref launch`` command line that dry-runs ``script`` as ``args`` ask (no compute)."""
+    budget = ["--gpu", args.gpu] if args.gpu else ["--device-memory", args.device_memory] if args.device_memory else []
     folder = args.model_name if os.path.isdir(args.model_name) else os.path.dirname(args.model_name) or "."
+    fit = ["--fit", str(args.fit)] if getattr(args, "fit", None) is not None else []
+    return [sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", "launch", "--simulate", "cuda", "--no-compute",
+            "--num_processes", str(args.num_processes), "--num_machines", str(args.num_machines),
+            "--mixed_precision", args.mixed_precision, "--timeout", str(args.timeout), *LAUNCH_OPTIONS[args.distributed],
+            *(["--summary-json", summary] if summary else []), *budget, *fit,
+            script, os.path.abspath(folder), str(args.batch_size), str(args.seq_len)]
+
+
+def estimate_training(args: argparse.Namespace) -> int:
+    """Dry-run the training script (see the module docstring) and print the per-rank table, or with ``--fit`` the
+    launch's table of option sets (:mod:`.fit`); the exit status."""
+    check(args)
     with tempfile.TemporaryDirectory(prefix="estimate-training-") as work:
         script, summary = os.path.join(work, "train.py"), os.path.join(work, "summary.json")
         with open(script, "w", encoding="utf-8") as stream:
             stream.write(SCRIPT)
-        budget = ["--gpu", args.gpu] if args.gpu else ["--device-memory", args.device_memory] if args.device_memory else []
-        command = [sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", "launch", "--simulate", "cuda", "--no-compute",
-                   "--num_processes", str(args.num_processes), "--num_machines", str(args.num_machines),
-                   "--mixed_precision", args.mixed_precision, "--timeout", str(args.timeout), "--summary-json", summary, *budget,
-                   script, os.path.abspath(folder), args.distributed, str(args.batch_size), str(args.seq_len)]
+        if getattr(args, "fit", None) is not None:  # the launch prints its progress and table as it goes
+            return subprocess.run(launch_argv(args, script)).returncode
         print(f"Dry-running two training steps of `{args.model_name}` on {args.num_processes} mock GPU(s) "
               f"({args.distributed}, mixed precision {args.mixed_precision}), no compute...", flush=True)
-        done = subprocess.run(command, capture_output=True, text=True)
+        done = subprocess.run(launch_argv(args, script, summary), capture_output=True, text=True)
         if not os.path.exists(summary):
             print(done.stdout[-4000:] + done.stderr[-2000:], file=sys.stderr)
             return done.returncode or 1
@@ -158,7 +169,7 @@ def rows(found: dict) -> list[list[str]]:
     grouped: dict[tuple, list[int]] = {}
     for rank in found["ranks"]:
         if not rank["memory"]:
-            key = ("-", "-", "-", "-", "-", "-", rank["state"], rank.get("reason", rank["verdict"]))
+            key = ("-", "-", "-", "-", "-", "-", "-", rank["state"], rank.get("reason", rank["verdict"]))
         else:
             device = max(rank["memory"].values(), key=lambda books: (books.get("reserved", books["peak"]), books["peak"]))
             parts = device["parts"]
@@ -169,7 +180,8 @@ def rows(found: dict) -> list[list[str]]:
                 verdict = f"failed: {rank['state']} (see below)"
             key = (convert_bytes(device["peak"]), convert_bytes(device.get("reserved", device["peak"])),
                    convert_bytes(sum(parts[kind] for kind in PARAMETER_PARTS)), convert_bytes(parts["gradients"]),
-                   convert_bytes(parts["optimizer_state"]), convert_bytes(parts["other"]),
+                   convert_bytes(parts["optimizer_state"]), convert_bytes(parts.get("communication_buffers", 0)),
+                   convert_bytes(parts["other"]),
                    f"step {device['step']}, {device['at'] or '?'}", verdict)
         grouped.setdefault(key, []).append(rank["rank"])
     return [[_ranks(ranks), *key] for key, ranks in grouped.items()]
@@ -183,7 +195,8 @@ def table(found: dict, args: argparse.Namespace) -> str:
     """The per-rank table of a dry run's summary (``--summary-json``) for ``args``."""
     from .estimate import create_ascii_table
 
-    headers = ["Ranks", "Peak", "Reserved", "Parameters", "Gradients", "Optimizer state", "Other", "Reached at", "Verdict"]
+    headers = ["Ranks", "Peak", "Reserved", "Parameters", "Gradients", "Optimizer state", "Buffers", "Other", "Reached at",
+               "Verdict"]
     title = (f"Training `{args.model_name}`: {args.num_processes} GPU(s) on {args.num_machines} machine(s), {args.distributed}, "
              f"mixed precision {args.mixed_precision}, batch {args.batch_size} x {args.seq_len} tokens per GPU")
     return create_ascii_table(headers, rows(found), title)

@@ -39,7 +39,6 @@ def _parameters(config: dict) -> int:
     (["--distributed", "tp"], "--distributed 'tp' is not one of ddp, fsdp, zero2, zero3"),
     (["--mixed_precision", "fp8"], "--mixed_precision 'fp8' is not one of no, fp16, bf16"),
     (["--num_processes", "3", "--num_machines", "2"], "--num_processes 3 does not divide into 2 machines"),
-    (["--distributed", "zero3"], "--distributed zero3 cannot be estimated without computing"),
 ])
 def test_bad_training_flags_are_one_line_and_exit_2(tmp_path, capsys, flags, message):
     folder = _llama(tmp_path / "llama", **TINY_LLAMA)
@@ -89,6 +88,17 @@ def _estimate(capsys, folder: str, processes: int, distributed: str, *flags: str
 def _mib(cell: str) -> float:
     number, unit = cell.split()
     return float(number) * {"bytes": 1 / 2**20, "KB": 1 / 1024, "MB": 1, "GB": 1024}[unit]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed (the deepspeed extra)")
+def test_zero3_training_table_partitions_the_optimizer_state_and_names_the_reduce_bucket(tmp_path, capsys):
+    """ZeRO-3 builds the model partitioned (``deepspeed.zero.Init``) and runs without compute: AdamW's two moments of
+    each rank's partition, and DeepSpeed's reduce bucket (``reduce_bucket_size``, 5e8 fp32 elements) in its column."""
+    folder = _llama(tmp_path / "llama", **TINY_LLAMA)
+    row = _estimate(capsys, folder, 2, "zero3")
+    shard = _parameters(TINY_LLAMA) * 4 / 2 / 2**20
+    assert _mib(row[5]) == pytest.approx(2 * shard, rel=1e-2), row
+    assert _mib(row[6]) == pytest.approx(500_000_000 * 4 / 2**20, rel=5e-3), row  # the cell has 3 digits
 
 
 def test_fsdp_training_table_shards_the_model_states_by_the_arithmetic(tmp_path, capsys):
