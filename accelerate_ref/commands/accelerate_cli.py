@@ -49,6 +49,7 @@ def run(argv: list[str]) -> int:
         parser.print_help()
         return 2
     prog = f"accelerate-ref {args.cli_command}"
+    args.cli_argv = list(argv)  # the command line itself, for a command that runs variations of it (launch --fit)
     try:
         code = args.func(args)
         return 0 if code is None else code

@@ -14,7 +14,7 @@ of ``--seq_len`` random tokens. ``--distributed``: ``ddp`` (every rank holds the
 model), ``fsdp`` (FSDP2 full shard, each decoder layer then the root), ``zero2``
 and ``zero3`` (DeepSpeed, the ``deepspeed`` extra; ZeRO-3 builds the model partitioned, under
 ``deepspeed.zero.Init``), each given to the launch as ``accelerate launch``'s options (`LAUNCH_OPTIONS`). With
-``--fit [N]`` the launch tries the options that make a run fit instead (:mod:`.fit`). The table gives per rank
+``--fit N`` the launch tries the options that make a run fit instead (:mod:`.fit`). The table gives per rank
 the peak, the peak of what torch's caching allocator reserved (its model's, see
 ``simulators.devices.caching_allocator``), the peak's parts (parameters: the
 model's, trainable, frozen and quantized together; gradients; optimizer state;
@@ -40,6 +40,7 @@ import tempfile
 import textwrap
 
 from ..utils import convert_bytes
+from ._launch.options import FIT_HELP
 
 DISTRIBUTED = ("ddp", "fsdp", "zero2", "zero3")
 MIXED_PRECISION = ("no", "fp16", "bf16")
@@ -104,6 +105,7 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--gpu", default=None, help="judge each rank against this GPU's memory (a100-40gb, h100-80gb, ...)")
     group.add_argument("--device-memory", dest="device_memory", default=None, help="or against this budget (40GiB, ...)")
     group.add_argument("--timeout", type=float, default=600, help="seconds before the dry run is stopped (default 600)")
+    group.add_argument("--fit", type=int, default=None, metavar="N", help=FIT_HELP)
 
 
 def check(args: argparse.Namespace) -> None:

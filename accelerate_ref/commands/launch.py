@@ -432,7 +432,8 @@ def validate(args: argparse.Namespace) -> None:
                                              ("--summary-json", getattr(args, "summary_json", None)),
                                              ("--no-compute", getattr(args, "no_compute", False)),
                                              ("--steps", getattr(args, "steps", None)),
-                                             ("--heaviest-batches", getattr(args, "heaviest_batches", None))) if value]
+                                             ("--heaviest-batches", getattr(args, "heaviest_batches", None)),
+                                             ("--fit", getattr(args, "fit", None) is not None)) if value]
     if dry_run_only and not args.simulate:
         raise LaunchError(f"{', '.join(dry_run_only)}: only for a dry run (add --simulate cuda, xla or npu)")
     # A dry run puts every simulated machine on this host: no address to give.
@@ -575,6 +576,12 @@ def _describe_failure(error) -> str:
 def launch_command(args: argparse.Namespace) -> int:
     """Validate, then run the launch; return the exit status (errors raise LaunchError / RankFailure)."""
     validate(args)
+    if args.simulate and getattr(args, "fit", None) is not None:
+        from .fit import fit
+
+        if getattr(args, "cli_argv", None) is None:
+            raise LaunchError("--fit runs from the command line (accelerate-ref launch ...)")
+        return fit(args, args.cli_argv)
     if args.simulate:
         from .dry_run import dry_run
 

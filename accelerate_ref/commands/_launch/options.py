@@ -225,6 +225,10 @@ POSITIONALS = (
 )
 
 #: accelerate-ref's own options: its group's title, description and options.
+#: ``--fit N`` (launch and ``estimate-memory --training``; :mod:`accelerate_ref.commands.fit`).
+FIT_HELP = ("with --simulate cuda and a budget: when the run does not fit, try FSDP2, activation checkpointing, more "
+            "processes up to N (the processes given: none more), CPU offload, then DeepSpeed ZeRO-3 (each a dry run "
+            "without compute), and print the options that fit")
 OWN_GROUP = ("accelerate-ref Arguments", "accelerate-ref's own options: a shorter flag, a deadline and dry runs.", (
     _option("-n", dest="num_processes", type=int, default=None, help="as --num_processes"),
     _option("--timeout", type=float, default=None, help="stop every process after this many seconds"),
@@ -240,6 +244,7 @@ OWN_GROUP = ("accelerate-ref Arguments", "accelerate-ref's own options: a shorte
     _option("--heaviest_batches", type=int, default=None, metavar="K",
             help="with --simulate cuda|xla|npu: read each data loader's epoch first (collation only) and run its K "
                  "largest batches first"),
+    _option("--fit", type=int, default=None, metavar="N", help=FIT_HELP),
 ))
 
 
