@@ -40,7 +40,7 @@ def test_options_groups_and_defaults_are_hfs_plus_its_own_group(make):
     own = ours.pop(OWN_GROUP[0])
     assert ours == theirs
     assert {dest for dest, _ in own} == {"num_processes", "timeout", "simulate", "device_memory", "gpu", "summary_json",
-                                         "no_compute", "steps", "heaviest_batches"}
+                                         "no_compute", "steps", "heaviest_batches", "fit"}
 
 
 @pytest.mark.parametrize("argv", [
@@ -133,7 +133,6 @@ def test_launch_command_raises_hfs_errors_for_a_bad_config(tmp_path, monkeypatch
 
 
 @pytest.mark.parametrize("flag, words", [
-    (["--use_deepspeed"], "--use_deepspeed asks for a DeepSpeed launch"),
     (["--use-megatron-lm"], "--use_megatron_lm asks for a Megatron-LM launch"),
     (["--tpu_cluster"], "--tpu_cluster asks for a TPU pod launch"),
     (["--mpirun_hostfile", "hosts"], "--mpirun_hostfile asks for an mpirun launch"),
