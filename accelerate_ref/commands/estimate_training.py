@@ -72,7 +72,7 @@ SCRIPT = textwrap.dedent("""\
         model = accelerator.prepare(model, device_placement=[False])
         offloaded = isinstance(accelerator.state.fsdp_plugin.cpu_offload, CPUOffloadPolicy)  # the shards live on the CPU
         model.to_empty(device="cpu" if offloaded else accelerator.device)
-        optimizer = accelerator.prepare(torch.optim.AdamW(model.parameters(), lr=1e-5))
+        optimizer = accelerator.prepare(torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True))
     else:  # DeepSpeed takes the model and its optimizer in one call
         model = model if zero3 else model.to_empty(device=accelerator.device)
         model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True))

@@ -194,6 +194,8 @@ def install() -> None:
     # torch's own code asks which accelerator this build has (FSDP2's default mesh, torch.distributed's
     # default device): a CUDA build says ``cuda``, not the PrivateUse1 name (which a mesh refuses: not alphabetic).
     torch._C._get_accelerator = torch._C._accelerator_getAccelerator = _cuda_accelerator
+    # ... and its streams through ``torch.accelerator`` (FSDP2's finalize_backward waits on the current stream there).
+    torch.accelerator.current_stream, torch.accelerator.synchronize = RUNTIME.current_stream, RUNTIME.synchronize
     torch.Tensor.pin_memory = _pinned
     # bitsandbytes' CUDA backend reads the current stream's raw handle at import (``torch._C._cuda_getCurrentRawStream``,
     # bitsandbytes/backends/cuda/ops.py) to pass to its kernels; the mock's streams wait for nothing: the null stream.

@@ -270,6 +270,12 @@ FACTORIES = frozenset({
 })
 
 
+#: The ``*_like`` factories, whose CPU copy of a meta tensor (``Module.to_empty(device="cpu")`` of a model built on
+#: the meta device: FSDP2's CPU offload keeps the shards there) is lazy from the threshold on.
+LIKE_FACTORIES = frozenset({torch.empty_like, torch.zeros_like, torch.ones_like, torch.full_like, torch.rand_like,
+                            torch.randn_like})
+
+
 def lazy_factories(func: Callable, args: tuple, kwargs: dict, proceed: Callable) -> Any:
     """A torch-function rule (:func:`simulators.devices.tensor.add_function_rule`): makes the factories' large CPU
     results lazy in no-compute mode, and sends ``variable.data = other`` with an ordinary variable and lazy data to
@@ -279,6 +285,8 @@ def lazy_factories(func: Callable, args: tuple, kwargs: dict, proceed: Callable)
             made = _made_lazy(func, args, kwargs)
             if made is not None:
                 return made
+    elif func in LIKE_FACTORIES and no_compute.enabled() and _meta_to_cpu(args[0], kwargs.get("device")):
+        return _lazy_like(func, args, kwargs, proceed)
     elif func == _SET_DATA and isinstance(args[1], LazyHostTensor) and not isinstance(args[0], DeviceTensor):
         return set_data(*args)
     return proceed(func, args, kwargs)
@@ -300,6 +308,33 @@ def _made_lazy(func: Callable, args: tuple, kwargs: dict) -> LazyHostTensor | No
     if probe.untyped_storage().nbytes() < threshold():
         return None
     return LazyHostTensor.wrap(probe.detach(), requires_grad=probe.requires_grad)
+
+
+def _meta_to_cpu(source: Any, device: Any) -> bool:
+    """Whether a ``*_like`` factory copies ``source`` to the CPU from no memory: a meta tensor or a mock device's
+    (whose payload is meta in no-compute mode), or a DTensor of such a shard."""
+    local = getattr(source, "_local_tensor", source)
+    return (isinstance(local, torch.Tensor) and (local.is_meta or isinstance(local, DeviceTensor))
+            and device is not None and torch.device(device).type == "cpu")
+
+
+def _lazy_like(func: Callable, args: tuple, kwargs: dict, proceed: Callable) -> Any:
+    """``func`` of ``args[0]`` onto the CPU (see `_meta_to_cpu`), lazy when it takes at least :func:`threshold`
+    bytes; of a DTensor, a DTensor of the same mesh and placements whose shard is lazy."""
+    source = args[0]
+    local = getattr(source, "_local_tensor", source)
+    dtype = kwargs.get("dtype") or local.dtype
+    if local.numel() * dtype.itemsize < threshold():
+        return proceed(func, args, kwargs)
+    with torch._C.DisableTorchFunction():
+        probe = torch.empty(local.shape, dtype=dtype, device=_META)
+    lazy = LazyHostTensor.wrap(probe, requires_grad=bool(kwargs.get("requires_grad", False)))
+    if local is source:
+        return lazy
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(lazy, source.device_mesh, source.placements, run_check=False, shape=source.shape,
+                              stride=source.stride())
 
 
 def made_lazy(loaded: Any, mapped: bool = False) -> Any:
@@ -409,6 +444,11 @@ def _lazy_safe_open(module: Any) -> None:
         return _LazySafeOpen(opened, args[0] if args else kwargs.get("device", "cpu"))
 
     module.safe_open = safe_open
+
+
+def installed() -> bool:
+    """Whether this process makes lazy host tensors (:func:`install` ran)."""
+    return bool(_family)
 
 
 def install(family: type[DeviceTensor]) -> None:

@@ -158,7 +158,13 @@ def scalar(dtype: torch.dtype) -> bool | int | float | complex:
 
 
 def host_copy(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
-    """The placeholder of a copy to the CPU: zeros of ``shape`` and ``dtype`` that take one element of host memory."""
+    """The placeholder of a copy to the CPU: zeros of ``shape`` and ``dtype`` that take one element of host memory,
+    or from :func:`simulators.devices.lazy_host.threshold` bytes on a lazy host tensor (no host memory either, and a
+    copy of it, ``pin_memory``'s for one, stays lazy: FSDP2's CPU offload pins each shard it moves there)."""
+    from simulators.devices import lazy_host
+
+    if torch.Size(shape).numel() * dtype.itemsize >= lazy_host.threshold() and lazy_host.installed():
+        return lazy_host.LazyHostTensor.wrap(torch.empty(shape, dtype=dtype, device="meta"))
     return torch.zeros((), dtype=dtype, device="cpu").expand(shape)
 
 

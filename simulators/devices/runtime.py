@@ -280,6 +280,10 @@ class Stream:
     def query(self) -> bool:
         return True
 
+    def is_capturing(self) -> bool:
+        """Whether a CUDA graph is being captured on the stream (the mock captures none)."""
+        return False
+
     def __enter__(self) -> Stream:
         return self
 
