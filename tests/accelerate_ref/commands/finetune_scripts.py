@@ -56,3 +56,41 @@ SCRIPT = textwrap.dedent("""\
     if torch.cuda.is_available():
         print("peaks", accelerator.process_index, torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved(), flush=True)
     """)
+
+#: The Transformers ``Trainer`` recipe: a full fine-tune, gradient checkpointing, two steps of two rows a rank; its
+#: distribution set as users set it, in ``TrainingArguments`` (FSDP2, or a DeepSpeed config dict).
+ZERO_CONFIG = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "train_batch_size": "auto",
+               "gradient_clipping": "auto"}
+TRAINER_SETUPS = {
+    "ddp": {},
+    "fsdp2": {"fsdp": "full_shard auto_wrap", "fsdp_config": {"version": 2}},
+    "zero2": {"deepspeed": {**ZERO_CONFIG, "zero_optimization": {"stage": 2}}},
+    "zero3": {"deepspeed": {**ZERO_CONFIG, "zero_optimization": {"stage": 3}}},
+}
+TRAINER_SCRIPT = textwrap.dedent("""\
+    import sys
+
+    import torch
+    from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+    folder = sys.argv[1]
+
+
+    class Rows(torch.utils.data.Dataset):
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, index):
+            tokens = torch.randint(0, 512, (32,))
+            return {{"input_ids": tokens, "labels": tokens}}
+
+
+    arguments = TrainingArguments(output_dir="out", per_device_train_batch_size=2, max_steps=2, report_to=[],
+                                  save_strategy="no", gradient_checkpointing=True, **{options})
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    Trainer(model=model, args=arguments, train_dataset=Rows()).train()
+    print("trained", type(model).__name__, flush=True)
+    if torch.cuda.is_available():
+        print("peaks", torch.distributed.get_rank() if torch.distributed.is_initialized() else 0,
+              torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved(), flush=True)
+    """)
