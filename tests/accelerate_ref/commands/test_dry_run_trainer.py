@@ -1,0 +1,94 @@
+"""The Transformers ``Trainer`` dry-runs unmodified on mock GPUs: a full fine-tune with gradient checkpointing, its
+distribution set in ``TrainingArguments`` as users set it (DDP, FSDP2, a DeepSpeed ZeRO-2 or ZeRO-3 config dict),
+computing and without compute, each rank's model states the arithmetic of the setup."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+
+import pytest
+
+from .finetune_scripts import SHAPES, TRAINER_SCRIPT, TRAINER_SETUPS
+
+transformers = pytest.importorskip("transformers")
+
+from accelerate_ref.commands.accelerate_cli import run  # noqa: E402
+
+NEEDS_DEEPSPEED = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    import torch
+
+    folder = tmp_path_factory.mktemp("models") / "llama"
+    config_class, config = SHAPES["llama"]
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(getattr(transformers, config_class)(**config, tie_word_embeddings=False)).save_pretrained(folder)
+    return folder
+
+
+def _parameters() -> list[int]:
+    """The elements of each of the model's parameters."""
+    import torch
+
+    config_class, config = SHAPES["llama"]
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, config_class)(**config, tie_word_embeddings=False))
+    return [param.numel() for param in model.parameters()]
+
+
+#: The Trainer's two parameter groups (with and without weight decay): the tensors ZeRO flattens them into.
+ZERO_GROUPS = 2
+
+
+def expected(setup: str) -> dict[str, int]:
+    """The model-state parts each of 2 ranks holds after a step: fp32 weights and gradients, and the Trainer's
+    optimizer, fused AdamW (``adamw_torch_fused``), two fp32 moments and a ``step`` per tensor it steps, which the
+    fused kernel keeps on the device as a float32 scalar (torch/optim/adam.py ``_init_group``). DDP: all of it;
+    FSDP2: each parameter sharded in two; ZeRO: AdamW's state of the rank's flat partition, one per parameter group
+    (its parameters and gradients follow DeepSpeed's own rules, checked by the setups' matrix)."""
+    sizes = _parameters()
+    size = 4 * sum(sizes) // (1 if setup == "ddp" else 2)
+    if setup.startswith("zero"):
+        return {"optimizer_state": 2 * size + 4 * ZERO_GROUPS}
+    return {"trainable_parameters": size, "frozen_parameters": 0, "quantized_weights": 0, "gradients": size,
+            "optimizer_state": 2 * size + 4 * len(sizes)}
+
+
+def dry_run(tmp_path, capsys, folder, setup: str, no_compute: bool) -> dict:
+    script = tmp_path / "train.py"
+    script.write_text(TRAINER_SCRIPT.format(options=TRAINER_SETUPS[setup]))
+    status = run(["launch", "--simulate", "cuda", "--gpu", "a100-40gb", "--num_processes", "2",
+                  *(["--no-compute"] if no_compute else []), "--timeout", "300",
+                  "--summary-json", str(tmp_path / "summary.json"), str(script), str(folder)])
+    output = capsys.readouterr()
+    assert status == 0, f"Trainer {setup}:\n{output.out[-4000:]}{output.err[-2000:]}"
+    assert len(re.findall(r"trained \w*LlamaForCausalLM", output.out)) == 2, output.out[-3000:]  # FSDP2: FSDPLlamaForCausalLM
+    return json.loads((tmp_path / "summary.json").read_text())
+
+
+SMOKE = [("fsdp2", False), ("zero3", True)]
+PRODUCT = [pytest.param(setup, no_compute, marks=[NEEDS_DEEPSPEED] if setup.startswith("zero") else [])
+           for setup in TRAINER_SETUPS for no_compute in (False, True)]
+
+
+def _check(summary: dict, setup: str) -> None:
+    want = expected(setup)
+    for rank in summary["ranks"]:
+        for device, books in rank["memory"].items():
+            found = {part: books["model_states"][part] for part in want}
+            assert found == want, f"Trainer {setup}, rank {rank['rank']} on {device}: {books['model_states']}, expected {want}"
+
+
+@pytest.mark.parametrize("setup, no_compute", [param for param in PRODUCT if tuple(param.values) in SMOKE])
+def test_trainer_dry_runs_with_model_states_as_the_arithmetic(tmp_path, capsys, llama, setup, no_compute):
+    _check(dry_run(tmp_path, capsys, llama, setup, no_compute), setup)
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("setup, no_compute", [param for param in PRODUCT if tuple(param.values) not in SMOKE])
+def test_every_trainer_setup(tmp_path, capsys, llama, setup, no_compute):
+    _check(dry_run(tmp_path, capsys, llama, setup, no_compute), setup)
