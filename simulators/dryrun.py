@@ -60,7 +60,7 @@ ENGINE_EXTRAS = {
     "peft": "pip install 'accelerate-ref[finetune]'",
     "bitsandbytes": "pip install --no-deps 'bitsandbytes>=0.45' (extra bnb)",
     "deepspeed": "pip install --no-deps deepspeed hjson msgpack ninja psutil py-cpuinfo pydantic einops (extra deepspeed)",
-    "trl": "pip install --no-deps trl datasets",
+    "trl": "pip install 'accelerate-ref[finetune]'",
 }
 #: gloo's words when the rank at the other end of a collective has gone.
 PEER_GONE = "Connection closed by peer"

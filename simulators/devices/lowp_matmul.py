@@ -22,7 +22,9 @@ GPU's fused kernel also rounds its probabilities before the second product; the 
 The mock GPU's fused attention (:mod:`simulators.devices.attention`) computes on the payloads itself, by the
 same rule.
 
-Applied by :meth:`simulators.devices.tensor.DeviceTensor.__torch_dispatch__` to payloads with values; no-compute
+A product with an ``out_dtype`` (``OUT_DTYPE_OPS``, CUDA-only kernels in torch) is the plain product of float32
+copies rounded once to that dtype. Applied by :meth:`simulators.devices.tensor.DeviceTensor.__torch_dispatch__` to
+payloads with values; no-compute
 mode (meta payloads) computes nothing and is left alone.
 """
 from __future__ import annotations
@@ -66,8 +68,16 @@ FLOAT32_INPUTS = frozenset({"logsumexp"})
 _RESULT_DTYPES: dict[tuple, tuple | None] = {}
 
 
+#: The products with an ``out_dtype`` (``torch.addmm(acc, a, b, out_dtype=torch.float32)``: a bf16 product kept in
+#: fp32, as TRL's chunked log-probabilities accumulate), which torch has for CUDA only.
+OUT_DTYPE_OPS = frozenset(getattr(getattr(torch.ops.aten, name), overload)
+                          for name in ("mm", "addmm", "bmm", "baddbmm") for overload in ("dtype", "dtype_out"))
+
+
 def run(func: Any, args: tuple, kwargs: dict) -> Any:
     """``func(*args, **kwargs)`` on CPU payloads, with the rule for the low-precision matrix ops (module docstring)."""
+    if func in OUT_DTYPE_OPS:
+        return _with_out_dtype(func, args, kwargs)
     if func not in OPS:
         return func(*args, **kwargs)
     dtype = _low_precision(func, args, kwargs)
@@ -83,6 +93,17 @@ def run(func: Any, args: tuple, kwargs: dict) -> Any:
     if next(rounding, _END) is not _END:
         raise AssertionError(f"{func}: more results in its meta kernel's answer than in its own")
     return out
+
+
+def _with_out_dtype(func: Any, args: tuple, kwargs: dict) -> Any:
+    """An ``out_dtype`` product as a GPU runs it: the plain product of float32 copies, rounded once to
+    ``out_dtype`` (into ``out`` for the ``dtype_out`` overload)."""
+    names = [argument.name for argument in func._schema.arguments]
+    given = {**dict(zip(names, args)), **kwargs}
+    out_dtype, out = given.pop("out_dtype"), given.pop("out", None)
+    plain = getattr(torch.ops.aten, func._schema.name.split("::")[1]).default
+    result = plain(**_map(_widened, given)).to(out_dtype)
+    return result if out is None else out.copy_(result)
 
 
 def _low_precision(func: Any, args: tuple, kwargs: dict) -> torch.dtype | None:

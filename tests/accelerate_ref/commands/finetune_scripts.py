@@ -94,3 +94,24 @@ TRAINER_SCRIPT = textwrap.dedent("""\
         print("peaks", torch.distributed.get_rank() if torch.distributed.is_initialized() else 0,
               torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved(), flush=True)
     """)
+
+#: TRL's ``SFTTrainer`` recipe: LoRA on the base (``peft_config``), bf16, text rows its own tokenizer reads.
+SFT_SCRIPT = textwrap.dedent("""\
+    import sys
+
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from trl import SFTConfig, SFTTrainer
+
+    folder = sys.argv[1]
+    rows = Dataset.from_list([{{"text": " ".join(f"w{{(row * 7 + word) % 500}}" for word in range(24))}} for row in range(16)])
+    config = SFTConfig(output_dir="out", per_device_train_batch_size=2, max_steps=2, report_to=[], save_strategy="no",
+                       bf16=True, max_length=32)
+    trainer = SFTTrainer(model=folder, args=config, train_dataset=rows,
+                         peft_config=LoraConfig(r={rank}, target_modules={targets}, task_type="CAUSAL_LM"))
+    trainer.train()
+    print("trained", type(trainer.model).__name__, flush=True)
+    """)
+#: The words of the local tokenizer an SFT recipe's model folder holds (``w0`` ... ``w507`` and four specials).
+WORDS = 508

@@ -402,7 +402,7 @@ def test_save_state_load_state_and_loading_onto_mock_gpus(tmp_path):
         assert f"[rank {rank}] loaded cuda:{rank} cuda:{rank}" in done.stdout, done.stdout[-3000:]
 
 
-@pytest.mark.parametrize("package, how", [("peft", "accelerate-ref[finetune]"), ("trl", "pip install --no-deps trl"),
+@pytest.mark.parametrize("package, how", [("peft", "accelerate-ref[finetune]"), ("trl", "accelerate-ref[finetune]"),
                                           ("bitsandbytes", "(extra bnb)"), ("deepspeed", "(extra deepspeed)")])
 def test_a_script_importing_an_engine_that_is_not_installed_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, package, how):
     import importlib.util

@@ -1,6 +1,7 @@
-"""The Transformers ``Trainer`` dry-runs unmodified on mock GPUs: a full fine-tune with gradient checkpointing, its
-distribution set in ``TrainingArguments`` as users set it (DDP, FSDP2, a DeepSpeed ZeRO-2 or ZeRO-3 config dict),
-computing and without compute, each rank's model states the arithmetic of the setup."""
+"""The Transformers ``Trainer`` and TRL's ``SFTTrainer`` dry-run unmodified on mock GPUs, computing and without
+compute, each rank's model states the arithmetic of the setup: the Trainer's full fine-tune with gradient
+checkpointing, its distribution set in ``TrainingArguments`` as users set it (DDP, FSDP2, a DeepSpeed ZeRO-2 or
+ZeRO-3 config dict); the SFTTrainer's LoRA (``peft_config``) in bf16 at 1 and 2 ranks."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import re
 
 import pytest
 
-from .finetune_scripts import SHAPES, TRAINER_SCRIPT, TRAINER_SETUPS
+from .finetune_scripts import RANK, SFT_SCRIPT, SHAPES, TARGETS, TRAINER_SCRIPT, TRAINER_SETUPS, WORDS
 
 transformers = pytest.importorskip("transformers")
 
@@ -21,12 +22,20 @@ NEEDS_DEEPSPEED = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is No
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
+    """A Llama-shaped model saved from its config, with a local word-level tokenizer (TRL reads one)."""
     import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
 
     folder = tmp_path_factory.mktemp("models") / "llama"
     config_class, config = SHAPES["llama"]
     torch.manual_seed(0)
     transformers.AutoModelForCausalLM.from_config(getattr(transformers, config_class)(**config, tie_word_embeddings=False)).save_pretrained(folder)
+    specials = ["<pad>", "<s>", "</s>", "<unk>"]
+    vocabulary = {f"w{index}": index for index in range(WORDS)} | {word: WORDS + index for index, word in enumerate(specials)}
+    words = Tokenizer(models.WordLevel(vocabulary, unk_token="<unk>"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=words, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+                                         unk_token="<unk>").save_pretrained(folder)
     return folder
 
 
@@ -58,15 +67,33 @@ def expected(setup: str) -> dict[str, int]:
             "optimizer_state": 2 * size + 4 * len(sizes)}
 
 
-def dry_run(tmp_path, capsys, folder, setup: str, no_compute: bool) -> dict:
+def sft_expected() -> dict[str, int]:
+    """The SFTTrainer's LoRA after a step, on every rank: the adapters (fp32, ``RANK`` x (in + out) per target
+    projection), their gradients, fused AdamW's two moments and a ``step`` each; the base frozen, in the saved fp32."""
+    import torch
+
+    config_class, config = SHAPES["llama"]
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, config_class)(**config, tie_word_embeddings=False))
+    targets = [module for name, module in model.named_modules() if name.endswith(TARGETS)]
+    adapters = 4 * RANK * sum(module.in_features + module.out_features for module in targets)
+    return {"trainable_parameters": adapters, "frozen_parameters": 4 * sum(p.numel() for p in model.parameters()),
+            "quantized_weights": 0, "gradients": adapters, "optimizer_state": 2 * adapters + 4 * 2 * len(targets)}
+
+
+def dry_run(tmp_path, capsys, folder, setup: str, no_compute: bool, ranks: int = 2) -> dict:
     script = tmp_path / "train.py"
-    script.write_text(TRAINER_SCRIPT.format(options=TRAINER_SETUPS[setup]))
-    status = run(["launch", "--simulate", "cuda", "--gpu", "a100-40gb", "--num_processes", "2",
+    if setup == "sft-lora":
+        script.write_text(SFT_SCRIPT.format(rank=RANK, targets=list(TARGETS)))
+    else:
+        script.write_text(TRAINER_SCRIPT.format(options=TRAINER_SETUPS[setup]))
+    status = run(["launch", "--simulate", "cuda", "--gpu", "a100-40gb", "--num_processes", str(ranks),
                   *(["--no-compute"] if no_compute else []), "--timeout", "300",
                   "--summary-json", str(tmp_path / "summary.json"), str(script), str(folder)])
     output = capsys.readouterr()
     assert status == 0, f"Trainer {setup}:\n{output.out[-4000:]}{output.err[-2000:]}"
-    assert len(re.findall(r"trained \w*LlamaForCausalLM", output.out)) == 2, output.out[-3000:]  # FSDP2: FSDPLlamaForCausalLM
+    trained = r"trained PeftModelForCausalLM" if setup == "sft-lora" else r"trained \w*LlamaForCausalLM"  # FSDP2: FSDPLlama...
+    assert len(re.findall(trained, output.out)) == ranks, output.out[-3000:]
     return json.loads((tmp_path / "summary.json").read_text())
 
 
@@ -92,3 +119,15 @@ def test_trainer_dry_runs_with_model_states_as_the_arithmetic(tmp_path, capsys, 
 @pytest.mark.parametrize("setup, no_compute", [param for param in PRODUCT if tuple(param.values) not in SMOKE])
 def test_every_trainer_setup(tmp_path, capsys, llama, setup, no_compute):
     _check(dry_run(tmp_path, capsys, llama, setup, no_compute), setup)
+
+
+@pytest.mark.parametrize("ranks, no_compute", [(2, False), pytest.param(1, True, marks=pytest.mark.extended),
+                                               pytest.param(2, True, marks=pytest.mark.extended),
+                                               pytest.param(1, False, marks=pytest.mark.extended)])
+def test_sft_trainer_with_lora_dry_runs_with_model_states_as_the_arithmetic(tmp_path, capsys, llama, ranks, no_compute):
+    """TRL's SFTTrainer in bf16, computing: its chunked log-probabilities accumulate a bf16 product in fp32
+    (``torch.addmm(..., out_dtype=torch.float32)``, a CUDA-only kernel the mock runs by its rule)."""
+    want = sft_expected()
+    for rank in dry_run(tmp_path, capsys, llama, "sft-lora", no_compute, ranks)["ranks"]:
+        for device, books in rank["memory"].items():
+            assert books["model_states"] == want, f"SFTTrainer, rank {rank['rank']} on {device}: {books['model_states']}, expected {want}"

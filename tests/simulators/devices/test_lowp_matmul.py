@@ -99,7 +99,27 @@ def mixed_dtypes_refused() -> str:
     return "no error"
 
 
+def out_dtype_products() -> dict:
+    """``out_dtype`` products (CUDA-only kernels in torch): each equals the product of fp32 copies rounded once to
+    ``out_dtype``, ``out=`` included (TRL accumulates ``acc += a @ b`` so)."""
+    import torch
+
+    torch.manual_seed(0)
+    a = torch.randn(64, 512, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(512, 48, device="cuda", dtype=torch.bfloat16)
+    acc = torch.randn(64, 48, device="cuda")
+    expected = acc.cpu() + a.cpu().float() @ b.cpu().float()
+    product = torch.mm(a, b, out_dtype=torch.float32)
+    torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+    return {"mm": (str(product.dtype), torch.equal(product.cpu(), a.cpu().float() @ b.cpu().float())),
+            "addmm out": (str(acc.dtype), torch.allclose(acc.cpu(), expected, rtol=0, atol=1e-5))}
+
+
 # -- tests ----------------------------------------------------------------------------------
+
+
+def test_out_dtype_products_are_the_fp32_product_rounded_to_out_dtype(cuda1):
+    assert cuda1.one(out_dtype_products) == {"mm": ("torch.float32", True), "addmm out": ("torch.float32", True)}
 
 
 def test_low_precision_products_accumulate_in_fp32_and_round_once(cuda1):
