@@ -1,10 +1,14 @@
 """The fine-tune recipes' allocated and reserved peaks on a real GPU, and as a dry run predicts them.
 
 Each recipe of ``tests/accelerate_ref/commands/finetune_scripts.py`` (LoRA, LoRA with gradient checkpointing, QLoRA
-NF4 with double quantization, QLoRA FP4, LoRA on an 8-bit base) trains a Llama-shaped model saved locally from its
-config, at world 1, and prints ``torch.cuda.max_memory_allocated()`` and ``max_memory_reserved()``.
+NF4 with double quantization, QLoRA FP4, LoRA on an 8-bit base, the Transformers ``Trainer``, TRL's ``SFTTrainer``
+with LoRA) trains a Llama-shaped model saved locally from its config, at world 1, and prints
+``torch.cuda.max_memory_allocated()`` and ``max_memory_reserved()``. On the GPU, ``measure`` also records what the
+runtime holds beside torch's allocator (``simulators.devices.gpus``): the CUDA context (free memory before and after
+``torch.cuda.init()``, by ``nvidia-smi``'s reckoning through ``mem_get_info``) and NCCL's buffers for a group of one
+(free memory before and after the group's first all-reduce, less what torch's allocator took).
 
-On the GPU (torch, HF accelerate, Transformers, peft and bitsandbytes; nothing of this project but this tree)::
+On the GPU (torch, HF accelerate, Transformers, peft, bitsandbytes, trl; nothing of this project but this tree)::
 
     python benchmarks/finetune_gpu.py measure OUT.json
 
@@ -26,19 +30,56 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT / "tests" / "accelerate_ref" / "commands"))
 
-from finetune_scripts import RANK, RECIPES, SCRIPT, SHAPES, TARGETS  # noqa: E402  (plain strings: no project import)
+from finetune_scripts import (  # noqa: E402  (plain strings: no project import)
+    RANK, RECIPES, SCRIPT, SFT_SCRIPT, SHAPES, TARGETS, TRAINER_SCRIPT, TRAINER_SETUPS, WORDS,
+)
 
 PEAKS = re.compile(r"peaks 0 (\d+) (\d+)")
 
 
 def _save(folder: Path) -> None:
+    """The Llama-shaped model and a local word-level tokenizer (TRL reads one)."""
     import torch
     import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
 
     config_class, config = SHAPES["llama"]
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, config_class)(**config, tie_word_embeddings=False))
     model.save_pretrained(folder)
+    specials = ["<pad>", "<s>", "</s>", "<unk>"]
+    vocabulary = {f"w{index}": index for index in range(WORDS)} | {word: WORDS + index for index, word in enumerate(specials)}
+    words = Tokenizer(models.WordLevel(vocabulary, unk_token="<unk>"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=words, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+                                         unk_token="<unk>").save_pretrained(folder)
+
+
+def _scripts() -> dict[str, str]:
+    """Each recipe's script: the peft recipes, the Trainer (DDP at world 1) and the SFTTrainer with LoRA."""
+    scripts = {recipe: SCRIPT.format(quantization=quantization, checkpointing=checkpointing, rank=RANK, targets=list(TARGETS))
+               for recipe, (quantization, checkpointing) in RECIPES.items()}
+    scripts["trainer"] = TRAINER_SCRIPT.format(options=TRAINER_SETUPS["ddp"])
+    scripts["sft-lora"] = SFT_SCRIPT.format(rank=RANK, targets=list(TARGETS))
+    return scripts
+
+
+#: Measures, on a GPU, what its runtime holds beside torch's allocator (see the module docstring); prints one JSON line.
+RUNTIME_PROBE = """\
+import json, os, torch, torch.distributed as dist
+total = torch.cuda.mem_get_info()[1]
+free_before = torch.cuda.mem_get_info()[0]  # the first call makes the context
+torch.cuda.init()
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29517")
+dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
+before = torch.cuda.mem_get_info()[0] + torch.cuda.memory_reserved()
+dist.all_reduce(torch.ones(1, device="cuda"))
+torch.cuda.synchronize()
+after = torch.cuda.mem_get_info()[0] + torch.cuda.memory_reserved()
+print(json.dumps({"total_memory": torch.cuda.get_device_properties(0).total_memory, "mem_get_info_total": total,
+                  "context": total - free_before, "nccl_group_of_one": before - after}))
+dist.destroy_process_group()
+"""
 
 
 def peaks(launcher: list[str]) -> dict[str, dict[str, int]]:
@@ -47,10 +88,10 @@ def peaks(launcher: list[str]) -> dict[str, dict[str, int]]:
     with tempfile.TemporaryDirectory() as work:
         folder = Path(work) / "llama"
         _save(folder)
-        for recipe, (quantization, checkpointing) in RECIPES.items():
+        for recipe, text in _scripts().items():
             script = Path(work) / f"{recipe}.py"
-            script.write_text(SCRIPT.format(quantization=quantization, checkpointing=checkpointing, rank=RANK, targets=list(TARGETS)))
-            done = subprocess.run([*launcher, str(script), str(folder)], capture_output=True, text=True, timeout=600)
+            script.write_text(text)
+            done = subprocess.run([*launcher, str(script), str(folder)], capture_output=True, text=True, timeout=600, cwd=work)
             match = PEAKS.search(done.stdout)
             if done.returncode or not match:
                 raise SystemExit(f"{recipe} failed (exit {done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
@@ -66,6 +107,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.mode == "measure":
         found = peaks([sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1"])
+        runtime = subprocess.run([sys.executable, "-c", RUNTIME_PROBE], capture_output=True, text=True, timeout=300)
+        found["runtime"] = json.loads(runtime.stdout.strip().splitlines()[-1]) if runtime.returncode == 0 else runtime.stderr[-2000:]
         Path(args.path).write_text(json.dumps(found, indent=1))
         return
     predicted = peaks([sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", "launch", "--simulate", "cuda",
@@ -73,6 +116,8 @@ def main() -> None:
     if args.path:
         real = json.loads(Path(args.path).read_text())
         for recipe, figures in predicted.items():
+            if recipe not in real:
+                continue
             ratios = {kind: round(figures[kind] / real[recipe][kind], 4) for kind in figures if recipe in real}
             print(recipe, "predicted / real:", ratios)
 

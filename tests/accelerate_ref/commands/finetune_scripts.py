@@ -112,6 +112,9 @@ SFT_SCRIPT = textwrap.dedent("""\
                          peft_config=LoraConfig(r={rank}, target_modules={targets}, task_type="CAUSAL_LM"))
     trainer.train()
     print("trained", type(trainer.model).__name__, flush=True)
+    if torch.cuda.is_available():
+        print("peaks", trainer.accelerator.process_index, torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved(),
+              flush=True)
     """)
 #: The words of the local tokenizer an SFT recipe's model folder holds (``w0`` ... ``w507`` and four specials).
 WORDS = 508
