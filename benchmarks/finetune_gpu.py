@@ -31,28 +31,10 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT / "tests" / "accelerate_ref" / "commands"))
 
 from finetune_scripts import (  # noqa: E402  (plain strings: no project import)
-    RANK, RECIPES, SCRIPT, SFT_SCRIPT, SHAPES, TARGETS, TRAINER_SCRIPT, TRAINER_SETUPS, WORDS,
+    RANK, RECIPES, SCRIPT, SFT_SCRIPT, TARGETS, TRAINER_SCRIPT, TRAINER_SETUPS, save_model,
 )
 
 PEAKS = re.compile(r"peaks 0 (\d+) (\d+)")
-
-
-def _save(folder: Path) -> None:
-    """The Llama-shaped model and a local word-level tokenizer (TRL reads one)."""
-    import torch
-    import transformers
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    config_class, config = SHAPES["llama"]
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, config_class)(**config, tie_word_embeddings=False))
-    model.save_pretrained(folder)
-    specials = ["<pad>", "<s>", "</s>", "<unk>"]
-    vocabulary = {f"w{index}": index for index in range(WORDS)} | {word: WORDS + index for index, word in enumerate(specials)}
-    words = Tokenizer(models.WordLevel(vocabulary, unk_token="<unk>"))
-    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    transformers.PreTrainedTokenizerFast(tokenizer_object=words, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-                                         unk_token="<unk>").save_pretrained(folder)
 
 
 def _scripts() -> dict[str, str]:
@@ -87,7 +69,7 @@ def peaks(launcher: list[str]) -> dict[str, dict[str, int]]:
     found = {}
     with tempfile.TemporaryDirectory() as work:
         folder = Path(work) / "llama"
-        _save(folder)
+        save_model(folder)
         for recipe, text in _scripts().items():
             script = Path(work) / f"{recipe}.py"
             script.write_text(text)

@@ -158,14 +158,19 @@ def scalar(dtype: torch.dtype) -> bool | int | float | complex:
 
 
 def host_copy(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
-    """The placeholder of a copy to the CPU: zeros of ``shape`` and ``dtype`` that take one element of host memory,
-    or from :func:`simulators.devices.lazy_host.threshold` bytes on a lazy host tensor (no host memory either, and a
-    copy of it, ``pin_memory``'s for one, stays lazy: FSDP2's CPU offload pins each shard it moves there)."""
+    """The placeholder of a copy to the CPU: zeros of ``shape`` and ``dtype`` that take one element of host memory."""
+    return torch.zeros((), dtype=dtype, device="cpu").expand(shape)
+
+
+def cpu_copy(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+    """A mock tensor's copy to the CPU: from :func:`simulators.devices.lazy_host.threshold` bytes on a lazy host
+    tensor (no host memory, and a copy of it, ``pin_memory``'s for one, stays lazy: FSDP2's CPU offload pins each
+    shard it moves there), else :func:`host_copy`."""
     from simulators.devices import lazy_host
 
     if torch.Size(shape).numel() * dtype.itemsize >= lazy_host.threshold() and lazy_host.installed():
         return lazy_host.LazyHostTensor.wrap(torch.empty(shape, dtype=dtype, device="meta"))
-    return torch.zeros((), dtype=dtype, device="cpu").expand(shape)
+    return host_copy(shape, dtype)
 
 
 def pointer(payload: torch.Tensor) -> int:
@@ -186,7 +191,7 @@ def value_of(func: Any, payload_args: tuple, payload_kwargs: dict) -> tuple[bool
     if func is aten._to_copy.default and torch.device(payload_kwargs.get("device") or _META).type == "cpu":
         record("cpu copy")
         source = payload_args[0]
-        return True, host_copy(source.shape, payload_kwargs.get("dtype") or source.dtype)
+        return True, cpu_copy(source.shape, payload_kwargs.get("dtype") or source.dtype)
     if func is aten.copy_.default and not payload_args[0].is_meta and payload_args[1].is_meta:
         record("cpu copy")
         return True, payload_args[0].zero_()

@@ -7,7 +7,10 @@ kept for the other), and their observations return as plain data.
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import importlib.util
+import io
 import os
 from pathlib import Path
 from typing import Any
@@ -22,11 +25,26 @@ _subjects: dict[str, Subject] = {}
 
 
 def setup() -> None:
-    """Import both implementations once per rank (the pool's setup hook), then keep them out of the garbage
-    collector's scans for the rank's life (see runner.frozen_heap)."""
+    """Import both implementations once per rank (the pool's setup hook), pick DeepSpeed's accelerator quietly,
+    then keep them out of the garbage collector's scans for the rank's life (see runner.frozen_heap)."""
     subjects()
+    deepspeed_accelerator_quietly()
     gc.collect()
     gc.freeze()
+
+
+def deepspeed_accelerator_quietly() -> None:
+    """DeepSpeed logs "Setting accelerator to CPU" on stdout once a process, the first time anything asks for its
+    accelerator; HF accelerate asks in some calls (``autocast``, ``get_state_dict``) that accelerate_ref makes
+    without DeepSpeed, so which side prints it depends only on which probe asked first. Asked before any probe
+    (here, and in the driver for its own world: ``runner._in_process``), it prints on neither. Without deepspeed
+    installed, nothing."""
+    if importlib.util.find_spec("deepspeed") is None:
+        return
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        from deepspeed.accelerator import get_accelerator
+
+        get_accelerator()
 
 
 def subjects() -> dict[str, Subject]:

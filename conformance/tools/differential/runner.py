@@ -170,6 +170,7 @@ def _in_process(candidate: str, reference: str, setting: str, probes: list[Probe
                 calls: set[CodeKey]):
     classes = ClassIndex.of_public_api()
     subjects = {"reference": Subject(reference, reference, classes), "candidate": Subject(candidate, reference, classes)}
+    rank.deepspeed_accelerator_quietly()
     with frozen_heap():
         for found in probes:
             reply: dict[str, Observations] = {}

@@ -1,5 +1,6 @@
-"""The fine-tune recipes' training script and settings, as plain strings and dicts (no project import): the dry-run
-tests (``test_dry_run_finetune.py``) run it on mock GPUs, ``benchmarks/finetune_gpu.py`` on a real one."""
+"""The fine-tune recipes' training scripts and settings, as plain strings and dicts, and the local model they train
+(no project import): the dry-run tests (``test_dry_run_finetune.py``, ``test_dry_run_trainer.py``) run them on mock
+GPUs, ``benchmarks/finetune_gpu.py`` on a real one."""
 
 import textwrap
 
@@ -118,3 +119,22 @@ SFT_SCRIPT = textwrap.dedent("""\
     """)
 #: The words of the local tokenizer an SFT recipe's model folder holds (``w0`` ... ``w507`` and four specials).
 WORDS = 508
+
+
+def save_model(folder, shape: str = "llama") -> None:
+    """The ``shape`` decoder saved in ``folder`` from its config (seed 0), with a local word-level tokenizer of
+    ``WORDS`` words and four specials (TRL reads one)."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    config_class, config = SHAPES[shape]
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, config_class)(**config, tie_word_embeddings=False))
+    model.save_pretrained(folder)
+    specials = ["<pad>", "<s>", "</s>", "<unk>"]
+    vocabulary = {f"w{index}": index for index in range(WORDS)} | {word: WORDS + index for index, word in enumerate(specials)}
+    words = Tokenizer(models.WordLevel(vocabulary, unk_token="<unk>"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=words, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+                                         unk_token="<unk>").save_pretrained(folder)

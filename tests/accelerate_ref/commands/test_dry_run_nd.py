@@ -84,8 +84,10 @@ class Layout:
         """Bytes per rank: each parameter's local part after tensor parallelism (``colwise``: dim 0 over the tp
         ranks, ``rowwise``: dim 1), of which FSDP2 keeps ceil(dim 0 / shards) rows (the last shard padded) and ZeRO-3
         ceil(elements / shards) of the flattened parameter; the parameters and gradients ``value_bytes`` a value,
-        ``optimizer_values`` fp32 states a value (AdamW's two). Under ZeRO-3 with bf16 these are the optimizer's
-        fp32 partitions (DeepSpeed's bf16 copies of the parameters are not the optimizer's)."""
+        ``optimizer_values`` fp32 states a value (AdamW's two). Under ZeRO-3 (the sequence-parallel rows, bf16) a
+        rank holds its partition twice: DeepSpeed's bf16 partition (``ds_tensor``) and the optimizer's fp32 copy
+        of it (stage3.py: ``fp32_partitioned_groups_flat``), and so for the gradients: the bf16 partitions'
+        buffer and the fp32 flat copy the step gives the master weights (``_prepare_fp32_grad_for_sub_group``)."""
         elements = 0
         for name, shape in parameters.items():
             local = list(shape)
@@ -96,6 +98,8 @@ class Layout:
                 elements += -(-math.prod(local) // self.fsdp)
             else:
                 elements += -(-local[0] // self.fsdp) * math.prod(local[1:])
+        if self.sp > 1:
+            value_bytes = 2 + 4
         return {"trainable_parameters": value_bytes * elements, "frozen_parameters": 0, "quantized_weights": 0,
                 "gradients": value_bytes * elements,
                 "optimizer_state": 4 * optimizer_values * elements}
@@ -135,7 +139,7 @@ WITHOUT_REPLICATE_PARALLEL = ("the installed Transformers has no integrations.te
                               "(make's Transformers 4) is missing")
 #: The rows ``make test`` runs.
 SMOKE = {"dp_shard2-tp2", "hsdp2x2-tp2-2-machines", "dp_shard2-cp2", "dp_shard2-sp2-deepspeed"}
-#: Sequence-parallel rows need DeepSpeed (the ``deepspeed`` extra, which ``make`` does not install): skipped without it.
+#: Sequence-parallel rows need DeepSpeed (the ``deepspeed`` extra, which ``make`` installs): skipped without it.
 DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 WITHOUT_DEEPSPEED = ("deepspeed is not installed (the deepspeed extra: pip install --no-deps deepspeed hjson msgpack "
                      "ninja py-cpuinfo einops), and HF 1.15's sequence parallelism is DeepSpeed's ALST/Ulysses")
@@ -252,7 +256,7 @@ def test_nd_layout_dry_runs_with_each_ranks_model_states_as_the_arithmetic(tmp_p
             assert books["model_states"] == expected, (
                 f"{name}, rank {rank['rank']} on {device}: model states after a step {books['model_states']}, the "
                 f"arithmetic says {expected} (tp {layout.tp}, {'ZeRO-3' if layout.sp > 1 else 'FSDP2'} over "
-                f"{layout.fsdp}, fp32, AdamW)")
+                f"{layout.fsdp}, AdamW)")
 
 
 @pytest.mark.skipif(REPLICATE_PARALLEL, reason="the installed Transformers has ReplicateParallel: the layouts train")

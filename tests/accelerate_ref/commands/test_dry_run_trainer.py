@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from .finetune_scripts import RANK, SFT_SCRIPT, SHAPES, TARGETS, TRAINER_SCRIPT, TRAINER_SETUPS, WORDS
+from .finetune_scripts import RANK, SFT_SCRIPT, SHAPES, TARGETS, TRAINER_SCRIPT, TRAINER_SETUPS, save_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -22,20 +22,8 @@ NEEDS_DEEPSPEED = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is No
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
-    """A Llama-shaped model saved from its config, with a local word-level tokenizer (TRL reads one)."""
-    import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
     folder = tmp_path_factory.mktemp("models") / "llama"
-    config_class, config = SHAPES["llama"]
-    torch.manual_seed(0)
-    transformers.AutoModelForCausalLM.from_config(getattr(transformers, config_class)(**config, tie_word_embeddings=False)).save_pretrained(folder)
-    specials = ["<pad>", "<s>", "</s>", "<unk>"]
-    vocabulary = {f"w{index}": index for index in range(WORDS)} | {word: WORDS + index for index, word in enumerate(specials)}
-    words = Tokenizer(models.WordLevel(vocabulary, unk_token="<unk>"))
-    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    transformers.PreTrainedTokenizerFast(tokenizer_object=words, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-                                         unk_token="<unk>").save_pretrained(folder)
+    save_model(folder)
     return folder
 
 
