@@ -216,7 +216,7 @@ DEEPSPEED_TRAIN = textwrap.dedent("""\
 
 
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed (the deepspeed extra)")
-@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("stage", [pytest.param(2, marks=pytest.mark.extended), 3])
 def test_launch_use_deepspeed_dry_runs_and_names_the_reduce_bucket(tmp_path, stage):
     """``launch --use_deepspeed --zero_stage N``, as an HF user types it, runs DeepSpeed on torchrun's ranks with the
     settings in their environment; the summary names DeepSpeed's reduce bucket, ``reduce_bucket_size`` (5e8) fp32

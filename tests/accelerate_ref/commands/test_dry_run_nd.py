@@ -138,7 +138,9 @@ WITHOUT_REPLICATE_PARALLEL = ("the installed Transformers has no integrations.te
                               f"HF accelerate 1.15's FSDP2 + tp imports (Transformers 5 removed it), and {TRANSFORMERS4} "
                               "(make's Transformers 4) is missing")
 #: The rows ``make test`` runs.
-SMOKE = {"dp_shard2-tp2", "hsdp2x2-tp2-2-machines", "dp_shard2-cp2", "dp_shard2-sp2-deepspeed"}
+#: The layouts make test runs (the sequence-parallel ones, DeepSpeed's, under make extended: make test dry-runs
+#: DeepSpeed's ZeRO-3 in its setups, launch and Trainer tests).
+SMOKE = {"dp_shard2-tp2", "hsdp2x2-tp2-2-machines", "dp_shard2-cp2"}
 #: Sequence-parallel rows need DeepSpeed (the ``deepspeed`` extra, which ``make`` installs): skipped without it.
 DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 WITHOUT_DEEPSPEED = ("deepspeed is not installed (the deepspeed extra: pip install --no-deps deepspeed hjson msgpack "
@@ -317,7 +319,8 @@ def _line_of(script: str, text: str) -> int:
     (["1", "2", "128", "1"], "accelerator.prepare",
      "AssertionError: Check batch related parameters. train_batch_size is not equal to micro_batch_per_gpu * "
      "gradient_acc_step * world_size 1 != 1 * 1 * 2.0"),
-    (["2", "2", "127", "1"], "enumerate(loader)", "ValueError: batch's seqlen=127 isn't divisible by sp-size=2"),
+    pytest.param(["2", "2", "127", "1"], "enumerate(loader)", "ValueError: batch's seqlen=127 isn't divisible by sp-size=2",
+                 marks=pytest.mark.extended),  # make test runs the first; both run under make extended
 ], ids=["sp-data-parallel-degree-unset", "sequence-the-sp-degree-does-not-divide"])
 def test_a_misconfigured_sequence_parallel_run_is_one_line_naming_deepspeeds_error(tmp_path, monkeypatch, capsys,
                                                                                    llama, argv, line, error):
