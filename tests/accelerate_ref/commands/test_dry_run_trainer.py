@@ -41,14 +41,15 @@ def _parameters() -> list[int]:
 ZERO_GROUPS = 2
 
 
-def expected(setup: str) -> dict[str, int]:
-    """The model-state parts each of 2 ranks holds after a step: fp32 weights and gradients, and the Trainer's
-    optimizer, fused AdamW (``adamw_torch_fused``), two fp32 moments and a ``step`` per tensor it steps, which the
-    fused kernel keeps on the device as a float32 scalar (torch/optim/adam.py ``_init_group``). DDP: all of it;
-    FSDP2: each parameter sharded in two; ZeRO: AdamW's state of the rank's flat partition, one per parameter group
-    (its parameters and gradients follow DeepSpeed's own rules, checked by the setups' matrix)."""
+def expected(setup: str, ranks: int = 2) -> dict[str, int]:
+    """The model-state parts each of ``ranks`` ranks holds after a step: fp32 weights and gradients, and the
+    Trainer's optimizer, fused AdamW (``adamw_torch_fused``), two fp32 moments and a ``step`` per tensor it steps,
+    which the fused kernel keeps on the device as a float32 scalar (torch/optim/adam.py ``_init_group``). DDP: all of
+    it; FSDP2: each parameter sharded over the ranks (every dimension here divides by 8); ZeRO: AdamW's state of the
+    rank's flat partition, one per parameter group (its parameters and gradients follow DeepSpeed's own rules,
+    checked by the setups' matrix)."""
     sizes = _parameters()
-    size = 4 * sum(sizes) // (1 if setup == "ddp" else 2)
+    size = 4 * sum(sizes) // (1 if setup == "ddp" else ranks)
     if setup.startswith("zero"):
         return {"optimizer_state": 2 * size + 4 * ZERO_GROUPS}
     return {"trainable_parameters": size, "frozen_parameters": 0, "quantized_weights": 0, "gradients": size,
@@ -69,14 +70,14 @@ def sft_expected() -> dict[str, int]:
             "quantized_weights": 0, "gradients": adapters, "optimizer_state": 2 * adapters + 4 * 2 * len(targets)}
 
 
-def dry_run(tmp_path, capsys, folder, setup: str, no_compute: bool, ranks: int = 2) -> dict:
+def dry_run(tmp_path, capsys, folder, setup: str, no_compute: bool, ranks: int = 2, machines: int = 1) -> dict:
     script = tmp_path / "train.py"
     if setup == "sft-lora":
         script.write_text(SFT_SCRIPT.format(rank=RANK, targets=list(TARGETS)))
     else:
         script.write_text(TRAINER_SCRIPT.format(options=TRAINER_SETUPS[setup]))
     status = run(["launch", "--simulate", "cuda", "--gpu", "a100-40gb", "--num_processes", str(ranks),
-                  *(["--no-compute"] if no_compute else []), "--timeout", "300",
+                  "--num_machines", str(machines), *(["--no-compute"] if no_compute else []), "--timeout", "300",
                   "--summary-json", str(tmp_path / "summary.json"), str(script), str(folder)])
     output = capsys.readouterr()
     assert status == 0, f"Trainer {setup}:\n{output.out[-4000:]}{output.err[-2000:]}"
@@ -91,8 +92,8 @@ PRODUCT = [pytest.param(setup, no_compute, marks=[NEEDS_DEEPSPEED] if setup.star
            for setup in TRAINER_SETUPS for no_compute in (False, True)]
 
 
-def _check(summary: dict, setup: str) -> None:
-    want = expected(setup)
+def _check(summary: dict, setup: str, ranks: int = 2) -> None:
+    want = sft_expected() if setup == "sft-lora" else expected(setup, ranks)
     for rank in summary["ranks"]:
         for device, books in rank["memory"].items():
             found = {part: books["model_states"][part] for part in want}
@@ -120,3 +121,9 @@ def test_sft_trainer_with_lora_dry_runs_with_model_states_as_the_arithmetic(tmp_
     for rank in dry_run(tmp_path, capsys, llama, "sft-lora", no_compute, ranks)["ranks"]:
         for device, books in rank["memory"].items():
             assert books["model_states"] == want, f"SFTTrainer, rank {rank['rank']} on {device}: {books['model_states']}, expected {want}"
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("setup", ["fsdp2", pytest.param("zero3", marks=NEEDS_DEEPSPEED), "sft-lora"])
+def test_trainers_at_8_ranks_as_2_machines_without_compute(tmp_path, capsys, llama, setup):
+    _check(dry_run(tmp_path, capsys, llama, setup, True, ranks=8, machines=2), setup, ranks=8)

@@ -535,6 +535,7 @@ def _listed(batch: dict) -> dict:
     return {key: value.tolist() for key, value in batch.items()}
 
 
+@pytest.mark.extended  # a minute: it builds DeepSpeed engines (make installs deepspeed now)
 @pytest.mark.usefixtures("_clean_env")
 @needs_deepspeed
 def test_plugin_fields_take_effect_in_deepspeeds_engine():
