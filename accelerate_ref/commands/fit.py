@@ -35,6 +35,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+from simulators.dryrun import DEFAULT_TIMEOUT
+
 from .estimate import create_ascii_table
 
 
@@ -51,6 +53,8 @@ FSDP2 = ("--use_fsdp", "--fsdp_version", "2", "--fsdp_auto_wrap_policy", "TRANSF
 CHECKPOINTING = ("--fsdp_activation_checkpointing", "true")
 OFFLOAD = ("--fsdp_offload_params", "true")
 ZERO3 = ("--use_deepspeed", "--zero_stage", "3")
+#: Seconds a trial's launch may take past its own deadline (starting, and stopping its ranks) before it is given up.
+LAUNCH_GRACE = 120
 
 
 def ladder(args: argparse.Namespace) -> list[OptionSet]:
@@ -131,9 +135,14 @@ def _try(args: argparse.Namespace, base: tuple[list[str], list[str]], option_set
         options = [word for word in options if word not in ("--multi_gpu", "--multi-gpu")]
     command = [sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", *options, "--no-compute", *steps,
                *option_set.flags, "--num_processes", str(option_set.processes), "--summary-json", summary, *script]
-    done = subprocess.run(command, capture_output=True, text=True)
     row = {"name": option_set.name, "flags": list(option_set.flags), "processes": option_set.processes, "fits": False,
            "peak": None, "reserved": None, "headroom": None}
+    # The launch stops its ranks at its own deadline (--timeout, else the dry run's default); this wait outlasts it.
+    deadline = (getattr(args, "timeout", None) or DEFAULT_TIMEOUT) + LAUNCH_GRACE
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=deadline)
+    except subprocess.TimeoutExpired:
+        return {**row, "verdict": f"did not run: the launch had not ended after {deadline:g} s"}
     if not os.path.exists(summary):
         error = (done.stderr.strip().splitlines() or ["no summary"])[-1]
         return {**row, "verdict": f"did not run: {error}"}
