@@ -27,11 +27,11 @@ def llama(tmp_path_factory):
     return folder
 
 
-def _parameters() -> list[int]:
+def _parameters(shape: str = "llama") -> list[int]:
     """The elements of each of the model's parameters."""
     import torch
 
-    config_class, config = SHAPES["llama"]
+    config_class, config = SHAPES[shape]
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, config_class)(**config, tie_word_embeddings=False))
     return [param.numel() for param in model.parameters()]
@@ -41,14 +41,14 @@ def _parameters() -> list[int]:
 ZERO_GROUPS = 2
 
 
-def expected(setup: str, ranks: int = 2) -> dict[str, int]:
+def expected(setup: str, ranks: int = 2, shape: str = "llama") -> dict[str, int]:
     """The model-state parts each of ``ranks`` ranks holds after a step: fp32 weights and gradients, and the
     Trainer's optimizer, fused AdamW (``adamw_torch_fused``), two fp32 moments and a ``step`` per tensor it steps,
     which the fused kernel keeps on the device as a float32 scalar (torch/optim/adam.py ``_init_group``). DDP: all of
     it; FSDP2: each parameter sharded over the ranks (every dimension here divides by 8); ZeRO: AdamW's state of the
     rank's flat partition, one per parameter group (its parameters and gradients follow DeepSpeed's own rules,
     checked by the setups' matrix)."""
-    sizes = _parameters()
+    sizes = _parameters(shape)
     size = 4 * sum(sizes) // (1 if setup == "ddp" else ranks)
     if setup.startswith("zero"):
         return {"optimizer_state": 2 * size + 4 * ZERO_GROUPS}
@@ -56,12 +56,12 @@ def expected(setup: str, ranks: int = 2) -> dict[str, int]:
             "optimizer_state": 2 * size + 4 * len(sizes)}
 
 
-def sft_expected() -> dict[str, int]:
+def sft_expected(shape: str = "llama") -> dict[str, int]:
     """The SFTTrainer's LoRA after a step, on every rank: the adapters (fp32, ``RANK`` x (in + out) per target
     projection), their gradients, fused AdamW's two moments and a ``step`` each; the base frozen, in the saved fp32."""
     import torch
 
-    config_class, config = SHAPES["llama"]
+    config_class, config = SHAPES[shape]
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, config_class)(**config, tie_word_embeddings=False))
     targets = [module for name, module in model.named_modules() if name.endswith(TARGETS)]
@@ -81,7 +81,7 @@ def dry_run(tmp_path, capsys, folder, setup: str, no_compute: bool, ranks: int =
                   "--summary-json", str(tmp_path / "summary.json"), str(script), str(folder)])
     output = capsys.readouterr()
     assert status == 0, f"Trainer {setup}:\n{output.out[-4000:]}{output.err[-2000:]}"
-    trained = r"trained PeftModelForCausalLM" if setup == "sft-lora" else r"trained \w*LlamaForCausalLM"  # FSDP2: FSDPLlama...
+    trained = r"trained PeftModelForCausalLM" if setup == "sft-lora" else r"trained \w*ForCausalLM"  # FSDP2: FSDPLlama...
     assert len(re.findall(trained, output.out)) == ranks, output.out[-3000:]
     return json.loads((tmp_path / "summary.json").read_text())
 
@@ -92,8 +92,8 @@ PRODUCT = [pytest.param(setup, no_compute, marks=[NEEDS_DEEPSPEED] if setup.star
            for setup in TRAINER_SETUPS for no_compute in (False, True)]
 
 
-def _check(summary: dict, setup: str, ranks: int = 2) -> None:
-    want = sft_expected() if setup == "sft-lora" else expected(setup, ranks)
+def _check(summary: dict, setup: str, ranks: int = 2, shape: str = "llama") -> None:
+    want = sft_expected(shape) if setup == "sft-lora" else expected(setup, ranks, shape)
     for rank in summary["ranks"]:
         for device, books in rank["memory"].items():
             found = {part: books["model_states"][part] for part in want}
@@ -127,3 +127,12 @@ def test_sft_trainer_with_lora_dry_runs_with_model_states_as_the_arithmetic(tmp_
 @pytest.mark.parametrize("setup", ["fsdp2", pytest.param("zero3", marks=NEEDS_DEEPSPEED), "sft-lora"])
 def test_trainers_at_8_ranks_as_2_machines_without_compute(tmp_path, capsys, llama, setup):
     _check(dry_run(tmp_path, capsys, llama, setup, True, ranks=8, machines=2), setup, ranks=8)
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("setup", ["fsdp2", "sft-lora"])
+def test_trainers_on_the_qwen_shape(tmp_path_factory, tmp_path, capsys, setup):
+    """The same recipes on a Qwen2-shaped model (its attention projections have biases)."""
+    folder = tmp_path_factory.mktemp("models") / "qwen"
+    save_model(folder, "qwen")
+    _check(dry_run(tmp_path, capsys, folder, setup, False), setup, shape="qwen")
