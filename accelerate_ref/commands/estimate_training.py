@@ -41,6 +41,7 @@ import textwrap
 
 from ..utils import convert_bytes
 from ._launch.options import FIT_HELP
+from .fit import FSDP2, ZERO3
 
 DISTRIBUTED = ("ddp", "fsdp", "zero2", "zero3")
 MIXED_PRECISION = ("no", "fp16", "bf16")
@@ -84,12 +85,7 @@ SCRIPT = textwrap.dedent("""\
         optimizer.zero_grad()
     """)
 #: ``--distributed`` -> the launch options that give it (``accelerate launch``'s).
-LAUNCH_OPTIONS = {
-    "ddp": [],
-    "fsdp": ["--use_fsdp", "--fsdp_version", "2", "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP"],
-    "zero2": ["--use_deepspeed", "--zero_stage", "2"],
-    "zero3": ["--use_deepspeed", "--zero_stage", "3"],
-}
+LAUNCH_OPTIONS = {"ddp": (), "fsdp": FSDP2, "zero2": ("--use_deepspeed", "--zero_stage", "2"), "zero3": ZERO3}
 
 
 def add_training_arguments(parser: argparse.ArgumentParser) -> None:

@@ -37,8 +37,6 @@ from dataclasses import dataclass
 
 from simulators.dryrun import DEFAULT_TIMEOUT
 
-from .estimate import create_ascii_table
-
 
 @dataclass(frozen=True)
 class OptionSet:
@@ -176,6 +174,8 @@ def _worst(ranks: list[dict]) -> dict:
 def table(rows: list[dict], args: argparse.Namespace) -> str:
     """The option sets tried, the one that fits first."""
     from simulators.devices.machine import human
+
+    from .estimate import create_ascii_table  # here: estimate's module imports estimate_training, which reads this one
 
     def size(value: int | None) -> str:
         return human(value) if value is not None else "-"

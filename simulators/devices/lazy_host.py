@@ -310,6 +310,13 @@ def _made_lazy(func: Callable, args: tuple, kwargs: dict) -> LazyHostTensor | No
     return LazyHostTensor.wrap(probe.detach(), requires_grad=probe.requires_grad)
 
 
+def large_empty(shape: torch.Size, dtype: torch.dtype, requires_grad: bool = False) -> LazyHostTensor | None:
+    """A lazy CPU tensor of ``shape`` and ``dtype`` when it would take at least :func:`threshold` bytes, else None."""
+    if torch.Size(shape).numel() * dtype.itemsize < threshold():
+        return None
+    return LazyHostTensor.wrap(torch.empty(shape, dtype=dtype, device=_META), requires_grad=requires_grad)
+
+
 def _meta_to_cpu(source: Any, device: Any) -> bool:
     """Whether a ``*_like`` factory copies ``source`` to the CPU from no memory: a meta tensor or a mock device's
     (whose payload is meta in no-compute mode), or a DTensor of such a shard."""
@@ -323,12 +330,10 @@ def _lazy_like(func: Callable, args: tuple, kwargs: dict, proceed: Callable) -> 
     bytes; of a DTensor, a DTensor of the same mesh and placements whose shard is lazy."""
     source = args[0]
     local = getattr(source, "_local_tensor", source)
-    dtype = kwargs.get("dtype") or local.dtype
-    if local.numel() * dtype.itemsize < threshold():
-        return proceed(func, args, kwargs)
     with torch._C.DisableTorchFunction():
-        probe = torch.empty(local.shape, dtype=dtype, device=_META)
-    lazy = LazyHostTensor.wrap(probe, requires_grad=bool(kwargs.get("requires_grad", False)))
+        lazy = large_empty(local.shape, kwargs.get("dtype") or local.dtype, bool(kwargs.get("requires_grad", False)))
+    if lazy is None:
+        return proceed(func, args, kwargs)
     if local is source:
         return lazy
     from torch.distributed.tensor import DTensor

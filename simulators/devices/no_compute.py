@@ -168,9 +168,8 @@ def cpu_copy(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
     shard it moves there), else :func:`host_copy`."""
     from simulators.devices import lazy_host
 
-    if torch.Size(shape).numel() * dtype.itemsize >= lazy_host.threshold() and lazy_host.installed():
-        return lazy_host.LazyHostTensor.wrap(torch.empty(shape, dtype=dtype, device="meta"))
-    return host_copy(shape, dtype)
+    lazy = lazy_host.large_empty(shape, dtype) if lazy_host.installed() else None
+    return lazy if lazy is not None else host_copy(shape, dtype)
 
 
 def pointer(payload: torch.Tensor) -> int:

@@ -245,6 +245,10 @@ def test_launch_use_deepspeed_dry_runs_and_names_the_reduce_bucket(tmp_path, sta
     (["--simulate", "cuda", "--heaviest_batches", "0"], "--heaviest-batches 0: give at least 1"),
     (["--simulate", "xla", "--num_processes", "2", "--use_fsdp"], "--simulate xla: torch's FSDP does not run on XLA devices"),
     (["--simulate", "xla", "--mixed_precision", "fp16"], "--simulate xla: fp16 mixed precision is not a TPU setup"),
+    (["--simulate", "cuda", "--fit", "1"], "--fit needs a budget to fit in: give --gpu"),
+    (["--simulate", "npu", "--gpu", "l4-24gb", "--fit", "1"], "--fit tries GPU launch options: give --simulate cuda"),
+    (["--simulate", "cuda", "--gpu", "l4-24gb", "--num_processes", "4", "--fit", "2"], "--fit 2: the most processes to try"),
+    (["--gpu", "l4-24gb", "--fit", "1"], "only for a dry run"),
 ])
 def test_bad_budgets_and_setups_are_one_line_and_exit_2(tmp_path, monkeypatch, capsys, argv, message):
     from accelerate_ref.commands.accelerate_cli import run  # the command's exit status, without a process to start

@@ -1,5 +1,6 @@
 """``--fit N`` (``commands.fit``): the launch options a user reaches for when a run does not fit, each a dry run
-without compute, in the order they cost, until one fits; the table; exit 1 when none does; its refusals."""
+without compute, in the order they cost, until one fits; the table; exit 1 when none does. Its refusals are rows
+of ``test_dry_run.py``'s table of bad input."""
 
 from __future__ import annotations
 
@@ -78,17 +79,3 @@ def test_the_fit_flag_is_taken_out_of_the_command_line_it_varies():
     assert options == ["launch", "--simulate", "cuda", "--gpu", "l4-24gb"] and script == ["train.py", "--lr", "1"]
     options, _ = fit._without_fit(["launch", "--fit=2", "--simulate", "cuda", "train.py"], 1)
     assert options == ["launch", "--simulate", "cuda"]
-
-
-@pytest.mark.parametrize("argv, message", [
-    (["--simulate", "cuda", "--fit", "1"], "--fit needs a budget to fit in: give --gpu"),
-    (["--simulate", "npu", "--gpu", "l4-24gb", "--fit", "1"], "--fit tries GPU launch options: give --simulate cuda"),
-    (["--simulate", "cuda", "--gpu", "l4-24gb", "--num_processes", "4", "--fit", "2"], "--fit 2: the most processes to try"),
-    (["--gpu", "l4-24gb", "--fit", "1"], "only for a dry run"),
-])
-def test_a_fit_that_cannot_run_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, argv, message):
-    (tmp_path / "train.py").write_text("raise SystemExit('never run')\n")
-    monkeypatch.chdir(tmp_path)
-    assert run(["launch", *argv, "train.py"]) == 2
-    err = capsys.readouterr().err
-    assert message in err and len(err.strip().splitlines()) == 1, err
