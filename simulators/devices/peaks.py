@@ -88,6 +88,8 @@ class _Recorder:
     def __init__(self) -> None:
         self.optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
         self.modules: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+        #: The DeepSpeed engines among them, as the split finds them (their reduce buckets complete a split).
+        self.engines: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
         self.steps: weakref.WeakKeyDictionary[torch.optim.Optimizer, int] = weakref.WeakKeyDictionary()
         self.books: list[Any] = []
         self.out_of_memory: dict[str, Any] | None = None
@@ -140,6 +142,7 @@ class _Recorder:
                 for name in INT8_TENSORS if type(state).__name__ == "MatmulLtState" else ():
                     _add_key(keys["quantized_weights"], getattr(state, name, None), device_type, index)
                 if type(module).__name__ == "DeepSpeedEngine":
+                    self.engines.add(module)
                     for part, tensor in _zero_buffers(fields.get("optimizer")):
                         _add_key(keys[part], tensor, device_type, index)
             for param in params:
@@ -244,7 +247,8 @@ def on_peak(books: Any, index: int, device: Any) -> None:
     device.peak_at = user_line()
     if device.peak >= device.split_at * SPLIT_GROWTH or device.split_step != device.peak_step:
         held, keys = dict(device.storages), RECORDER.storages(books.device_type, index)
-        device.split, device.split_pending = _sizes(keys, held), (held, keys, _statement())
+        device.split = _sizes(keys, held)
+        device.split_pending = (held, keys, _statement()) if RECORDER.engines else None  # only buckets complete it
         device.split_at, device.split_step = device.peak, device.peak_step
 
 
@@ -259,8 +263,13 @@ def on_change(books: Any, index: int, device: Any) -> None:
         return
     device.split_pending = None
     held = {**device.storages, **held}  # the peak's own storage is booked after the peak is noted
-    claimed = set().union(*keys.values())
-    keys["communication_buffers"] |= RECORDER.storages(books.device_type, index)["communication_buffers"] - claimed
+    buckets: set[int] = set()
+    with torch._C.DisableTorchFunction():  # attributes only, as the split's walk
+        for engine in list(RECORDER.engines):
+            for part, tensor in _zero_buffers(engine.__dict__.get("optimizer")):
+                if part == "communication_buffers":
+                    _add_key(buckets, tensor, books.device_type, index)
+    keys["communication_buffers"] |= buckets - set().union(*keys.values())
     device.split = _sizes(keys, held)
 
 
