@@ -49,12 +49,12 @@ FORK_SAFE = {
     "accelerate_ref": ("accelerate_ref.accelerator",),
     "safetensors": ("safetensors.torch",),
 }
-#: Parts of a peak the summary leaves out when they are 0 (a full fine-tune has no frozen or quantized weights).
 #: Libraries whose workspaces the GPU picks at run time, which no source gives a rule for: the smallest ratio of a dry
 #: run's reserved peak to a real GPU's among the runs that used one, and why. cuDNN's convolutions: 0.616 (conv) and
 #: 0.782 (conv_bf16) of a real H200's (../shared/gpu/summary.json, torch 2.11).
 LOWER_BOUNDS = {"cudnn": (0.616, "cuDNN picks its convolution engines and their workspaces on the GPU")}
-OPTIONAL_PARTS = frozenset({"frozen_parameters", "quantized_weights", "communication_buffers"})
+#: Parts of a peak the summary leaves out when they are 0 (a full fine-tune has no frozen or quantized weights).
+OPTIONAL_PARTS = frozenset({"frozen_parameters", "quantized_weights", "communication_buffers", "activations"})
 #: The fine-tune and engine packages a script may import, and how to install each (the project's extras).
 ENGINE_EXTRAS = {
     "peft": "pip install 'accelerate-ref[finetune]'",

@@ -18,7 +18,7 @@ and ``zero3`` (DeepSpeed, the ``deepspeed`` extra; ZeRO-3 builds the model parti
 the peak, the peak of what torch's caching allocator reserved (its model's, see
 ``simulators.devices.caching_allocator``), the peak's parts (parameters: the
 model's, trainable, frozen and quantized together; gradients; optimizer state;
-DeepSpeed's communication buffers; the rest: activations, temporaries) and where it was reached; ranks with the same figures share
+DeepSpeed's communication buffers; activations, what autograd holds for backward; the rest: temporaries) and where it was reached; ranks with the same figures share
 a row. With ``--gpu`` (or ``--device-memory``) each row ends with the verdict of the
 reserved peak against that budget.
 
@@ -167,7 +167,7 @@ def rows(found: dict) -> list[list[str]]:
     grouped: dict[tuple, list[int]] = {}
     for rank in found["ranks"]:
         if not rank["memory"]:
-            key = ("-", "-", "-", "-", "-", "-", "-", rank["state"], rank.get("reason", rank["verdict"]))
+            key = ("-", "-", "-", "-", "-", "-", "-", "-", rank["state"], rank.get("reason", rank["verdict"]))
         else:
             device = max(rank["memory"].values(), key=lambda books: (books.get("reserved", books["peak"]), books["peak"]))
             parts = device["parts"]
@@ -179,7 +179,7 @@ def rows(found: dict) -> list[list[str]]:
             key = (convert_bytes(device["peak"]), convert_bytes(device.get("reserved", device["peak"])),
                    convert_bytes(sum(parts[kind] for kind in PARAMETER_PARTS)), convert_bytes(parts["gradients"]),
                    convert_bytes(parts["optimizer_state"]), convert_bytes(parts.get("communication_buffers", 0)),
-                   convert_bytes(parts["other"]),
+                   convert_bytes(parts.get("activations", 0)), convert_bytes(parts["other"]),
                    f"step {device['step']}, {device['at'] or '?'}", verdict)
         grouped.setdefault(key, []).append(rank["rank"])
     return [[_ranks(ranks), *key] for key, ranks in grouped.items()]
@@ -193,7 +193,7 @@ def table(found: dict, args: argparse.Namespace) -> str:
     """The per-rank table of a dry run's summary (``--summary-json``) for ``args``."""
     from .estimate import create_ascii_table
 
-    headers = ["Ranks", "Peak", "Reserved", "Parameters", "Gradients", "Optimizer state", "Buffers", "Other", "Reached at",
+    headers = ["Ranks", "Peak", "Reserved", "Parameters", "Gradients", "Optimizer state", "Buffers", "Activations", "Other", "Reached at",
                "Verdict"]
     title = (f"Training `{args.model_name}`: {args.num_processes} GPU(s) on {args.num_machines} machine(s), {args.distributed}, "
              f"mixed precision {args.mixed_precision}, batch {args.batch_size} x {args.seq_len} tokens per GPU")

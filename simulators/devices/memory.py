@@ -66,6 +66,8 @@ class _Storage:
     holders: int = 0
     #: Its block in the device's caching allocator model (None: no model, or 0 bytes).
     block: Block | None = None
+    #: How many tensors on it autograd holds for backward (:mod:`simulators.devices.activations`).
+    saved: int = 0
 
 
 @dataclass
@@ -205,6 +207,11 @@ class DeviceMemory:
             device.peak = device.allocated
             if self.recorder is not None:
                 self.recorder.on_peak(self, index, device)
+
+    def entry(self, payload: torch.Tensor, index: int) -> _Storage | None:
+        """The books' entry of ``payload``'s storage on device ``index`` (None when it holds no such storage)."""
+        device = self._devices.get(index)
+        return device.storages.get(storage_key(payload)) if device is not None else None
 
     def held(self) -> dict[int, dict[int, _Storage]]:
         """Per device: a copy of the storages it holds now, by key."""

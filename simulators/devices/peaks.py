@@ -11,8 +11,9 @@ Rules (:class:`simulators.devices.memory.DeviceMemory` calls :func:`on_peak` and
   (``$SIMULATORS_SCRIPT``, set by the rank's bootstrap) on the stack when the
   device reached it;
 - what a device held at its peak is split into the model's parameters, their
-  gradients, the optimizers' state and the rest (activations, temporaries,
-  communication buffers). The parameters are those of every module made in
+  gradients, the optimizers' state, communication buffers, activations (the
+  storages autograd holds for backward, :mod:`simulators.devices.activations`)
+  and the rest (temporaries, outputs not saved, what the books cannot place). The parameters are those of every module made in
   the process and every optimizer's (for a DTensor, its local shard; for a
   DeepSpeed ZeRO-3 parameter, its partition ``ds_tensor``), split three ways:
   quantized weights (a bitsandbytes ``Params4bit`` or ``Int8Params`` with its
@@ -55,7 +56,7 @@ from typing import Any
 
 import torch
 
-from simulators.devices import batches
+from simulators.devices import activations, batches
 from simulators.devices.machine import STEPS_ENV
 from simulators.devices.memory import storage_key
 from simulators.spawn import MEMORY_REPORTS_ENV as REPORT_DIR_ENV
@@ -67,7 +68,7 @@ PARAMETER_PARTS = ("trainable_parameters", "frozen_parameters", "quantized_weigh
 #: What the bytes-per-parameter arithmetic predicts ("model states") ...
 MODEL_STATE_PARTS = (*PARAMETER_PARTS, "gradients", "optimizer_state")
 #: ... and every part of a peak's split.
-PARTS = (*MODEL_STATE_PARTS, "communication_buffers")
+PARTS = (*MODEL_STATE_PARTS, "communication_buffers", "activations")
 #: DeepSpeed's ZeRO optimizer (``DeepSpeedEngine.optimizer``): its gradient partitions, ``averaged_gradients`` (ZeRO-1/2,
 #: deepspeed/runtime/zero/stage_1_and_2.py) or ``grad_partitions_flat_buffer`` (ZeRO-3, stage3.py) ...
 ZERO_GRADIENTS = ("averaged_gradients", "grad_partitions_flat_buffer")
@@ -286,8 +287,12 @@ def _statement() -> tuple[Any, int] | None:
 
 
 def _sizes(keys: dict[str, set[int]], storages: dict[int, Any]) -> dict[str, int]:
-    """Bytes of each part's storage ``keys`` among ``storages``."""
-    return {part: sum(storages[key].size for key in keys[part] if key in storages) for part in PARTS}
+    """Bytes of each part's storage ``keys`` among ``storages``; activations are the storages autograd holds for
+    backward (:mod:`simulators.devices.activations`) in no other part."""
+    sizes = {part: sum(storages[key].size for key in keys[part] if key in storages) for part in PARTS}
+    placed = set().union(*keys.values())
+    sizes["activations"] = sum(storage.size for key, storage in storages.items() if storage.saved and key not in placed)
+    return sizes
 
 
 def on_out_of_memory(books: Any, index: int, message: str) -> None:
@@ -310,6 +315,7 @@ def install(books: Any) -> None:
         atexit.register(RECORDER.write)
     if books not in RECORDER.books:
         RECORDER.books.append(books)
+        activations.install(books)
 
 
 def _watch_optimizers() -> None:
