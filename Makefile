@@ -10,6 +10,8 @@ TORCH_SPEC ?= torch==2.13.0
 IMPL       ?= accelerate_ref
 BACKENDS   ?= sim sim-xla sim-npu
 WORLDS     ?= 1,2,3,4,2x2
+# The conformance level: docs-0.27, docs-1.x or hf-1.15 (what the run holds the implementation to).
+LEVEL      ?= hf-1.15
 REPORTS    ?= reports
 PYTEST_ARGS ?=
 # pytest workers for `make test` (pytest-xdist): the rank processes of one test leave most of a second
@@ -62,12 +64,13 @@ bytecode: $(STAMP)
 # that of the worst run.
 conformance: $(STAMP) bytecode
 	@status=0; for backend in $(BACKENDS); do \
-		$(PY) -m conformance run --impl $(IMPL) --backend $$backend --worlds $(WORLDS) \
+		$(PY) -m conformance run --impl $(IMPL) --backend $$backend --worlds $(WORLDS) --level $(LEVEL) \
 			--json $(REPORTS)/conformance-$(IMPL)-$$backend.json \
 			--junit $(REPORTS)/conformance-$(IMPL)-$$backend.xml || status=1; \
 	done; \
 	$(PY) -m conformance report $(foreach backend,$(BACKENDS),$(REPORTS)/conformance-$(IMPL)-$(backend).json) \
-		--markdown $(REPORTS)/conformance-$(IMPL).md --html $(REPORTS)/conformance-$(IMPL).html || status=1; \
+		--markdown $(REPORTS)/conformance-$(IMPL).md --html $(REPORTS)/conformance-$(IMPL).html \
+		--statement $(REPORTS)/statement-$(IMPL)-$(LEVEL).md || status=1; \
 	exit $$status
 
 conformance-hf:

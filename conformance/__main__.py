@@ -13,12 +13,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Sequence
 
 from . import catalog
-from .engine import report
+from .engine import levels, report, statement
 from simulators.devices.machine import machine_env
 
 from .engine.backends import BACKENDS, mock_device
@@ -44,6 +45,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--worlds", help=f"comma-separated worlds, e.g. 1,2,4,2x2, or a preset: {', '.join(WORLD_PRESETS)} "
                      f"(default: {','.join(DEFAULT_WORLDS)}; native: the launch's world)")
     run.add_argument("-k", dest="patterns", action="append", default=[], help="only cases whose ID or name matches")
+    run.add_argument("--level", choices=levels.LEVELS, default=os.environ.get(levels.LEVEL_ENV) or levels.DEFAULT_LEVEL,
+                     help="what to hold the implementation to: the v0.27 documents, the v1.x documents, or HF 1.15's "
+                          f"behaviour where they are silent (default: ${levels.LEVEL_ENV} or {levels.DEFAULT_LEVEL}); "
+                          "cases above it are counted apart and not run")
     run.add_argument("--case-timeout", type=float, default=DEFAULT_CASE_TIMEOUT, help="seconds before a case is a HANG")
     run.add_argument("--manifest", help="a manifest of known deviations (default: the bundled one for --impl)")
     run.add_argument("--no-manifest", action="store_true", help="ignore the bundled manifest")
@@ -54,6 +59,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--device-memory", help="memory budget of each mock accelerator: bytes, 64MB, 500MiB (default none)")
     for fmt in ("json", "junit", "markdown", "html"):
         run.add_argument(f"--{fmt}", metavar="PATH", help=f"write a {fmt} report")
+    run.add_argument("--statement", metavar="PATH.md", help="write the run's conformance statement: Markdown here, "
+                     "JSON beside it; prints its badge line")
 
     commands.add_parser("list", help="catalog IDs and the cases that cover them")
 
@@ -61,6 +68,8 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("runs", nargs="+", metavar="RUN.json")
     rep.add_argument("--markdown", metavar="PATH")
     rep.add_argument("--html", metavar="PATH")
+    rep.add_argument("--statement", metavar="PATH.md", help="write the conformance statement of the runs (one "
+                     "implementation at one level): Markdown here, JSON beside it; prints its badge line")
 
     par = commands.add_parser("parity", help="public names of accelerate, present and compatible in --impl")
     par.add_argument("--impl", help="implementation package (default: $ACCELERATE_IMPL or accelerate_ref)")
@@ -116,6 +125,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"conformance: {error}", file=sys.stderr)
         return 2
+    try:
+        levels.parse(args.level)
+    except ValueError as error:
+        print(f"conformance: error: --level: {error}", file=sys.stderr)
+        return 2
     impl = chosen(args.impl)
     options = RunOptions(
         impl=impl,
@@ -128,6 +142,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         debug_collectives=args.debug_collectives,
         machine=machine,
         on_interrupt=lambda interrupted: _write_reports(args, interrupted),
+        level=args.level,
     )
     try:
         run = execute(options)
@@ -156,12 +171,14 @@ def _write_reports(args: argparse.Namespace, run) -> None:
         report.write_markdown([run], args.markdown)
     if args.html:
         report.write_html([run], args.html)
+    if args.statement:
+        print(statement.write([run], args.statement))
 
 
 def cmd_list(args: argparse.Namespace) -> int:
     covering: dict[str, list[str]] = {}
     for case in all_cases():
-        covering.setdefault(case.id, []).append(f"{case.key} [{','.join(case.worlds)}]")
+        covering.setdefault(case.id, []).append(f"{case.key} [{','.join(case.worlds)}] {case.level}")
     ids = [e.id for e in catalog.entries()]
     width = max(len(i) for i in ids)
     for id_ in ids + sorted(set(covering) - set(ids)):
@@ -178,8 +195,14 @@ def cmd_report(args: argparse.Namespace) -> int:
         report.write_markdown(runs, args.markdown)
     if args.html:
         report.write_html(runs, args.html)
-    if not (args.markdown or args.html):
-        print("nothing to write: give --markdown and/or --html", file=sys.stderr)
+    if args.statement:
+        try:
+            print(statement.write(runs, args.statement))
+        except statement.StatementError as error:
+            print(f"conformance report: error: --statement: {error}", file=sys.stderr)
+            return 2
+    if not (args.markdown or args.html or args.statement):
+        print("nothing to write: give --markdown, --html and/or --statement", file=sys.stderr)
         return 2
     return 0
 

@@ -8,9 +8,10 @@ padding taken from the start of the data, as many batches on every rank,
 and so on. A loader that loses, duplicates, reorders or desynchronises
 samples is seen as such, whatever the implementation's own collectives say.
 
-Options reach the loaders through ``DataLoaderConfiguration`` (the
-``Accelerator(dataloader_config=...)`` of the 1.x reference; v0.27 passed
-the same options to ``Accelerator`` directly).
+Options reach the loaders as the run's level spells them
+(``conformance.support.spellings``): ``Accelerator`` keywords at docs-0.27,
+``DataLoaderConfiguration`` (the ``Accelerator(dataloader_config=...)`` of the
+1.x reference) above it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from ..engine.case import ANY_WORLD, case
+from ..support import spellings
 from ..support.checks import expect_equal, expect_raises, expect_true, plain
 
 DISTRIBUTED_WORLDS = tuple(w for w in ANY_WORLD if w != "1")
@@ -34,10 +36,9 @@ POWER_OF_TWO_WORLDS = ("1", "2", "4", "2x2", "2x4")
 
 
 def _accelerator(impl, **dataloader_options):
-    """An Accelerator whose prepared loaders use ``dataloader_options`` (split_batches, even_batches, ...)."""
-    if not dataloader_options:
-        return impl.Accelerator()
-    return impl.Accelerator(dataloader_config=impl.utils.DataLoaderConfiguration(**dataloader_options))
+    """An Accelerator whose prepared loaders use ``dataloader_options`` (split_batches, even_batches, ...), spelled
+    as the run's level spells them."""
+    return spellings.accelerator(impl, dataloader_options)
 
 
 def _epoch(loader) -> list[list]:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ..engine.case import ANY_WORLD
+from ..support import spellings
 from ..support.checks import expect_equal, expect_raises
 
 from ..support.training import (
@@ -192,9 +193,7 @@ def accumulate_scheduler(impl, world):
     per scheduler step, so it shows how many steps were taken.
     """
     plugin = impl.utils.GradientAccumulationPlugin(num_steps=2, adjust_scheduler=True)
-    acc = impl.Accelerator(
-        gradient_accumulation_plugin=plugin, dataloader_config=impl.DataLoaderConfiguration(split_batches=True)
-    )
+    acc = spellings.accelerator(impl, {"split_batches": True}, gradient_accumulation_plugin=plugin)
     model = tiny_linear()
     optimizer = sgd_of(model)
     model, optimizer, scheduler = acc.prepare(model, optimizer, _halving(optimizer))

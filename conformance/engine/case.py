@@ -22,6 +22,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 from simulators.topology import World
 
+from . import levels
+
 #: Worlds a rule "makes sense at" when its catalog row says "any".
 ANY_WORLD: tuple[str, ...] = ("1", "2", "3", "4", "2x2", "2x4")
 #: The ``--worlds large`` preset: one machine of 16, 4 machines of 8, 8 of 8 (issue 14).
@@ -98,6 +100,8 @@ class Case:
     #: Seconds this case may take before it is a HANG, when it needs more than
     #: the run's ``--case-timeout`` (which still applies if larger).
     timeout: float | None = None
+    #: What the case's rule rests on (:mod:`.levels`): ``docs-0.27``, ``docs-1.x`` or ``hf-1.15``.
+    level: str = levels.LEVELS[0]
 
     @property
     def name(self) -> str:
@@ -138,12 +142,17 @@ def case(
     env: dict[str, str] | None = None,
     timeout: float | None = None,
     device: str | None = None,
+    level: str | None = None,
 ) -> Callable[[CaseFunction], Case]:
-    """Register ``function`` as a case for ``catalog_id`` at ``worlds`` (on ``device`` only, if given)."""
+    """Register ``function`` as a case for ``catalog_id`` at ``worlds`` (on ``device`` only, if given), resting on
+    ``level`` (default: :func:`.levels.of_case`)."""
     labels = tuple(World.parse(str(world)).label for world in worlds)
 
     def register(function: CaseFunction) -> Case:
-        registered = Case(catalog_id, function, labels, env=dict(env or {}), timeout=timeout, device=device)
+        key = f"{function.__module__}:{function.__name__}"
+        rests_on = levels.parse(level) if level else levels.of_case(catalog_id, key)
+        registered = Case(catalog_id, function, labels, env=dict(env or {}), timeout=timeout, device=device,
+                          level=rests_on)
         if registered.key in _REGISTRY:
             raise ValueError(f"case {registered.key} registered twice")
         _REGISTRY[registered.key] = registered

@@ -17,6 +17,7 @@ from typing import Iterable
 from xml.etree import ElementTree as ET
 
 from .. import catalog
+from . import levels
 from .results import CaseResult, Status
 from .runner import Run
 
@@ -33,15 +34,19 @@ def read_json(path: str | Path) -> Run:
 
 def write_junit(run: Run, path: str | Path) -> None:
     """One ``testcase`` per case run; HANG and CRASH are errors, NOT_SUPPORTED and XFAIL skips."""
+    level = run.metadata.get("level", levels.DEFAULT_LEVEL)
     suite = ET.Element(
         "testsuite",
-        name=f"conformance[{run.metadata['impl']}@{run.metadata['backend']}]",
+        name=f"conformance[{run.metadata['impl']}@{run.metadata['backend']},{level}]",
         tests=str(len(run.results)),
         failures=str(sum(r.status == Status.FAIL for r in run.results)),
         errors=str(sum(r.status in (Status.ERROR, Status.HANG, Status.CRASH) for r in run.results)),
         skipped=str(sum(r.status in (Status.NOT_SUPPORTED, Status.XFAIL) for r in run.results)),
         time=str(run.metadata.get("duration_s", 0)),
     )
+    properties = ET.SubElement(suite, "properties")
+    ET.SubElement(properties, "property", name="level", value=level)
+    ET.SubElement(properties, "property", name="beyond_level", value=str(len(run.metadata.get("beyond_level", []))))
     for r in run.results:
         testcase = ET.SubElement(
             suite, "testcase", classname=r.id, name=f"{r.case}[{r.world}]", time=f"{r.duration_s:.3f}"
@@ -61,22 +66,26 @@ def matrix(runs: Iterable[Run]) -> tuple[list[Column], dict[str, dict[Column, st
 
     A cell is the status shared by every world, or the statuses with their
     worlds (``PASS 1,2 / FAIL 3``); ``n/a`` for an ID about another device
-    family than the backend's (``xla.*`` on ``sim``); ``UNCOVERED`` where no
-    case ran.
+    family than the backend's (``xla.*`` on ``sim``); ``beyond level`` for an
+    ID whose cases all rest on a level above the run's; ``UNCOVERED`` where no
+    case ran. A column names the implementation, its version, the backend and the level.
     """
     columns: list[Column] = []
     per_id: dict[str, dict[Column, dict[str, list[str]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     elsewhere: dict[Column, set[str]] = defaultdict(set)
+    beyond: dict[Column, set[str]] = defaultdict(set)
     for run in runs:
-        column = (f"{run.metadata['impl']} {run.metadata.get('impl_version', '')}".strip(), run.metadata["backend"])
+        column = (f"{run.metadata['impl']} {run.metadata.get('impl_version', '')}".strip(),
+                  f"{run.metadata['backend']}, {run.metadata.get('level', levels.DEFAULT_LEVEL)}")
         if column not in columns:
             columns.append(column)
         elsewhere[column].update(run.metadata.get("other_device_ids", ()))
+        beyond[column].update(run.metadata.get("beyond_level_ids", ()))
         for r in run.results:
             per_id[r.id][column][_cell_status(r)].append(r.world)
     ids = [e.id for e in catalog.entries()] + sorted(set(per_id) - {e.id for e in catalog.entries()})
     cells = {
-        id_: {column: _cell(per_id[id_].get(column, {}), id_ in elsewhere[column]) for column in columns}
+        id_: {column: _cell(per_id[id_].get(column, {}), id_ in elsewhere[column], id_ in beyond[column]) for column in columns}
         for id_ in ids
     }
     return columns, cells
@@ -86,9 +95,9 @@ def _cell_status(result: CaseResult) -> str:
     return "XPASS" if result.unexpected_pass else result.status.value
 
 
-def _cell(statuses: dict[str, list[str]], other_device: bool = False) -> str:
+def _cell(statuses: dict[str, list[str]], other_device: bool = False, beyond_level: bool = False) -> str:
     if not statuses:
-        return "n/a" if other_device else "UNCOVERED"
+        return "n/a" if other_device else "beyond level" if beyond_level else "UNCOVERED"
     if len(statuses) == 1:
         return next(iter(statuses))
     return " / ".join(f"{status} {','.join(worlds)}" for status, worlds in statuses.items())
@@ -108,7 +117,8 @@ def write_markdown(runs: list[Run], path: str | Path) -> None:
     _prepare(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-_COLOURS = {"PASS": "#c8efc8", "XFAIL": "#f3e3a6", "NOT_SUPPORTED": "#dcdcdc", "UNCOVERED": "#ffffff", "n/a": "#ffffff"}
+_COLOURS = {"PASS": "#c8efc8", "XFAIL": "#f3e3a6", "NOT_SUPPORTED": "#dcdcdc", "UNCOVERED": "#ffffff", "n/a": "#ffffff",
+            "beyond level": "#ffffff"}
 
 
 def write_html(runs: list[Run], path: str | Path) -> None:

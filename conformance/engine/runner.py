@@ -1,13 +1,15 @@
 """Driving a run: pick cases, run them world by world, apply the manifest, summarise.
 
-The runner prints a header naming the implementation (with its version) and
-the backend, a pytest-style progress line per world while cases run
+The runner prints a header naming the implementation (with its version), the
+backend and the conformance level (:mod:`.levels`: the cases above it are
+counted apart, "beyond level", and not run), a pytest-style progress line per world while cases run
 (``.`` pass, ``F`` fail, ``E`` error, ``H`` hang, ``C`` crash, ``s`` not
 supported, ``x`` expected failure), and a per-area summary at the end.
 """
 
 from __future__ import annotations
 
+import os
 import platform
 import socket
 import sys
@@ -21,6 +23,7 @@ from simulators.flight_recorder import DEBUG_ENV
 from simulators.topology import World
 
 from .. import catalog
+from . import levels
 from .backends import SimBackend, make_backend
 from .case import LARGE_WORLDS, Case, all_cases, select
 from .impl import Implementation
@@ -70,6 +73,8 @@ class RunOptions:
     confirm_hangs: bool = True
     #: Called with the run so far when a native run ends at a hang (the process then exits): write the reports.
     on_interrupt: Callable[[Run], None] | None = None
+    #: The conformance level the run holds the implementation to (:mod:`.levels`).
+    level: str = levels.DEFAULT_LEVEL
 
 
 @dataclass
@@ -120,6 +125,7 @@ def metadata(options: RunOptions, backend: SimBackend | NativeBackend, worlds: l
         "impl": options.impl,
         **imported(backend),
         "backend": options.backend,
+        "level": options.level,
         "worlds": [world.label for world in worlds],
         "case_timeout_s": options.case_timeout,
         "torch": torch.__version__,
@@ -136,8 +142,10 @@ def metadata(options: RunOptions, backend: SimBackend | NativeBackend, worlds: l
 def execute(options: RunOptions, out: IO[str] = sys.stdout) -> Run:
     """Run every selected case at every requested world it applies to (the native backend: at the launch's
     world, when ``options.worlds`` is empty). Raises NativeLaunchError where native ranks cannot run together."""
-    backend = make_backend(options.backend, options.impl, options.case_timeout,
-                           env=DEBUG_ENV if options.debug_collectives else None, machine=options.machine)
+    env = {levels.LEVEL_ENV: options.level, **(DEBUG_ENV if options.debug_collectives else {})}
+    if options.backend == "native":
+        os.environ[levels.LEVEL_ENV] = options.level  # natively, the ranks are this process and its peers
+    backend = make_backend(options.backend, options.impl, options.case_timeout, env=env, machine=options.machine)
     try:
         return _execute(options, backend, out)
     finally:
@@ -152,7 +160,8 @@ def _execute(options: RunOptions, backend: SimBackend | NativeBackend, out: IO[s
     elif isinstance(backend, SimBackend) and manifest is not None:
         # A hang the manifest lists is the implementation's known behaviour: no second run to confirm it.
         backend.confirm_hang = lambda hung: not manifest.expects(hung, Status.HANG)
-    selected = select(all_cases(), options.patterns)
+    chosen = select(all_cases(), options.patterns)
+    selected = [c for c in chosen if levels.within(c.level, options.level)]
     cases = [c for c in selected if backend.runs(c)]
     if options.worlds:
         worlds = parse_worlds(",".join(options.worlds))
@@ -161,6 +170,9 @@ def _execute(options: RunOptions, backend: SimBackend | NativeBackend, out: IO[s
     run = Run(metadata(options, backend, worlds), reporter=reporting)
     #: IDs about another device family than the backend's: "n/a" in its column of the matrix.
     run.metadata["other_device_ids"] = sorted({c.id for c in selected} - {c.id for c in cases})
+    #: Cases above the run's level: not run, counted apart (IDs none of whose cases ran are "beyond level" in the matrix).
+    run.metadata["beyond_level"] = sorted(c.key for c in chosen if c not in selected)
+    run.metadata["beyond_level_ids"] = sorted({c.id for c in chosen} - {c.id for c in selected})
     say = out.write if reporting else (lambda text: None)
     say(_header(run.metadata, len(cases)))
     started = time.perf_counter()
@@ -206,6 +218,7 @@ def _header(meta: dict[str, Any], count: int) -> str:
         f"conformance: impl={meta['impl']} {meta['impl_version']}  backend={meta['backend']}  "
         f"worlds={','.join(meta['worlds'])}  torch={meta['torch']}  python={meta['python']}\n"
         f"imported: {meta['impl_path']} (read by {meta['impl_read_by']})\n"
+        f"level: {meta.get('level', levels.DEFAULT_LEVEL)} ({len(meta.get('beyond_level', []))} cases beyond it, not run)\n"
         f"manifest: {meta['manifest'] or 'none'}  case timeout: {meta['case_timeout_s']} s  cases: {count}\n"
         + "".join(f"machine: {name}={value}\n" for name, value in meta.get("machine", {}).items())
     )
@@ -252,7 +265,8 @@ def summary(run: Run) -> str:
     total = {s: sum(1 for r in run.results if r.status == s) for s in statuses}
     lines.append(
         "\n"
-        + ", ".join(f"{n} {s.value.lower()}" for s, n in total.items() if n)
+        + ", ".join([f"{n} {s.value.lower()}" for s, n in total.items() if n]
+                    + [f"{n} beyond level {run.metadata.get('level')}" for n in [len(run.metadata.get("beyond_level", []))] if n])
         + f" in {run.metadata.get('duration_s', 0)} s"
     )
     return "\n".join(lines) + "\n"
