@@ -54,6 +54,14 @@ $(TRANSFORMERS4)/.installed: $(STAMP)
 		"transformers==4.57.6" "huggingface_hub==0.36.2" "tokenizers==0.22.2"
 	@touch $@
 
+# The releases the documents describe, each beside the venv's HF 1.15 (--no-deps: pure Python, the venv's torch):
+# the conformance levels are proven on them (tests/conformance/test_releases.py puts one first on the ranks' path).
+RELEASES := $(VENV)/releases
+$(RELEASES)/.installed: $(STAMP)
+	$(PY) -m pip install --quiet --no-deps --upgrade --target $(RELEASES)/accelerate-0.27.2 "accelerate==0.27.2"
+	$(PY) -m pip install --quiet --no-deps --upgrade --target $(RELEASES)/accelerate-1.0.1 "accelerate==1.0.1"
+	@touch $@
+
 # The project's own bytecode, written once: where the environment sets PYTHONDONTWRITEBYTECODE (as
 # this machine and CI do), every rank, CLI and broken-copy process would otherwise compile the
 # packages from source again (importing the 140 broken copies: 34 s without it, 14 s with it).
@@ -84,7 +92,7 @@ conformance-native: $(STAMP) bytecode
 		--json $(REPORTS)/conformance-$(IMPL)-native.json --junit $(REPORTS)/conformance-$(IMPL)-native.xml \
 		--markdown $(REPORTS)/conformance-$(IMPL)-native.md
 
-test: $(STAMP) $(TRANSFORMERS4)/.installed bytecode lint
+test: $(STAMP) $(TRANSFORMERS4)/.installed $(RELEASES)/.installed bytecode lint
 	$(PY) -m pytest -n $(JOBS) $(PYTEST_ARGS)
 
 # The linter's rules are in pyproject.toml ([tool.ruff]).
@@ -93,7 +101,7 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache
 
 # The expensive variants kept out of `make test` (marker `extended`).
-extended: $(STAMP) $(TRANSFORMERS4)/.installed bytecode
+extended: $(STAMP) $(TRANSFORMERS4)/.installed $(RELEASES)/.installed bytecode
 	$(PY) -m pytest -m extended $(PYTEST_ARGS)
 
 bench: $(STAMP)

@@ -27,23 +27,39 @@ def free_memory_resets(impl, world):
     """
     acc = impl.Accelerator(gradient_accumulation_steps=2)
     for release in ("free_memory", "clear"):
-        model, optimizer, _, scheduler = training_objects()
-        model, optimizer, scheduler = acc.prepare(model, optimizer, scheduler)
-        for _ in range(3):
-            with acc.accumulate(model):
-                pass
-        expect_equal(acc.step, 3, "accelerator.step after 3 accumulate() blocks")
-        alive = [weakref.ref(x) for x in (model, optimizer, scheduler)]
-        if release == "free_memory":
-            acc.free_memory()
-            del model, optimizer, scheduler
-        else:
-            model, optimizer, scheduler = acc.clear(model, optimizer, scheduler)
-            expect_equal([model, optimizer, scheduler], [None, None, None], "what clear(model, optimizer, scheduler) returns")
-        gc.collect()
-        expect_equal(acc.step, 0, f"accelerator.step after {release}()")
-        kept = [name for name, ref in zip(("model", "optimizer", "scheduler"), alive) if ref() is not None]
-        expect_equal(kept, [], f"prepared objects still referenced after {release}() and del")
+        _released_after_steps(acc, lambda objects: getattr(acc, release)(), f"{release}()")
+
+
+@case("free_memory.resets", worlds=[1, 2], level="hf-1.15")
+def clear_returns_nones(impl, world):
+    """HF 1.15's ``clear(*objects)`` (the documents give ``clear()`` no arguments) also returns a None for each
+    object it was given, so that ``model, optimizer = accelerator.clear(model, optimizer)`` drops the script's names."""
+    acc = impl.Accelerator(gradient_accumulation_steps=2)
+
+    def clear(objects):
+        returned = acc.clear(*objects)
+        expect_equal(list(returned), [None] * len(objects), "what clear(model, optimizer, scheduler) returns")
+
+    _released_after_steps(acc, clear, "clear(model, optimizer, scheduler)")
+
+
+def _released_after_steps(acc, release, said: str) -> None:
+    """Prepare, take 3 accumulate() steps, ``release(objects)``, drop the names: ``step`` is 0 and the prepared
+    objects are garbage (seen through weak references)."""
+    model, optimizer, _, scheduler = training_objects()
+    objects = list(acc.prepare(model, optimizer, scheduler))
+    del model, optimizer, scheduler
+    for _ in range(3):
+        with acc.accumulate(objects[0]):
+            pass
+    expect_equal(acc.step, 3, "accelerator.step after 3 accumulate() blocks")
+    alive = [weakref.ref(x) for x in objects]
+    release(objects)
+    objects.clear()
+    gc.collect()
+    expect_equal(acc.step, 0, f"accelerator.step after {said}")
+    kept = [name for name, ref in zip(("model", "optimizer", "scheduler"), alive) if ref() is not None]
+    expect_equal(kept, [], f"prepared objects still referenced after {said} and del")
 
 
 def _draws() -> list[float]:

@@ -40,8 +40,6 @@ def sizes_by_hand(impl, world):
     special = modeling.compute_module_sizes(model, special_dtypes={"head.weight": torch.float16})
     expect_equal(special["head"], by_hand["head"] // 2, "special_dtypes halves head.weight only")
     expect_equal(special["embed"], by_hand["embed"], "special_dtypes leaves other weights alone")
-    buffers = modeling.compute_module_total_buffer_size(model)
-    expect_equal(buffers, sum(b.numel() * b.element_size() for b in model.buffers()), "compute_module_total_buffer_size")
     # Layers: leaves (Linear, Embedding) unless a class is kept whole.
     entries = list(model.named_children())
     largest, names = modeling.get_max_layer_size(entries, sizes, [])
@@ -56,6 +54,14 @@ def sizes_by_hand(impl, world):
 
 
 # -- modeling.max_memory_strings -----------------------------------------------------
+
+
+@case("modeling.sizes", worlds=[1], level="hf-1.15")
+def total_buffer_size(impl, world):
+    """HF 1.15's ``compute_module_total_buffer_size`` (in neither document): the bytes of every buffer."""
+    model = built(width=8, depth=2)
+    buffers = _modeling(impl).compute_module_total_buffer_size(model)
+    expect_equal(buffers, sum(b.numel() * b.element_size() for b in model.buffers()), "compute_module_total_buffer_size")
 
 
 @case("modeling.max_memory_strings", worlds=[1])

@@ -22,10 +22,18 @@ from __future__ import annotations
 import sys
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from importlib import resources
+from importlib import metadata, resources
 from pathlib import Path
 
 from .results import CaseResult, Status
+
+
+def _installed_version(distribution: str) -> str | None:
+    """The version of ``distribution`` as the import path finds it first, None when it is no distribution."""
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -91,12 +99,17 @@ class Manifest:
         return cls(source, deviations)
 
     @classmethod
-    def bundled(cls, impl_name: str) -> "Manifest | None":
-        """The manifest shipped in ``conformance/manifests/<impl>.toml``, if any."""
-        resource = resources.files("conformance").joinpath("manifests", f"{impl_name.split('.')[0]}.toml")
-        if not resource.is_file():
-            return None
-        return cls.parse(resource.read_text(encoding="utf-8"), f"conformance/manifests/{resource.name}")
+    def bundled(cls, impl_name: str, version: str | None = None) -> "Manifest | None":
+        """The manifest shipped for the implementation: ``conformance/manifests/<impl>-<version>.toml`` for its
+        installed version (``version``, else its distribution's) where the suite has one (``accelerate-0.27.2``,
+        the release the v0.27 documents describe), else ``<impl>.toml``, else None."""
+        top = impl_name.split(".")[0]
+        version = version or _installed_version(top)
+        for name in ([f"{top}-{version}.toml"] if version else []) + [f"{top}.toml"]:
+            resource = resources.files("conformance").joinpath("manifests", name)
+            if resource.is_file():
+                return cls.parse(resource.read_text(encoding="utf-8"), f"conformance/manifests/{name}")
+        return None
 
     def expects(self, result: CaseResult, status: Status) -> bool:
         """Whether a deviation matching ``result`` expects ``status`` (nothing is marked)."""

@@ -4,7 +4,8 @@ The names a case reaches are read from its source (and from the functions of its
 they go), without running it:
 
 - every attribute of a chain rooted at the implementation, ``impl.utils.DataLoaderConfiguration`` or
-  ``impl.part("big_modeling").init_empty_weights`` (the ``Implementation`` wrapper's own ``part``, ``name``,
+  ``impl.part("big_modeling").init_empty_weights``, or at a variable bound to such a chain
+  (``big_modeling = impl.part("big_modeling")``) (the ``Implementation`` wrapper's own ``part``, ``name``,
   ``version`` and ``reset`` are the suite's, not the API's; module names and Python's dunders are not API names);
 - every keyword of a call of such a chain (``impl.Accelerator(dataloader_config=...)``);
 - on a variable bound to an Accelerator (``acc = impl.Accelerator(...)``, or the result of a helper whose name
@@ -36,6 +37,9 @@ ACCELERATOR_VARIABLES = frozenset({"acc", "accelerator"})
 #: Keywords the documents' ``**kwargs`` hand to torch: ``backward(loss, **kwargs)`` passes them to
 #: ``loss.backward`` (seeds/accelerator_en_v0.27.txt, ``backward``).
 PASSED_ON = frozenset({"retain_graph", "create_graph", "inputs"})
+#: Documented callables whose ``**kwargs`` are not API names: ``patch_environment(**kwargs)`` takes environment
+#: variables, ``recursively_apply(func, data, *args, **kwargs)`` hands them to ``func`` (seeds/utilities_zh_v0.27.md).
+FREE_KEYWORDS = frozenset({"patch_environment", "recursively_apply"})
 
 
 def reached_names(case: Case) -> set[str]:
@@ -50,7 +54,7 @@ def reached_names(case: Case) -> set[str]:
             continue
         seen.add(function)
         tree = _tree(function)
-        names |= {name for name in _Reader().read(tree) if not name.startswith("__")}
+        names |= {name for name in _Reader(module).read(tree) if not name.startswith("__")}
         called = (getattr(module, node.func.id, None) for node in ast.walk(tree)
                   if isinstance(node, ast.Call) and isinstance(node.func, ast.Name))
         pending += [helper for helper in called if inspect.isfunction(helper) and helper.__module__ == module.__name__]
@@ -89,15 +93,23 @@ def _tree(function: Any) -> ast.AST:
 class _Reader(ast.NodeVisitor):
     """Collects the names of one function (module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, module: Any) -> None:
+        self.module = module
         self.names: set[str] = set()
         self.roots: set[str] = {"impl"}
         self.accelerators: set[str] = set(ACCELERATOR_VARIABLES)
 
     def read(self, tree: ast.AST) -> set[str]:
         for node in ast.walk(tree):  # bindings first: a use may precede its binding in walk order
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and self._makes_accelerator(node.value):
-                self.accelerators |= {target.id for target in node.targets if isinstance(target, ast.Name)}
+            if not isinstance(node, ast.Assign):
+                continue
+            targets = {target.id for target in node.targets if isinstance(target, ast.Name)}
+            if isinstance(node.value, ast.Call) and self._makes_accelerator(node.value):
+                self.accelerators |= targets
+            elif isinstance(node.value, ast.Attribute | ast.Call) and _chain(node.value)[:1] == ["impl"]:
+                self.roots |= targets  # ``modeling = impl.utils.modeling``: its attributes are the API's too
+            elif isinstance(node.value, ast.Call) and _returns_part(self.module, node.value):
+                self.roots |= targets  # ``modeling = _modeling(impl)``, a helper returning such a chain
         self.visit(tree)
         return self.names
 
@@ -115,11 +127,20 @@ class _Reader(ast.NodeVisitor):
 
     def visit_Call(self, node: ast.Call) -> Any:
         chain = _chain(node.func)
-        if chain and chain[0] in self.roots:
+        if chain and chain[0] in self.roots and chain[-1] not in FREE_KEYWORDS:
             self.names |= {keyword.arg for keyword in node.keywords if keyword.arg}
         elif chain and chain[0] in self.accelerators and len(chain) > 1:
             self.names |= {keyword.arg for keyword in node.keywords if keyword.arg and keyword.arg not in PASSED_ON}
         self.generic_visit(node)
+
+
+def _returns_part(module: Any, call: ast.Call) -> bool:
+    """Whether ``call`` calls a function of ``module`` that returns a chain rooted at the implementation."""
+    helper = getattr(module, call.func.id, None) if isinstance(call.func, ast.Name) else None
+    if not inspect.isfunction(helper):
+        return False
+    returned = (node.value for node in ast.walk(_tree(helper)) if isinstance(node, ast.Return) and node.value is not None)
+    return any(_chain(value)[:1] == ["impl"] for value in returned)
 
 
 def _chain(node: ast.AST) -> list[str]:
