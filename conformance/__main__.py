@@ -49,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="what to hold the implementation to: the v0.27 documents, the v1.x documents, or HF 1.15's "
                           f"behaviour where they are silent (default: ${levels.LEVEL_ENV} or {levels.DEFAULT_LEVEL}); "
                           "cases above it are counted apart and not run")
+    run.add_argument("--skip-device-independent", action="store_true",
+                     help="leave out the cases whose outcome cannot depend on the device family (listed in "
+                          "conformance/device_independent.toml): another backend's run covers them")
     run.add_argument("--case-timeout", type=float, default=DEFAULT_CASE_TIMEOUT, help="seconds before a case is a HANG")
     run.add_argument("--manifest", help="a manifest of known deviations (default: the bundled one for --impl)")
     run.add_argument("--no-manifest", action="store_true", help="ignore the bundled manifest")
@@ -143,6 +146,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         machine=machine,
         on_interrupt=lambda interrupted: _write_reports(args, interrupted),
         level=args.level,
+        skip_device_independent=args.skip_device_independent,
     )
     try:
         run = execute(options)

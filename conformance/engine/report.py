@@ -67,13 +67,15 @@ def matrix(runs: Iterable[Run]) -> tuple[list[Column], dict[str, dict[Column, st
     A cell is the status shared by every world, or the statuses with their
     worlds (``PASS 1,2 / FAIL 3``); ``n/a`` for an ID about another device
     family than the backend's (``xla.*`` on ``sim``); ``beyond level`` for an
-    ID whose cases all rest on a level above the run's; ``UNCOVERED`` where no
-    case ran. A column names the implementation, its version, the backend and the level.
+    ID whose cases all rest on a level above the run's; ``device-independent``
+    for one another backend's run covers (``--skip-device-independent``);
+    ``UNCOVERED`` where no case ran. A column names the implementation, its version, the backend and the level.
     """
     columns: list[Column] = []
     per_id: dict[str, dict[Column, dict[str, list[str]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     elsewhere: dict[Column, set[str]] = defaultdict(set)
     beyond: dict[Column, set[str]] = defaultdict(set)
+    independent: dict[Column, set[str]] = defaultdict(set)
     for run in runs:
         column = (f"{run.metadata['impl']} {run.metadata.get('impl_version', '')}".strip(),
                   f"{run.metadata['backend']}, {run.metadata.get('level', levels.DEFAULT_LEVEL)}")
@@ -81,11 +83,13 @@ def matrix(runs: Iterable[Run]) -> tuple[list[Column], dict[str, dict[Column, st
             columns.append(column)
         elsewhere[column].update(run.metadata.get("other_device_ids", ()))
         beyond[column].update(run.metadata.get("beyond_level_ids", ()))
+        independent[column].update(run.metadata.get("device_independent_ids", ()))
         for r in run.results:
             per_id[r.id][column][_cell_status(r)].append(r.world)
     ids = [e.id for e in catalog.entries()] + sorted(set(per_id) - {e.id for e in catalog.entries()})
     cells = {
-        id_: {column: _cell(per_id[id_].get(column, {}), id_ in elsewhere[column], id_ in beyond[column]) for column in columns}
+        id_: {column: _cell(per_id[id_].get(column, {}), _absent(id_, column, elsewhere, beyond, independent))
+              for column in columns}
         for id_ in ids
     }
     return columns, cells
@@ -95,9 +99,15 @@ def _cell_status(result: CaseResult) -> str:
     return "XPASS" if result.unexpected_pass else result.status.value
 
 
-def _cell(statuses: dict[str, list[str]], other_device: bool = False, beyond_level: bool = False) -> str:
+def _absent(id_: str, column: Column, *why: dict[Column, set[str]]) -> str:
+    """Why no case of ``id_`` ran in ``column``: another device family's, beyond level, or left to another backend."""
+    reasons = ("n/a", "beyond level", "device-independent")
+    return next((reason for reason, ids in zip(reasons, why) if id_ in ids[column]), "UNCOVERED")
+
+
+def _cell(statuses: dict[str, list[str]], absent: str = "UNCOVERED") -> str:
     if not statuses:
-        return "n/a" if other_device else "beyond level" if beyond_level else "UNCOVERED"
+        return absent
     if len(statuses) == 1:
         return next(iter(statuses))
     return " / ".join(f"{status} {','.join(worlds)}" for status, worlds in statuses.items())
@@ -118,7 +128,7 @@ def write_markdown(runs: list[Run], path: str | Path) -> None:
 
 
 _COLOURS = {"PASS": "#c8efc8", "XFAIL": "#f3e3a6", "NOT_SUPPORTED": "#dcdcdc", "UNCOVERED": "#ffffff", "n/a": "#ffffff",
-            "beyond level": "#ffffff"}
+            "beyond level": "#ffffff", "device-independent": "#ffffff"}
 
 
 def write_html(runs: list[Run], path: str | Path) -> None:

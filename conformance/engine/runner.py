@@ -16,7 +16,14 @@ import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import lru_cache
+from importlib import resources
 from typing import IO, Any, Callable, Sequence
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 from simulators.capacity import check_world
 from simulators.flight_recorder import DEBUG_ENV
@@ -75,6 +82,8 @@ class RunOptions:
     on_interrupt: Callable[[Run], None] | None = None
     #: The conformance level the run holds the implementation to (:mod:`.levels`).
     level: str = levels.DEFAULT_LEVEL
+    #: Leave out the cases whose outcome cannot depend on the device family (another backend's run covers them).
+    skip_device_independent: bool = False
 
 
 @dataclass
@@ -162,17 +171,21 @@ def _execute(options: RunOptions, backend: SimBackend | NativeBackend, out: IO[s
         backend.confirm_hang = lambda hung: not manifest.expects(hung, Status.HANG)
     chosen = select(all_cases(), options.patterns)
     selected = [c for c in chosen if levels.within(c.level, options.level)]
-    cases = [c for c in selected if backend.runs(c)]
+    runnable = [c for c in selected if backend.runs(c)]
+    skipped = set(device_independent_ids()) if options.skip_device_independent else set()
+    cases = [c for c in runnable if c.id not in skipped]
     if options.worlds:
         worlds = parse_worlds(",".join(options.worlds))
     else:
         worlds = [backend.world] if isinstance(backend, NativeBackend) else parse_worlds(",".join(DEFAULT_WORLDS))
     run = Run(metadata(options, backend, worlds), reporter=reporting)
     #: IDs about another device family than the backend's: "n/a" in its column of the matrix.
-    run.metadata["other_device_ids"] = sorted({c.id for c in selected} - {c.id for c in cases})
+    run.metadata["other_device_ids"] = sorted({c.id for c in selected} - {c.id for c in runnable})
     #: Cases above the run's level: not run, counted apart (IDs none of whose cases ran are "beyond level" in the matrix).
     run.metadata["beyond_level"] = sorted(c.key for c in chosen if c not in selected)
     run.metadata["beyond_level_ids"] = sorted({c.id for c in chosen} - {c.id for c in selected})
+    #: With ``skip_device_independent``: the IDs left to another backend's run ("device-independent" in the matrix).
+    run.metadata["device_independent_ids"] = sorted({c.id for c in runnable} & skipped)
     say = out.write if reporting else (lambda text: None)
     say(_header(run.metadata, len(cases)))
     started = time.perf_counter()
@@ -213,6 +226,13 @@ def _execute(options: RunOptions, backend: SimBackend | NativeBackend, out: IO[s
     return run
 
 
+@lru_cache(maxsize=1)
+def device_independent_ids() -> dict[str, str]:
+    """The catalog rows whose outcome cannot depend on the device family, with why (``device_independent.toml``)."""
+    text = resources.files("conformance").joinpath("device_independent.toml").read_text(encoding="utf-8")
+    return tomllib.loads(text)["ids"]
+
+
 def _header(meta: dict[str, Any], count: int) -> str:
     return (
         f"conformance: impl={meta['impl']} {meta['impl_version']}  backend={meta['backend']}  "
@@ -221,6 +241,8 @@ def _header(meta: dict[str, Any], count: int) -> str:
         f"level: {meta.get('level', levels.DEFAULT_LEVEL)} ({len(meta.get('beyond_level', []))} cases beyond it, not run)\n"
         f"manifest: {meta['manifest'] or 'none'}  case timeout: {meta['case_timeout_s']} s  cases: {count}\n"
         + "".join(f"machine: {name}={value}\n" for name, value in meta.get("machine", {}).items())
+        + (f"left to another backend (device-independent): {', '.join(meta['device_independent_ids'])}\n"
+           if meta.get("device_independent_ids") else "")
     )
 
 
