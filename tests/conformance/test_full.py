@@ -24,6 +24,7 @@ import re
 import pytest
 
 from conformance import catalog
+from conformance.engine import levels
 from conformance.engine.case import all_cases
 from conformance.engine.manifest import Manifest
 from conformance.engine.results import Status
@@ -53,10 +54,11 @@ def case_ids(areas: tuple[str, ...], inside: bool) -> tuple[str, ...]:
     return tuple(sorted({c.id for c in all_cases() if (catalog.area_of(c.id) in areas) == inside}))
 
 
-def run_suite(impl: str, capsys, worlds: tuple[str, ...] = DEFAULT_WORLDS, patterns: tuple[str, ...] = ()) -> tuple:
+def run_suite(impl: str, capsys, worlds: tuple[str, ...] = DEFAULT_WORLDS, patterns: tuple[str, ...] = (),
+              level: str = levels.DEFAULT_LEVEL) -> tuple:
     manifest = Manifest.bundled(impl)
     run = execute(RunOptions(impl=impl, worlds=worlds, patterns=patterns, manifest=manifest, strict=True,
-                             case_timeout=CASE_TIMEOUT))
+                             case_timeout=CASE_TIMEOUT, level=level))
     output = capsys.readouterr().out
     problems = [f"{r.status.value} {r.id}[{r.world}]: {r.message[:400]}" for r in run.results if r.status.is_problem]
     return run, manifest, output, problems
@@ -78,6 +80,15 @@ def test_reference_passes_every_case(capsys, worlds):
             if r.status == Status.NOT_SUPPORTED and not NAMED_LIMIT.search(r.message)
         ]
         assert unsupported == [], f"the reference reports features as unsupported without naming a package or torch limit: {unsupported}"
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("level", levels.LEVELS[:-1])
+def test_reference_passes_every_level(capsys, level):
+    """At the documents' levels the cases spell the API as those documents do; the reference passes them all."""
+    run, _, output, problems = run_suite("accelerate_ref", capsys, ("1", "2", "2x2"), level=level)
+    assert run.results and run.metadata["beyond_level"], output
+    assert problems == [], output
 
 
 @pytest.mark.parametrize(
