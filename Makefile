@@ -30,13 +30,13 @@ MUTATION_ARGS ?=
 # Ranks per machine of `make conformance-native` (torchrun's --nproc_per_node): one per GPU, 1 without any.
 NPROC      ?= $(shell $(PY) -c "import torch; print(max(torch.cuda.device_count(), 1))" 2>/dev/null || echo 1)
 
-.PHONY: conformance conformance-hf conformance-native test extended bench clean faults scale shipped bytecode lint mutation
+.PHONY: conformance conformance-hf conformance-native test extended bench clean faults scale shipped bytecode lint mutation docs
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e ".[test,hf,transformers,trackers,finetune]"
+	$(PY) -m pip install --quiet -e ".[test,hf,transformers,trackers,finetune,docs]"
 	# bitsandbytes' CPU backend runs the 8-bit case; --no-deps, so pip never replaces torch (extra "bnb").
 	$(PY) -m pip install --quiet --no-deps "bitsandbytes>=0.45"
 	# DeepSpeed (an sdist; its setup imports torch only to pre-compile ops, which it skips) and its requirements:
@@ -94,8 +94,13 @@ conformance-native: $(STAMP) bytecode
 		--json $(REPORTS)/conformance-$(IMPL)-native.json --junit $(REPORTS)/conformance-$(IMPL)-native.xml \
 		--markdown $(REPORTS)/conformance-$(IMPL)-native.md
 
-test: $(STAMP) $(TRANSFORMERS4)/.installed $(RELEASES)/.installed bytecode lint
+test: $(STAMP) $(TRANSFORMERS4)/.installed $(RELEASES)/.installed bytecode lint docs
 	$(PY) -m pytest -n $(JOBS) $(PYTEST_ARGS)
+
+# The documentation site: docs/ (Markdown pages, the CLI and API reference generated from the sources) to
+# docs/_build/html; warnings are errors.
+docs: $(STAMP)
+	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
 
 # The linter's rules are in pyproject.toml ([tool.ruff]).
 lint: $(STAMP)
