@@ -167,7 +167,8 @@ class CachingAllocator:
         self.reserved = self.max_reserved = self.allocated = 0
         self._next_address = 1 << 40
         self._address = address or self._bump
-        #: ("segment_alloc" | "segment_free" | "segment_map" | "segment_unmap", address, size) once set to a list.
+        #: ("segment_alloc" | "segment_free" | "segment_map" | "segment_unmap", address, size) once set to a list (or a
+        #: deque: :class:`simulators.devices.history.AllocationHistory`'s ring).
         self.history: list[tuple[str, int, int]] | None = None
 
     # -- the allocator's API -------------------------------------------------------------------------------------
@@ -401,7 +402,7 @@ class CachingAllocator:
         if not self._fits(mapped):
             return False
         block.pool.remove(block)
-        block.mapped = True
+        block.mapped, start = True, block.addr
         if mapped < block.size:
             rest = Block(end, block.size - mapped, block.stream, block.pool, segment)
             rest.mapped = False
@@ -411,7 +412,7 @@ class CachingAllocator:
         self._merge(block, block.prev)
         self._merge(block, block.next)
         block.pool.insert(block)
-        self._reserve(mapped, "segment_map", block.addr)
+        self._reserve(mapped, "segment_map", start)  # the pages mapped, not the free block they merged into
         return True
 
     def _unmap(self, block: Block) -> None:

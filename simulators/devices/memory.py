@@ -44,6 +44,7 @@ import torch
 
 from simulators.devices import machine
 from simulators.devices.caching_allocator import AllocatorOutOfMemory, Block, CachingAllocator, Settings
+from simulators.devices.history import AllocationHistory, Timeline, snapshot
 
 
 #: Where payloads live: the CPU, or nowhere (meta) in no-compute mode; a meta storage counts at its size as well.
@@ -68,6 +69,8 @@ class _Storage:
     block: Block | None = None
     #: How many tensors on it autograd holds for backward (:mod:`simulators.devices.activations`).
     saved: int = 0
+    #: The frames of its allocation, where the device keeps an allocation history.
+    frames: list | None = None
 
 
 @dataclass
@@ -84,6 +87,9 @@ class _Device:
     #: The storages held at the last split and each part's keys then, until the next change completes the split.
     split_pending: tuple[dict[int, _Storage], dict[str, set[int]], Any] | None = None
     allocator: CachingAllocator | None = None
+    #: The books' history (:mod:`simulators.devices.history`), where a dry run asked for it.
+    timeline: Timeline | None = None
+    history: AllocationHistory | None = None
 
 
 class DeviceMemory:
@@ -101,6 +107,24 @@ class DeviceMemory:
         self._watchers: set[weakref.ref] = set()
         #: :mod:`simulators.devices.peaks` once a dry run asked for memory reports (None: no records kept).
         self.recorder = None
+        #: Whether each device keeps a timeline, and the frames function of an allocation history (None: none kept).
+        self.timelines = False
+        self.history_frames = None
+
+    def keep_history(self, timelines: bool, frames=None) -> None:
+        """Keep each device's timeline (and, given ``frames``, the function that gives an allocation's frames, its
+        allocation history on a device with the caching-allocator model) from now on."""
+        with self._lock:
+            self.timelines, self.history_frames = timelines, frames
+            for device in self._devices.values():
+                self._start_history(device)
+
+    def _start_history(self, device: _Device) -> None:
+        if self.timelines and device.timeline is None:
+            device.timeline = Timeline()
+        if self.history_frames is not None and device.allocator is not None and device.history is None:
+            device.history = AllocationHistory(self.history_frames)
+            device.allocator.history = device.history.entries
 
     def track(self, payload: torch.Tensor, index: int) -> None:
         """Count ``payload``'s storage on device ``index`` while it lives; OutOfMemoryError past the budget.
@@ -115,8 +139,9 @@ class DeviceMemory:
             known = device.storages.get(key)
             if known is None:
                 block = self._malloc(device, index, size)
+                frames = device.history.alloc(block.addr, size) if device.history is not None and block is not None else None
                 self._grow(device, index, size)
-                known = device.storages[key] = _Storage(size, block=block)
+                known = device.storages[key] = _Storage(size, block=block, frames=frames)
             known.holders += 1
             # The payload, not the tensor: torch swaps a module's parameters only when they have no weakref.
             self._watchers.add(weakref.ref(payload, self._releaser(index, key)))
@@ -150,15 +175,20 @@ class DeviceMemory:
         if device is None:
             allocator = CachingAllocator(Settings.from_env()) if self.caching else None
             device = self._devices[index] = _Device(allocator=allocator)
+            self._start_history(device)
         return device
 
     def _resize(self, device: _Device, index: int, known: _Storage, nbytes: int) -> None:
         """Count ``known`` at ``nbytes``: the new block is taken before the old one is freed (``resize_bytes_cuda``)."""
         block = self._malloc(device, index, nbytes)
+        history = device.history
+        frames = history.alloc(block.addr, nbytes) if history is not None and block is not None else None
         self._grow(device, index, nbytes - known.size)
         if known.block is not None:
+            if history is not None:
+                history.free(known.block.addr, known.size, known.frames)
             self._free(device.allocator, known.block)
-        known.size, known.block = nbytes, block
+        known.size, known.block, known.frames = nbytes, block, frames
 
     def _malloc(self, device: _Device, index: int, nbytes: int) -> Block | None:
         """The allocator model's block for ``nbytes`` (None without a model or for 0 bytes, which torch does not
@@ -203,8 +233,13 @@ class DeviceMemory:
         if device.split_pending is not None and self.recorder is not None:
             self.recorder.on_change(self, index, device)
         device.allocated += size
+        timeline = device.timeline
+        if timeline is not None:
+            timeline.add(device.allocated, device.allocator.reserved if device.allocator else device.allocated)
         if device.allocated > device.peak:
             device.peak = device.allocated
+            if timeline is not None:
+                timeline.peaked(device.allocated, device.allocator.reserved if device.allocator else device.allocated)
             if self.recorder is not None:
                 self.recorder.on_peak(self, index, device)
 
@@ -247,6 +282,8 @@ class DeviceMemory:
             device.peak, device.split_at = device.allocated, 0
             if device.allocator is not None:
                 device.allocator.reset_peak()
+            if device.timeline is not None:
+                device.timeline.peaked(device.allocated, device.allocator.reserved if device.allocator else device.allocated)
 
     def empty_cache(self) -> None:
         """Release the fully free segments of every device's allocator model (``torch.cuda.empty_cache``)."""
@@ -258,6 +295,8 @@ class DeviceMemory:
                         device.allocator.empty_cache()
                     finally:
                         self._settle()
+                    if device.timeline is not None:
+                        device.timeline.add(device.allocated, device.allocator.reserved)
 
     def summaries(self) -> dict[int, dict]:
         """Per device: its peak, the step and line where it was reached, what it held then, what it holds now, and
@@ -271,6 +310,26 @@ class DeviceMemory:
                 summaries[index] = {"peak": device.peak, "reserved": reserved, "step": device.peak_step,
                                     "at": device.peak_at, "parts": parts, "allocated": device.allocated}
             return summaries
+
+    def timelines_report(self) -> dict[int, dict]:
+        """Per device that keeps one: its timeline (:meth:`simulators.devices.history.Timeline.report`)."""
+        with self._lock:
+            return {index: device.timeline.report() for index, device in sorted(self._devices.items()) if device.timeline}
+
+    def mark_step(self, step: int) -> None:
+        """Optimizer step ``step`` begins now on every device's timeline."""
+        with self._lock:
+            for device in self._devices.values():
+                if device.timeline is not None:
+                    device.timeline.step(step)
+
+    def snapshot(self) -> dict:
+        """This family's devices as ``torch.cuda.memory._snapshot()`` reports them (:func:`simulators.devices.history.snapshot`)."""
+        with self._lock:
+            return snapshot({index: (device.allocator, device.history,
+                                     {storage.block.addr: (storage.block, storage.size, storage.frames or [])
+                                      for storage in device.storages.values() if storage.block is not None})
+                             for index, device in self._devices.items()})
 
     def info(self, index: int) -> tuple[int, int]:
         """``(free, total)`` bytes of device ``index``, as ``torch.cuda.mem_get_info`` reports them: the budget less
@@ -297,6 +356,8 @@ class DeviceMemory:
             f"{machine.human(max(capacity - used, 0))} free; simulators mock device budget "
             f"{machine.MEMORY_VARIABLE}={os.environ.get(machine.MEMORY_VARIABLE)})"
         )
+        if device.history is not None:
+            device.history.out_of_memory(size, max(capacity - used, 0))
         if self.recorder is not None:
             self.recorder.on_out_of_memory(self, index, message)
         raise torch.OutOfMemoryError(message)
@@ -312,6 +373,10 @@ class DeviceMemory:
                     del device.storages[key]
                     device.allocated -= storage.size
                     if storage.block is not None:
+                        if device.history is not None:
+                            device.history.free(storage.block.addr, storage.size, storage.frames)
                         self._free(device.allocator, storage.block)
+                    if device.timeline is not None:
+                        device.timeline.add(device.allocated, device.allocator.reserved if device.allocator else device.allocated)
 
         return release

@@ -40,15 +40,25 @@ Rules (:class:`simulators.devices.memory.DeviceMemory` calls :func:`on_peak` and
 - with ``$SIMULATORS_STEPS`` set (``--steps N``), the rank ends (exit 0) once an
   optimizer has made N steps, its report written: a dry run of a long
   training loop stops after the steps that tell its memory;
+- each device's timeline (:class:`simulators.devices.history.Timeline`: allocated and
+  reserved bytes after each change of its books, bounded, with the peak and the
+  optimizer steps marked) is listed under ``timelines`` (the dry run's ``--report``
+  plots it);
 - the report (JSON) is written to :func:`simulators.spawn.memory_report_path` after every
   optimizer step, at an out-of-memory and when the process exits, so a rank
-  stopped because another failed still tells what it knew.
+  stopped because another failed still tells what it knew;
+- with ``$SIMULATORS_MEMORY_SNAPSHOT`` set to a folder (``--memory-snapshot DIR``), each
+  ``cuda`` device also keeps its allocation history, and the rank writes
+  ``DIR/rank<N>.pickle`` as ``torch.cuda.memory._dump_snapshot`` writes it
+  (:func:`simulators.devices.history.snapshot`) when it exits, stops at ``--steps`` or
+  runs out of memory; an allocation's frames are the user's script's on the stack.
 """
 from __future__ import annotations
 
 import atexit
 import json
 import os
+import pickle
 import sys
 import threading
 import weakref
@@ -62,6 +72,8 @@ from simulators.devices.memory import storage_key
 from simulators.spawn import MEMORY_REPORTS_ENV as REPORT_DIR_ENV
 from simulators.spawn import SCRIPT_ENV, memory_report_path
 
+#: The folder where each rank writes its allocation history as a ``torch.cuda.memory`` snapshot (``--memory-snapshot``).
+SNAPSHOT_ENV = "SIMULATORS_MEMORY_SNAPSHOT"
 #: The peak must grow by this factor before its split is taken again.
 SPLIT_GROWTH = 1.01
 PARAMETER_PARTS = ("trainable_parameters", "frozen_parameters", "quantized_weights")
@@ -113,13 +125,15 @@ class _Recorder:
         self.steps[optimizer] = self.steps.get(optimizer, 0) + 1
         self.completed = max(self.completed, self.steps[optimizer])
         for books in self.books:
+            books.mark_step(self.step)
             for index, storages in books.held().items():
                 states = self.model_states.setdefault(f"{books.device_type}:{index}", dict.fromkeys(MODEL_STATE_PARTS, 0))
                 split = self.split(books.device_type, index, storages)
                 for part in MODEL_STATE_PARTS:
                     states[part] = max(states[part], split[part])
-        self.write()
-        if self.completed >= int(os.environ.get(STEPS_ENV) or 0) > 0:
+        stopping = self.completed >= int(os.environ.get(STEPS_ENV) or 0) > 0
+        self.write(final=stopping)
+        if stopping:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(0)  # every rank stops at the same step; nothing of the script's runs after it
@@ -177,16 +191,32 @@ class _Recorder:
                 name = f"{books.device_type}:{index}"
                 devices[name] = {**summary, "model_states": self.model_states.get(name, dict.fromkeys(MODEL_STATE_PARTS, 0))}
         placeholders = [{"at": at, "what": what, "count": count} for (at, what), count in self.placeholders.items()]
+        timelines = {f"{books.device_type}:{index}": timeline for books in self.books for index, timeline in books.timelines_report().items()}
         return {"steps": self.completed, "devices": devices, "out_of_memory": self.out_of_memory, "placeholders": placeholders,
-                "batches": batches.RECORD.report(), "lower_bounds": sorted(self.lower_bounds)}
+                "batches": batches.RECORD.report(), "lower_bounds": sorted(self.lower_bounds), "timelines": timelines}
 
-    def write(self) -> None:
+    def write(self, final: bool = False) -> None:
+        """Write the report; ``final`` (the process ends or ran out of memory): the memory snapshot too, if asked."""
         if not self.books or not os.environ.get(REPORT_DIR_ENV):
             return
-        path = memory_report_path(os.environ[REPORT_DIR_ENV], int(os.environ.get("RANK", "0")))
+        rank = int(os.environ.get("RANK", "0"))
+        path = memory_report_path(os.environ[REPORT_DIR_ENV], rank)
         partial = f"{path}.partial"
         with open(partial, "w", encoding="utf-8") as stream:
             json.dump(self.report(), stream)
+        os.replace(partial, path)
+        if final and os.environ.get(SNAPSHOT_ENV):
+            self.write_snapshot(snapshot_path(os.environ[SNAPSHOT_ENV], rank))
+
+    def write_snapshot(self, path: str) -> None:
+        """The allocation history of this process's ``cuda`` devices at ``path``, pickled as ``_dump_snapshot`` does."""
+        found: dict[str, Any] = {"segments": [], "device_traces": []}
+        for books in self.books:
+            if books.caching:
+                found = books.snapshot()
+        partial = f"{path}.partial"
+        with open(partial, "wb") as stream:
+            pickle.dump(found, stream)
         os.replace(partial, path)
 
 
@@ -223,6 +253,42 @@ def _add_key(keys: set[int], tensor: Any, device_type: str, index: int) -> None:
     # Attributes, not ``local.device`` (a torch.device made per call): only a mock device tensor has an index.
     if getattr(local, "device_index", None) == index and local.device_type == device_type:
         keys.add(storage_key(local._payload))
+
+
+def snapshot_path(folder: str, rank: int) -> str:
+    """The memory snapshot of rank ``rank`` in ``folder``."""
+    return os.path.join(folder, f"rank{rank}.pickle")
+
+
+#: Frames by (file, line, function): one dictionary each, which the snapshot's pickle then writes once.
+_FRAMES: dict[tuple[str, int, str], dict[str, Any]] = {}
+
+
+def user_frames() -> list[dict[str, Any]]:
+    """The frames of the user's script on the stack (as :func:`user_line` finds them), innermost first, as torch's
+    snapshot lists them (``filename``, ``line``, ``name``); else the innermost statement outside torch, the simulator
+    and Python's library; else none."""
+    script = os.environ.get(SCRIPT_ENV)
+    found: list[dict[str, Any]] = []
+    if script:
+        main = sys._current_frames().get(threading.main_thread().ident) if threading.current_thread() is not threading.main_thread() else None
+        for frame in (sys._getframe(1), main):
+            while frame is not None:
+                if frame.f_code.co_filename == script:
+                    found.append(_frame(frame))
+                frame = frame.f_back
+            if found:
+                return found
+    statement = _statement()
+    return [_frame(statement[0])] if statement else []
+
+
+def _frame(frame: Any) -> dict[str, Any]:
+    key = (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+    known = _FRAMES.get(key)
+    if known is None:
+        known = _FRAMES[key] = {"filename": key[0], "line": key[1], "name": key[2]}
+    return known
 
 
 def user_line() -> str:
@@ -300,7 +366,7 @@ def on_out_of_memory(books: Any, index: int, message: str) -> None:
     if RECORDER.out_of_memory is None:
         RECORDER.out_of_memory = {"device": f"{books.device_type}:{index}", "step": RECORDER.step,
                                   "at": user_line(), "message": message}
-    RECORDER.write()
+    RECORDER.write(final=True)
 
 
 def install(books: Any) -> None:
@@ -309,10 +375,11 @@ def install(books: Any) -> None:
     if not os.environ.get(REPORT_DIR_ENV):
         return
     books.recorder = sys.modules[__name__]
+    books.keep_history(True, user_frames if os.environ.get(SNAPSHOT_ENV) else None)
     if not RECORDER.books:
         _watch_optimizers()
         batches.install()
-        atexit.register(RECORDER.write)
+        atexit.register(RECORDER.write, final=True)
     if books not in RECORDER.books:
         RECORDER.books.append(books)
         activations.install(books)
