@@ -10,14 +10,20 @@ with ``--no-compute``, tensors without values, with ``--steps N``, ranks that en
 N optimizer steps (:mod:`simulators.devices.machine`), with ``--heaviest-batches K``, each
 data loader's K largest batches first (:mod:`simulators.devices.batches`); then
 the simulator's run summary is printed (with each rank's peak device memory
-and its verdict against the budget; as JSON too with ``--summary-json``) and
+and its verdict against the budget; as JSON too with ``--summary-json``; as one
+self-contained HTML page with ``--report PATH.html``, :mod:`simulators.report`: each
+rank's memory over the run, what it held at its peak, the findings and the verdict;
+with ``--memory-snapshot DIR`` on ``cuda``, each rank's allocation history as
+``DIR/rank<N>.pickle`` in the format of ``torch.cuda.memory._snapshot()``) and
 the launch's exit status returned. Ranks that enter different collectives
 stop the run within about a second (the simulator's Flight Recorder watch),
 each rank's collective and line named. A budget that does not parse, an unknown
 preset, a budget without a mock device family, a script importing an engine
 that is not installed (peft, bitsandbytes, deepspeed, trl: the line says how to
-install it), or a setup the family's
-hardware does not run (FSDP or fp16 on XLA) is a ValueError (one line, exit
+install it), a setup the family's
+hardware does not run (FSDP or fp16 on XLA), a ``--report`` or ``--memory-snapshot``
+path that cannot be written (or ``--report`` without plotly, ``--memory-snapshot``
+on a family without the caching allocator) is a ValueError (one line, exit
 2) before any rank starts.
 The simulator knows no implementation: it takes argv, world, environment and
 timeout.
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 from ..utils.launch import launch_env
 
@@ -72,9 +79,41 @@ def _check_family_runs(args: argparse.Namespace) -> None:
             raise ValueError(f"--simulate {family}: {why}")
 
 
+def _output_paths(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """The absolute ``--report`` file and ``--memory-snapshot`` folder, their folders made; ValueError (one line) for
+    a path that cannot be written, ``--report`` without plotly, or ``--memory-snapshot`` off ``--simulate cuda``."""
+    report, folder = getattr(args, "report", None), getattr(args, "memory_snapshot", None)
+    if report:
+        from simulators.report import missing_library
+
+        report = os.path.abspath(report)
+        if os.path.isdir(report):
+            raise ValueError(f"--report {args.report}: a folder; give the HTML file to write")
+        _writable_folder("--report", args.report, os.path.dirname(report))
+        if missing_library():
+            raise ValueError(f"--report: {missing_library()}")
+    if folder:
+        if args.simulate != "cuda":
+            raise ValueError(f"--memory-snapshot records the CUDA caching allocator's history: give --simulate cuda (not {args.simulate})")
+        folder = os.path.abspath(folder)
+        _writable_folder("--memory-snapshot", args.memory_snapshot, folder)
+    return report, folder
+
+
+def _writable_folder(flag: str, given: str, folder: str) -> None:
+    """Make ``folder`` (for ``flag``'s value ``given``); ValueError when it cannot be made or written in."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"{flag} {given}: cannot make the folder {folder}: {error.strerror or error}") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {given}: cannot write in {folder}")
+
+
 def dry_run(args: argparse.Namespace) -> int:
     """Run ``args.training_script`` on the simulator and print the summary; return the launcher's exit status."""
     from simulators.devices.batches import HEAVIEST_ENV
+    from simulators.devices.peaks import SNAPSHOT_ENV
     from simulators.devices.gpus import runtime_held
     from simulators.devices.machine import NO_COMPUTE_ENV, STEPS_ENV, gpu_env, machine_env, parse_size
     from simulators.dryrun import DEFAULT_TIMEOUT, family_env, missing_engines, preload, record, summary, watch_interval
@@ -89,18 +128,30 @@ def dry_run(args: argparse.Namespace) -> int:
         raise ValueError(missing[0])
     memory, preset = _budget(args)
     _check_mock_device_flags(args, memory)
+    report, snapshots = _output_paths(args)
     world = World.of(args.num_processes, machines=args.num_machines)
     env = {**launch_env(args, base={}), "ACCELERATE_USE_CPU": str(args.simulate == "cpu" or bool(args.cpu)),
            **family_env(args.simulate), **machine_env(args.simulate, memory=memory), **(gpu_env(preset, world.size) if preset else {}),
            **({NO_COMPUTE_ENV: "1"} if getattr(args, "no_compute", False) else {}),
            **({STEPS_ENV: str(args.steps)} if getattr(args, "steps", None) else {}),
-           **({HEAVIEST_ENV: str(args.heaviest_batches)} if getattr(args, "heaviest_batches", None) else {})}
+           **({HEAVIEST_ENV: str(args.heaviest_batches)} if getattr(args, "heaviest_batches", None) else {}),
+           **({SNAPSHOT_ENV: snapshots} if snapshots else {})}
     result = launch([args.training_script, *args.training_script_args], world,
                     timeout=args.timeout or DEFAULT_TIMEOUT, env=env, watch=watch_interval(),
                     preload=preload(args.training_script))
     budget, held = parse_size(memory) if memory else None, runtime_held(world.size) if preset else {}
-    print(summary(result, world, args.training_script, budget, preset, held), flush=True)
+    text = summary(result, world, args.training_script, budget, preset, held)
+    print(text, flush=True)
+    found = record(result, world, args.training_script, budget, held) if getattr(args, "summary_json", None) or report else None
     if getattr(args, "summary_json", None):
         with open(args.summary_json, "w", encoding="utf-8") as stream:
-            json.dump(record(result, world, args.training_script, budget, held), stream, indent=1)
+            json.dump(found, stream, indent=1)
+    if report:
+        from simulators.report import write_report
+
+        write_report(report, found, result.memory, text, args.training_script)
+        print(f"report: {report}", flush=True)
+    if snapshots:
+        print(f"memory snapshots: {snapshots}/rank<N>.pickle (python -m torch.cuda._memory_viz trace_plot "
+              f"{snapshots}/rank0.pickle -o trace.html)", flush=True)
     return result.exit_code

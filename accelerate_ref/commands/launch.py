@@ -430,6 +430,8 @@ def validate(args: argparse.Namespace) -> None:
         raise LaunchError(f"--machine_rank {args.machine_rank} is out of range for --num_machines {args.num_machines}")
     dry_run_only = [flag for flag, value in (("--device-memory", getattr(args, "device_memory", None)), ("--gpu", getattr(args, "gpu", None)),
                                              ("--summary-json", getattr(args, "summary_json", None)),
+                                             ("--report", getattr(args, "report", None)),
+                                             ("--memory-snapshot", getattr(args, "memory_snapshot", None)),
                                              ("--no-compute", getattr(args, "no_compute", False)),
                                              ("--steps", getattr(args, "steps", None)),
                                              ("--heaviest-batches", getattr(args, "heaviest_batches", None)),

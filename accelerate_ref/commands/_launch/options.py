@@ -238,6 +238,14 @@ OWN_GROUP = ("accelerate-ref Arguments", "accelerate-ref's own options: a shorte
             help="with --simulate cuda|xla|npu: each device's memory budget (bytes, or 40GiB, 16GB)"),
     _option("--gpu", default=None, help="with --simulate: the budget of a GPU by name (a100-40gb, h100-80gb, ...)"),
     _option("--summary_json", default=None, help="with --simulate: also write the run summary as JSON here"),
+    _option("--report", default=None, metavar="PATH.html",
+            help="with --simulate: also write the run as one HTML page that opens offline: each process's allocated and "
+                 "reserved memory over the run (optimizer steps marked, the peak and its script line), what it held at "
+                 "its peak, the findings and the verdict (needs plotly: pip install 'accelerate-ref[report]')"),
+    _option("--memory_snapshot", default=None, metavar="DIR",
+            help="with --simulate cuda: also write each process's allocation history as DIR/rank<N>.pickle, the file "
+                 "torch.cuda.memory._dump_snapshot writes on a GPU: open it with `python -m torch.cuda._memory_viz "
+                 "trace_plot DIR/rank0.pickle -o trace.html` or at pytorch.org/memory_viz"),
     _option("--no_compute", action="store_true", default=False,
             help="with --simulate cuda|xla|npu: tensors carry no values (shapes, dtypes, memory, collectives)"),
     _option("--steps", type=int, default=None, help="with --simulate cuda|xla|npu: end each process after N optimizer steps"),

@@ -40,7 +40,7 @@ def test_options_groups_and_defaults_are_hfs_plus_its_own_group(make):
     own = ours.pop(OWN_GROUP[0])
     assert ours == theirs
     assert {dest for dest, _ in own} == {"num_processes", "timeout", "simulate", "device_memory", "gpu", "summary_json",
-                                         "no_compute", "steps", "heaviest_batches", "fit"}
+                                         "no_compute", "steps", "heaviest_batches", "fit", "report", "memory_snapshot"}
 
 
 @pytest.mark.parametrize("argv", [
