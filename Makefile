@@ -94,11 +94,11 @@ conformance-native: $(STAMP) bytecode
 		--json $(REPORTS)/conformance-$(IMPL)-native.json --junit $(REPORTS)/conformance-$(IMPL)-native.xml \
 		--markdown $(REPORTS)/conformance-$(IMPL)-native.md
 
-test: $(STAMP) $(TRANSFORMERS4)/.installed $(RELEASES)/.installed bytecode lint docs
+test: $(STAMP) $(TRANSFORMERS4)/.installed $(RELEASES)/.installed bytecode lint
 	$(PY) -m pytest -n $(JOBS) $(PYTEST_ARGS)
 
 # The documentation site: docs/ (Markdown pages, the CLI and API reference generated from the sources) to
-# docs/_build/html; warnings are errors.
+# docs/_build/html; warnings are errors. `make test` builds it the same way (tests/test_docs.py).
 docs: $(STAMP)
 	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
 

@@ -47,12 +47,13 @@ def runnable_commands(text: str) -> list[str]:
     return commands
 
 
-def test_docs_build_without_warnings(tmp_path):
+def test_docs_build_without_warnings():
+    """``make docs``'s build, into the folder it uses (``make test`` builds the site once, here; CI keeps it)."""
     pytest.importorskip("sphinx", reason="sphinx is not installed (extra `docs`: pip install -e '.[docs]')")
     pytest.importorskip("myst_parser", reason="myst-parser is not installed (extra `docs`)")
     pytest.importorskip("sphinxarg", reason="sphinx-argparse is not installed (extra `docs`)")
     pytest.importorskip("furo", reason="furo is not installed (extra `docs`)")
-    out = tmp_path / "html"
+    out = DOCS / "_build" / "html"
     done = subprocess.run(
         [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", str(DOCS), str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=240,
