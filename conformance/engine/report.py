@@ -70,12 +70,14 @@ def matrix(runs: Iterable[Run]) -> tuple[list[Column], dict[str, dict[Column, st
     ID whose cases all rest on a level above the run's; ``device-independent``
     for one another backend's run covers (``--skip-device-independent``);
     ``UNCOVERED`` where no case ran. A column names the implementation, its version, the backend and the level.
+    An ID that no run selected (``-k``) has no row.
     """
     columns: list[Column] = []
     per_id: dict[str, dict[Column, dict[str, list[str]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     elsewhere: dict[Column, set[str]] = defaultdict(set)
     beyond: dict[Column, set[str]] = defaultdict(set)
     independent: dict[Column, set[str]] = defaultdict(set)
+    selected: set[str] | None = set()
     for run in runs:
         column = (f"{run.metadata['impl']} {run.metadata.get('impl_version', '')}".strip(),
                   f"{run.metadata['backend']}, {run.metadata.get('level', levels.DEFAULT_LEVEL)}")
@@ -84,9 +86,12 @@ def matrix(runs: Iterable[Run]) -> tuple[list[Column], dict[str, dict[Column, st
         elsewhere[column].update(run.metadata.get("other_device_ids", ()))
         beyond[column].update(run.metadata.get("beyond_level_ids", ()))
         independent[column].update(run.metadata.get("device_independent_ids", ()))
+        chosen = run.metadata.get("selected_ids")
+        selected = None if selected is None or chosen is None else selected | set(chosen)
         for r in run.results:
             per_id[r.id][column][_cell_status(r)].append(r.world)
     ids = [e.id for e in catalog.entries()] + sorted(set(per_id) - {e.id for e in catalog.entries()})
+    ids = [id_ for id_ in ids if selected is None or id_ in selected]
     cells = {
         id_: {column: _cell(per_id[id_].get(column, {}), _absent(id_, column, elsewhere, beyond, independent))
               for column in columns}

@@ -183,6 +183,8 @@ def _execute(options: RunOptions, backend: SimBackend | NativeBackend, out: IO[s
     run.metadata["other_device_ids"] = sorted({c.id for c in selected} - {c.id for c in runnable})
     #: Cases above the run's level: not run, counted apart (IDs none of whose cases ran are "beyond level" in the matrix).
     run.metadata["beyond_level"] = sorted(c.key for c in chosen if c not in selected)
+    #: The IDs ``-k`` chose (None: every ID): the matrix has rows for these only.
+    run.metadata["selected_ids"] = sorted({c.id for c in chosen}) if options.patterns else None
     run.metadata["beyond_level_ids"] = sorted({c.id for c in chosen} - {c.id for c in selected})
     #: With ``skip_device_independent``: the IDs left to another backend's run ("device-independent" in the matrix).
     run.metadata["device_independent_ids"] = sorted({c.id for c in runnable} & skipped)

@@ -56,8 +56,9 @@ def build(runs: list[Run]) -> dict[str, Any]:
 def badge(statement: dict[str, Any]) -> str:
     """One line: ``accelerate_ref 0.1.0 conforms to docs-0.27: 181/181 passed, 0 deviations (sim, sim-xla)``."""
     verb = "conforms to" if not statement["problems"] else "does not conform to"
+    deviations = len(statement["deviations"])
     return (f"{statement['implementation']} {statement['version']} {verb} {statement['level']}: "
-            f"{statement['passed']}/{statement['run']} passed, {len(statement['deviations'])} deviations "
+            f"{statement['passed']}/{statement['run']} passed, {deviations} deviation{'' if deviations == 1 else 's'} "
             f"({', '.join(statement['backends'])})")
 
 
