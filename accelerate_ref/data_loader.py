@@ -688,8 +688,9 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
     synchronisation and epoch); a prepared loader restored by
     ``load_state_dict`` (`Accelerator.load_state`) or left in the middle of
     an epoch is continued: the copy replays that epoch's order and the
-    loader moves on to the next epoch when the copy completes it (see
-    `DataLoaderPositionMixin`). Where each process draws its batches from
+    loader moves on to the next epoch when the copy completes it; one
+    saved in its epoch's last step was restored at the next epoch, which
+    the copy begins (see `DataLoaderPositionMixin`). Where each process draws its batches from
     a batch sampler, the skipped ones are left out by index (nothing is
     loaded); over an iterable dataset, and for a dispatching loader (whose
     last step is padded from its first), they are loaded and dropped.

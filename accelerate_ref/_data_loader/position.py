@@ -45,7 +45,16 @@ class DataLoaderPositionMixin(_SamplerAccessMixin):
       interrupted run made before it saved), counts its batches in the
       loader's position, and when it completes the epoch the loader moves
       on to the next one. A copy of a loader that is not positioned is a
-      loader of its own, as before.
+      loader of its own, as before;
+    * an epoch whose last batch has been handed out, its loop not yet
+      ended (a save in the epoch's last step, as HF's checkpointing example
+      makes every ``checkpointing_steps``), is complete: `state_dict` gives
+      the next epoch, not begun, with the order generator as it is now,
+      which is where the uninterrupted run's next epoch starts from (the
+      epoch's samplers were exhausted before its last batch was handed
+      out). So the script's ``skip_first_batches(loader, 0)`` at that epoch
+      boundary, and the loader in the epochs after, yield what the
+      uninterrupted run's next epochs yielded, not the finished epoch again.
     """
 
     iteration: int
@@ -56,6 +65,8 @@ class DataLoaderPositionMixin(_SamplerAccessMixin):
     _epoch_started: bool = False
     _epoch_start_rng: Optional[torch.Tensor] = None
     _batches_in_epoch: int = 0
+    #: Whether the begun epoch's last batch has been handed out (the epoch is complete; see the class rules).
+    _last_handed_out: bool = False
     _restored: bool = False
 
     @property
@@ -69,6 +80,12 @@ class DataLoaderPositionMixin(_SamplerAccessMixin):
 
     def _continues_started_epoch(self) -> bool:
         return self._continues is not None and self._continues._epoch_started
+
+    def _epoch_complete(self) -> bool:
+        """Whether the begun epoch has handed out its last batch while its loop has not ended yet, so that a run
+        saved now resumes at the next epoch (see the class rules). Catalog: save_state.resume_data_order."""
+        keeper = self._keeper
+        return keeper._epoch_started and keeper._last_handed_out
 
     def _order_generator(self) -> Optional[torch.Generator]:
         """The generator that decides the order of the loader's batches, if any."""
@@ -101,6 +118,7 @@ class DataLoaderPositionMixin(_SamplerAccessMixin):
             keeper._epoch_started = True
             keeper._epoch_start_rng = generator.get_state() if generator is not None else None
         keeper._batches_in_epoch = self._skipped
+        keeper._last_handed_out = False
 
     def _draw_epoch_seed(self) -> None:
         """Seed the order generator from torch's RNG, as HF's RandomSampler without a generator does when an
@@ -110,32 +128,42 @@ class DataLoaderPositionMixin(_SamplerAccessMixin):
         self._keeper._epoch_start_rng = generator.get_state()
 
     def _count_batch(self) -> None:
-        self._keeper._batches_in_epoch += 1
+        """Count a batch handed out in the epoch, noting whether it is the last (``end_of_dataloader``, set before)."""
+        keeper = self._keeper
+        keeper._batches_in_epoch += 1
+        keeper._last_handed_out = bool(getattr(self, "end_of_dataloader", False))
 
     def _leave_epoch(self) -> None:
         """A completed epoch: the keeper moves on to the next one and holds no position anymore."""
         keeper = self._keeper
         keeper.iteration = self.iteration
         keeper._epoch_started, keeper._epoch_start_rng, keeper._batches_in_epoch, keeper._restored = False, None, 0, False
+        keeper._last_handed_out = False
 
     def state_dict(self) -> dict[str, Any]:
         """The loader's position: epoch, whether it began, batches handed out, order generator state, sampler seed.
 
+        A begun epoch gives the generator state its order started from; a
+        complete one (`_epoch_complete`) is given as the next epoch, not
+        begun, from the generator as it is now (see the class rules).
         With ``use_stateful_dataloader``, the StatefulDataLoader's state (`DataLoaderAdapter.state_dict`).
         Catalog: save_state.resume_data_order.
         """
         if self.use_stateful_dataloader:  # type: ignore[attr-defined]
             return super().state_dict()  # type: ignore[misc]
         keeper, generator = self._keeper, self._order_generator()
-        if keeper._epoch_started:
+        iteration, started, batches = keeper.iteration, keeper._epoch_started, keeper._batches_in_epoch
+        if self._epoch_complete():
+            iteration, started, batches = iteration + 1, False, 0
+        if started:
             generator_state = keeper._epoch_start_rng
         else:
             generator_state = generator.get_state() if generator is not None else None
         seedable = self._seedable_sampler()
         return {
-            "iteration": keeper.iteration,
-            "epoch_started": keeper._epoch_started,
-            "batches_in_epoch": keeper._batches_in_epoch,
+            "iteration": iteration,
+            "epoch_started": started,
+            "batches_in_epoch": batches,
             "generator_state": generator_state,
             "sampler_seed": seedable.initial_seed if seedable is not None else None,
         }
@@ -154,6 +182,7 @@ class DataLoaderPositionMixin(_SamplerAccessMixin):
         self._epoch_started = state_dict["epoch_started"]
         self._epoch_start_rng = state_dict["generator_state"] if self._epoch_started else None
         self._batches_in_epoch = state_dict["batches_in_epoch"]
+        self._last_handed_out = False
         self._restored = True
 
 

@@ -391,19 +391,32 @@ def _epochs(acc, loader, skipped_loader=None, epochs: int = 1) -> list:
     return [[batch.tolist() for batch in current] for current in passes]
 
 
-RESUME_LENGTH, RESUME_BATCH, RESUME_AT = 96, 2, 3
+def _resume_point(step: int, steps_per_epoch: int) -> tuple[int, int]:
+    """(epoch to start, batches of it to skip) after a save at ``step`` (counted from 1 over all epochs), as HF's
+    ``examples/by_feature/checkpointing.py`` computes them: a save in an epoch's last step resumes at the next
+    epoch's start, through ``skip_first_batches(loader, 0)``."""
+    return divmod(step, steps_per_epoch)
+
+
+RESUME_LENGTH, RESUME_BATCH, RESUME_AT, RESUME_EPOCHS = 96, 2, 3, 4
 
 
 @case("save_state.resume_data_order")
 def save_state_resume_data_order(impl, world):
-    """Resuming mid-epoch (``load_state`` + ``skip_first_batches``) with a shuffled loader yields exactly the batches
-    an uninterrupted run yields, in this epoch and the next (accelerate issues #3996, #2016, #3242, #1451).
+    """Resuming mid-epoch or at an epoch's end (``load_state`` + ``skip_first_batches``) with a shuffled loader
+    yields exactly the batches an uninterrupted run yields, in this epoch and the next ones (accelerate issues
+    #3996, #2016, #3242, #1451).
 
-    Uninterrupted: 3 epochs. Interrupted: epoch 0, then ``RESUME_AT``
-    batches of epoch 1, ``save_state``. Resumed (fresh loader, another
-    seed): ``load_state``, ``skip_first_batches(loader, RESUME_AT)`` for
-    the rest of epoch 1, then the loader for epoch 2. With
-    ``shuffle=True``, and with ``use_seedable_sampler=True``.
+    Uninterrupted: ``RESUME_EPOCHS`` epochs. Interrupted: epoch 0, then
+    batches of epoch 1 taken in a loop and ``save_state`` after the last
+    one taken: after ``RESUME_AT`` (mid-epoch), and after all of them (the
+    epoch's last step, its loop not ended: where HF's checkpointing example
+    saves when the step count is a multiple of the epoch's length).
+    Resumed (fresh loader, another seed): ``load_state``, then as the
+    example, the epoch and batch to start from computed from the step
+    (`_resume_point`), ``skip_first_batches(loader, batch)`` for that
+    epoch (0 at the epoch boundary) and the loader for every epoch after.
+    With ``shuffle=True``, and with ``use_seedable_sampler=True``.
     """
     results = {}
     for name, seedable in (("shuffle", False), ("seedable sampler", True)):
@@ -415,20 +428,28 @@ def save_state_resume_data_order(impl, world):
             return acc, acc.prepare(DataLoader(torch.arange(RESUME_LENGTH), batch_size=RESUME_BATCH, shuffle=True))
 
         acc, loader = prepared(5)
-        uninterrupted = _epochs(acc, loader, epochs=3)
-        acc, loader = prepared(5)
-        interrupted = _epochs(acc, loader)
-        batches = iter(loader)
-        interrupted.append([next(batches).tolist() for _ in range(RESUME_AT)])
-        folder = _path(world, name.replace(" ", "_"))
-        acc.save_state(folder)
-        acc.wait_for_everyone()
-        acc, loader = prepared(77)
-        acc.load_state(folder)
-        resumed = _epochs(acc, loader, acc.skip_first_batches(loader, RESUME_AT))
-        expect_equal(interrupted[0], uninterrupted[0], f"{name}: epoch 0 of the interrupted run")
-        expect_equal(interrupted[1] + resumed[0], uninterrupted[1], f"{name}: epoch 1, interrupted after {RESUME_AT} batches and resumed")
-        expect_equal(resumed[1], uninterrupted[2], f"{name}: epoch 2 after resuming")
+        uninterrupted = _epochs(acc, loader, epochs=RESUME_EPOCHS)
+        steps_per_epoch = len(loader)
+        for taken in (RESUME_AT, steps_per_epoch):
+            acc, loader = prepared(5)
+            interrupted = _epochs(acc, loader)
+            batches = iter(loader)
+            interrupted.append([next(batches).tolist() for _ in range(taken)])
+            folder = _path(world, name.replace(" ", "_"), f"taken={taken}")
+            acc.save_state(folder)
+            acc.wait_for_everyone()
+            saved_at = steps_per_epoch + taken
+            epoch, skip = _resume_point(saved_at, steps_per_epoch)
+            acc, loader = prepared(77)
+            acc.load_state(folder)
+            resumed = _epochs(acc, loader, acc.skip_first_batches(loader, skip), epochs=RESUME_EPOCHS - 1 - epoch)
+            where = f"{name}: saved after {taken} of epoch 1's {steps_per_epoch} batches, resumed at epoch {epoch} batch {skip}"
+            expect_equal(interrupted, [uninterrupted[0], uninterrupted[1][:taken]], f"{where}: the interrupted run")
+            expect_equal(
+                {e: batches for e, batches in enumerate(resumed, start=epoch)},
+                {e: uninterrupted[e][skip if e == epoch else 0:] for e in range(epoch, RESUME_EPOCHS)},
+                f"{where}: epoch -> the batches of each epoch after resuming, against the uninterrupted run",
+            )
         results[name] = uninterrupted
     return results
 
@@ -440,23 +461,26 @@ def _orders_are_shuffled(values, world):
         expect_true(epochs[0] != epochs[1], f"{name}: epochs 0 and 1 have the same order; the case needs a shuffled loader")
 
 
-PATTERN_SEED, PATTERN_STEPS, PATTERN_SAVED_AT, PATTERN_EPOCHS = 42, 4, 2, 2
+#: The script's steps per process and epoch, its epochs, and the steps it saves after: mid-epoch 0, the end of
+#: epoch 0 (an epoch boundary) and mid-epoch 1.
+PATTERN_SEED, PATTERN_STEPS, PATTERN_EPOCHS, PATTERN_SAVES = 42, 4, 3, (2, 4, 6)
 
 
-def _checkpointing_script(impl, folder: str, resume: bool) -> dict[int, tuple]:
+def _checkpointing_script(impl, world, resume_from: int | None = None) -> dict[int, tuple]:
     """The documents' checkpointing script (HF's ``examples/by_feature/checkpointing.py``), run once.
 
     An `Accelerator`, ``set_seed``, a shuffled loader of ``PATTERN_STEPS``
     batches per process and a model with dropout, all prepared;
-    ``PATTERN_EPOCHS`` epochs, the step counted over them,
-    ``save_state(folder)`` after step ``PATTERN_SAVED_AT`` (the script's
-    ``step_2``), then on. With ``resume``
-    the same script resumes instead: ``load_state(folder)`` right after
-    ``prepare``, then the starting epoch and the step in it from the
-    checkpoint's step, ``skip_first_batches(loader, step)`` for the rest of
-    that epoch and the loader for the next ones. Returns, per step made,
-    the rows its batch holds and one number from each RNG (`_draws`), taken
-    as the step begins.
+    ``PATTERN_EPOCHS`` epochs, the step counted over them, ``save_state``
+    to ``step_<n>`` after each step n of ``PATTERN_SAVES``. With
+    ``resume_from`` the same script resumes instead from ``step_<n>``:
+    ``load_state`` right after ``prepare``, then the starting epoch and the
+    step in it from the checkpoint's step (`_resume_point`: the next
+    epoch's start when it was an epoch's last step),
+    ``skip_first_batches(loader, step)`` for that epoch and the loader for
+    the next ones; it saves nothing. Returns, per step made, the rows its
+    batch holds and one number from each RNG (`_draws`), taken as the step
+    begins.
     """
     acc = impl.Accelerator()
     impl.utils.set_seed(PATTERN_SEED)
@@ -466,13 +490,14 @@ def _checkpointing_script(impl, folder: str, resume: bool) -> dict[int, tuple]:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     model, optimizer, loader = acc.prepare(model, optimizer, loader)
     overall_step, starting_epoch, resume_step = 0, 0, None
-    if resume:
-        acc.load_state(folder)
-        starting_epoch, resume_step = divmod(PATTERN_SAVED_AT, len(loader))
-        overall_step = PATTERN_SAVED_AT
+    if resume_from is not None:
+        acc.load_state(_path(world, f"step_{resume_from}"))
+        starting_epoch, resume_step = _resume_point(resume_from, len(loader))
+        overall_step = resume_from
     seen = {}
     for epoch in range(starting_epoch, PATTERN_EPOCHS):
-        active = acc.skip_first_batches(loader, resume_step) if resume and epoch == starting_epoch else loader
+        resuming = resume_step is not None and epoch == starting_epoch
+        active = acc.skip_first_batches(loader, resume_step) if resuming else loader
         for batch in active:
             draws = _draws()
             loss = model(batch.float().unsqueeze(1).expand(-1, FEATURES) / rows.numel()).pow(2).mean()
@@ -481,8 +506,8 @@ def _checkpointing_script(impl, folder: str, resume: bool) -> dict[int, tuple]:
             optimizer.zero_grad()
             overall_step += 1
             seen[overall_step] = (batch.tolist(), draws)
-            if not resume and overall_step == PATTERN_SAVED_AT:
-                acc.save_state(folder)
+            if resume_from is None and overall_step in PATTERN_SAVES:
+                acc.save_state(_path(world, f"step_{overall_step}"))
     acc.wait_for_everyone()
     return seen
 
@@ -490,34 +515,39 @@ def _checkpointing_script(impl, folder: str, resume: bool) -> dict[int, tuple]:
 @case("save_state.resume_data_order", timeout=MODEL_CASE_TIMEOUT)
 def save_state_resume_as_documented(impl, world):
     """Resuming as the documents' checkpointing script does continues the run: each resumed step sees the rows
-    and the random numbers the same step of the uninterrupted run saw (accelerate issue #3996).
+    and the random numbers the same step of the uninterrupted run saw, in the epoch resumed and the next ones
+    (accelerate issue #3996).
 
-    The pattern (`_checkpointing_script`): the script runs, saving at step
-    ``PATTERN_SAVED_AT`` of epoch 0 and going on; the same script, started
-    afresh (same seed), calls ``load_state`` and ``skip_first_batches`` for
-    the rest of epoch 0, then trains epoch 1. Unlike
-    `save_state_resume_data_order` (another seed, a checkpoint in epoch 1,
-    batches only), the resumed loader here begins its first epoch after
-    ``load_state`` put back the random states of the moment of the save:
-    whatever the resumed loader draws as it starts (its iterator's seed,
-    a sampler's seed) comes from those states, which the interrupted run
-    had already moved past. The random numbers are save_state.roundtrip's
-    promise (RNG states restored, training continues) in this pattern.
+    The pattern (`_checkpointing_script`): the script runs ``PATTERN_EPOCHS``
+    epochs, saving after each step of ``PATTERN_SAVES`` (mid-epoch 0, the
+    last step of epoch 0, mid-epoch 1); the same script, started afresh
+    (same seed), resumes from each checkpoint: ``load_state``, then
+    ``skip_first_batches`` for the rest of the epoch (all of the next epoch,
+    ``skip_first_batches(loader, 0)``, after an epoch's last step), then
+    the loader for the epochs after. Unlike `save_state_resume_data_order`
+    (another seed, batches only), the resumed loader here begins its first
+    epoch after ``load_state`` put back the random states of the moment of
+    the save: whatever the resumed loader draws as it starts (its
+    iterator's seed, a sampler's seed) comes from those states, which the
+    interrupted run had already moved past, except at an epoch boundary,
+    where the uninterrupted run's next epoch drew them after the save too.
+    The random numbers are save_state.roundtrip's promise (RNG states
+    restored, training continues) in this pattern.
     """
-    folder = _path(world, "step_2")
-    uninterrupted = _checkpointing_script(impl, folder, resume=False)
-    resumed = _checkpointing_script(impl, folder, resume=True)
-    expected_steps = [step for step in uninterrupted if step > PATTERN_SAVED_AT]
-    expect_equal(list(resumed), expected_steps, "the steps the resumed script makes")
-    per_epoch = [[uninterrupted[s][0] for s in range(1 + e * PATTERN_STEPS, 1 + (e + 1) * PATTERN_STEPS)] for e in (0, 1)]
+    uninterrupted = _checkpointing_script(impl, world)
+    per_epoch = [[uninterrupted[s][0] for s in range(1 + e * PATTERN_STEPS, 1 + (e + 1) * PATTERN_STEPS)] for e in range(PATTERN_EPOCHS)]
     expect_true(per_epoch[0] != per_epoch[1], "epochs 0 and 1 have the same order; the case needs a shuffled loader")
-    for part, what in ((0, "rows"), (1, "random numbers (random, numpy, torch)")):
-        expect_equal(
-            {step: resumed[step][part] for step in expected_steps},
-            {step: uninterrupted[step][part] for step in expected_steps},
-            f"rank {world.rank}: step -> the {what} each step resumed from the step {PATTERN_SAVED_AT} checkpoint sees, "
-            "against the uninterrupted run",
-        )
+    for saved_at in PATTERN_SAVES:
+        resumed = _checkpointing_script(impl, world, resume_from=saved_at)
+        expected_steps = [step for step in uninterrupted if step > saved_at]
+        expect_equal(list(resumed), expected_steps, f"the steps the script resumed from step_{saved_at} makes")
+        for part, what in ((0, "rows"), (1, "random numbers (random, numpy, torch)")):
+            expect_equal(
+                {step: resumed[step][part] for step in expected_steps},
+                {step: uninterrupted[step][part] for step in expected_steps},
+                f"rank {world.rank}: step -> the {what} each step resumed from the step {saved_at} checkpoint sees "
+                f"({PATTERN_STEPS} steps per epoch), against the uninterrupted run",
+            )
 
 
 def _model_optimizer(acc):

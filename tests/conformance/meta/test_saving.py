@@ -43,6 +43,7 @@ BREAKS = [
     brk("save_every_rank", {"save.once_per_machine": F}, "2", SAVING),
     brk("save_resume_replays_epoch_zero", {"save_state.resume_data_order": F}, "1", SAVING),
     brk("save_resume_redraws_loader_seed", {"save_state_resume_as_documented": F}, "2", SAVING),
+    brk("save_resume_replays_finished_epoch", {"save_state.resume_data_order": F}, "2", SAVING),
     brk("save_total_limit_deletes_newest", {"save_state.total_limit": F}, "1", SAVING),
     brk("save_hooks_not_removable", {"save_state.pre_hooks": F}, "1", SAVING),
     brk("save_rng_of_rank_zero", {"save_state.roundtrip": F}, "2", SAVING),
