@@ -31,6 +31,8 @@ PART_ORDER = ("trainable_parameters", "frozen_parameters", "quantized_weights", 
 #: Colours: allocated and reserved lines, and each part of the breakdown.
 ALLOCATED, RESERVED, STEPS, PEAK = "#1f77b4", "#ff7f0e", "#9e9e9e", "#d62728"
 PART_COLOURS = ("#4e79a7", "#a0cbe8", "#59a14f", "#f28e2b", "#e15759", "#76b7b2", "#edc948", "#bab0ac")
+#: The most step marks a device's plot labels (past it, their hover says which step began).
+LABELLED_STEPS = 30
 #: Units the figures use: the largest that the largest figure reaches at least once.
 UNITS = (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("bytes", 1))
 
@@ -77,7 +79,8 @@ def timeline_figure(found: dict, reports: dict[int, dict]) -> Any:
     ranks = sorted({row[0] for row in rows})
     largest = max((max(memory.get("reserved", memory["peak"]), memory["peak"]) for _, _, memory, _ in rows), default=0)
     unit, size = _unit(largest)
-    figure = make_subplots(rows=max(len(ranks), 1), cols=1, vertical_spacing=0.25 / max(len(ranks), 1),
+    height = 280 * max(len(ranks), 1) + 80
+    figure = make_subplots(rows=max(len(ranks), 1), cols=1, vertical_spacing=110 / height,
                            subplot_titles=[f"rank {rank}" for rank in ranks] or ["no memory report"])
     for rank, device, memory, timeline in rows:
         row = ranks.index(rank) + 1
@@ -97,13 +100,16 @@ def timeline_figure(found: dict, reports: dict[int, dict]) -> Any:
         top = max(max(reserved), max(allocated)) / size
         marks = timeline.get("steps", [])
         if marks:
-            xs, ys, texts = [], [], []
+            xs, ys, labels, hovers = [], [], [], []
             for event, step in marks:
                 xs += [event, event, None]
                 ys += [0, top, None]
-                texts += [f"step {step} begins", f"step {step} begins", None]
-            figure.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name="optimizer step", line={"color": STEPS, "width": 1},
-                                        legendgroup="steps", showlegend=first, text=texts, hovertemplate="%{text}<extra></extra>",
+                labels += ["", f"step {step}" if len(marks) <= LABELLED_STEPS else "", ""]
+                hovers += [f"step {step} begins", f"step {step} begins", ""]
+            figure.add_trace(go.Scatter(x=xs, y=ys, mode="lines+text", name="optimizer step", line={"color": STEPS, "width": 1},
+                                        legendgroup="steps", showlegend=first, text=labels, textposition="top right",
+                                        textfont={"color": STEPS, "size": 10}, customdata=hovers,
+                                        hovertemplate="%{customdata}<extra></extra>",
                                         meta={"rank": rank, "device": device, "kind": "steps"}), row=row, col=1)
         peak = timeline.get("peak")
         if peak:
@@ -120,8 +126,8 @@ def timeline_figure(found: dict, reports: dict[int, dict]) -> Any:
     for row in range(1, len(ranks) + 1):
         figure.update_yaxes(title_text=unit, rangemode="tozero", row=row, col=1)
         figure.update_xaxes(title_text="change of the device's books", row=row, col=1)
-    figure.update_layout(height=max(320, 300 * len(ranks)), title="Device memory over the run",
-                         legend={"orientation": "h", "y": 1.02, "yanchor": "bottom"}, margin={"t": 90})
+    figure.update_layout(height=height, legend={"orientation": "h", "y": 1.0, "yanchor": "bottom",
+                                                                   "x": 0, "xanchor": "left"}, margin={"t": 70})
     return figure
 
 
@@ -141,9 +147,9 @@ def breakdown_figure(found: dict, reports: dict[int, dict]) -> Any:
         figure.add_trace(go.Bar(y=labels, x=[value / size for value in values], name=part.replace("_", " "), orientation="h",
                                 marker={"color": colour}, customdata=[[human(value)] for value in values],
                                 hovertemplate="%{y}: " + part.replace("_", " ") + " %{customdata[0]}<extra></extra>"))
-    figure.update_layout(barmode="stack", title="What each device held at its peak", xaxis_title=unit,
-                         height=max(260, 60 + 40 * len(rows)), yaxis={"autorange": "reversed"},
-                         legend={"orientation": "h", "y": 1.02, "yanchor": "bottom"}, margin={"t": 90})
+    figure.update_layout(barmode="stack", xaxis_title=unit, height=max(260, 100 + 40 * len(rows)), yaxis={"autorange": "reversed"},
+                         legend={"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 0, "xanchor": "left", "traceorder": "normal"},
+                         margin={"t": 60})
     return figure
 
 

@@ -18,8 +18,8 @@ import pytest
 
 from tests.simulators.devices.test_history import replay
 
-needs_plotly = pytest.mark.skipif(importlib.util.find_spec("plotly") is None,
-                                  reason="plotly is not installed (the report extra: pip install 'accelerate-ref[report]')")
+HAS_PLOTLY = importlib.util.find_spec("plotly") is not None
+needs_plotly = pytest.mark.skipif(not HAS_PLOTLY, reason="plotly is not installed (the report extra: pip install 'accelerate-ref[report]')")
 
 FSDP2_TRAIN = textwrap.dedent("""\
     import torch
@@ -40,15 +40,14 @@ FSDP2_TRAIN = textwrap.dedent("""\
 
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
-    """One FSDP2 dry run on 2 mock GPUs with both flags: (folder, summary JSON, process)."""
-    if importlib.util.find_spec("plotly") is None:
-        pytest.skip("plotly is not installed (the report extra: pip install 'accelerate-ref[report]')")
+    """One FSDP2 dry run on 2 mock GPUs with both flags (``--report`` where plotly is installed): (folder, summary
+    JSON, process)."""
     folder = tmp_path_factory.mktemp("report")
     (folder / "train.py").write_text(FSDP2_TRAIN)
     done = subprocess.run(
         [sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", "launch", "--simulate", "cuda", "--num_processes", "2",
-         "--gpu", "l4-24gb", "--summary-json", "summary.json", "--report", "out/report.html", "--memory-snapshot", "snapshots",
-         "--timeout", "240", "train.py"],
+         "--gpu", "l4-24gb", "--summary-json", "summary.json", *(["--report", "out/report.html"] if HAS_PLOTLY else []),
+         "--memory-snapshot", "snapshots", "--timeout", "240", "train.py"],
         capture_output=True, text=True, timeout=300, cwd=folder,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -85,6 +84,7 @@ def test_the_snapshots_open_in_torchs_memory_viz_and_peak_where_the_summary_does
     assert out.returncode == 0 and (folder / "trace.html").stat().st_size > 1000, out.stderr[-2000:]
 
 
+@needs_plotly
 def test_the_report_plots_each_ranks_peak_as_the_summary_states_it_and_opens_offline(dry_run):
     folder, found, done = dry_run
     page = (folder / "out" / "report.html").read_text()
@@ -102,7 +102,8 @@ def test_the_report_plots_each_ranks_peak_as_the_summary_states_it_and_opens_off
         assert max(allocated["y"]) == pytest.approx(memory["peak"] * scale)  # the line's highest point is the peak
         assert max(reserved["y"]) == pytest.approx(memory["reserved"] * scale)
         steps, = [t for t in traces if t["meta"]["kind"] == "steps" and t["meta"]["rank"] == rank["rank"]]
-        assert [text for text in steps["text"] if text][::2] == [f"step {step} begins" for step in (2, 3, 4)]
+        assert [text for text in steps["customdata"] if text][::2] == [f"step {step} begins" for step in (2, 3, 4)]
+        assert [text for text in steps["text"] if text] == [f"step {step}" for step in (2, 3, 4)]
         assert memory["at"] in page and f"step {memory['step']}" in page
     bars = plotted(page, "dry-run-breakdown")
     names = [bar["name"] for bar in bars]
@@ -122,6 +123,9 @@ def test_the_report_renders_in_a_headless_browser(dry_run, tmp_path):
                            f"--screenshot={shot}", (folder / "out" / "report.html").as_uri()],
                           capture_output=True, text=True, timeout=120)
     assert shot.exists() and shot.stat().st_size > 10_000, done.stderr[-2000:]
+    dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", (folder / "out" / "report.html").as_uri()],
+                         capture_output=True, text=True, timeout=120)
+    assert dom.stdout.count('class="main-svg"') >= 2, dom.stderr[-2000:]  # plotly drew both figures, offline
 
 
 @pytest.mark.parametrize("argv, message", [
