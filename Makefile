@@ -36,7 +36,7 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e ".[test,hf,transformers,trackers,finetune,docs]"
+	$(PY) -m pip install --quiet -e ".[test,hf,transformers,trackers,finetune,docs,report]"
 	# bitsandbytes' CPU backend runs the 8-bit case; --no-deps, so pip never replaces torch (extra "bnb").
 	$(PY) -m pip install --quiet --no-deps "bitsandbytes>=0.45"
 	# DeepSpeed (an sdist; its setup imports torch only to pre-compile ops, which it skips) and its requirements:
