@@ -30,6 +30,7 @@ import yaml
 from simulators.ports import free_port
 
 from ..engine.case import ANY_WORLD, case
+from ..support import spellings
 from ..support.checks import expect_equal, expect_raises, expect_true
 from ..support.launching import DEBUG_LAUNCHER_PORT, LAUNCH_TIMEOUT, clean_env, holding_port, finish, pid_alive, read_reports, run_cli, start_cli, write_probe
 
@@ -55,9 +56,10 @@ def _launch_probe(impl, world, name: str, flags: list[str], **env: str) -> tuple
 
 
 def _write_yaml(path: str, values: dict) -> str:
+    """A config file of ``values``, with the keys of the run's level (``spellings.config_file``)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as handle:
-        yaml.safe_dump(values, handle)
+        yaml.safe_dump(spellings.config_file(values), handle)
     return path
 
 
@@ -214,7 +216,7 @@ def launch_config_file(impl, world):
     expect_equal((values.get("compute_environment"), values.get("mixed_precision")), ("LOCAL_MACHINE", "bf16"), "keys of the written config")
     hf_written = os.path.join(folder, "hf_written.yaml")
     with open(hf_written, "w") as handle:
-        handle.write(HF_BASIC_CONFIG)
+        handle.write(spellings.config_text(HF_BASIC_CONFIG))
     for path in (written, hf_written):
         reports, _ = _launch_probe(impl, world, f"read-{os.path.basename(path)}", ["--config_file", path])
         expect_equal([r["mixed_precision"] for r in reports], ["bf16"], f"mixed_precision launched from {os.path.basename(path)}")
