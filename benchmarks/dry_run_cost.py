@@ -6,7 +6,7 @@ model of ``benchmarks/preflight_models.py`` (one AdamW training step twice), sid
 * (b) ``dry fp32``: the same as a compute-mode dry run on one mock GPU
   (``accelerate-ref launch --simulate cuda --num_processes 1 benchmarks/preflight_models.py M``);
 * (c) ``dry bf16``: the dry run with ``--bf16`` (bf16 autocast; the mock computes a bf16 matrix product in fp32 and
-  rounds it once, as a GPU does: :mod:`simulators.devices.lowp_matmul`).
+  rounds it once, as a GPU does: :mod:`simulators.devices.kernels.lowp_matmul`).
 
 Goal: (b) and (c) at most 1.5x (a). All three run with ``OMP_NUM_THREADS=1``: a dry run's ranks compute on one
 thread (``simulators.dryrun.family_env``), so the plain run gets the same. Each variant runs ``--repeat`` times,

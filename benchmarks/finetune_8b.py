@@ -3,7 +3,7 @@
 The model is Llama-3-8B-shaped (hidden 4096, 32 layers, GQA 8 KV heads, vocabulary 128,256), saved locally as its
 config and a bf16 safetensors file whose tensor bytes are a hole in a sparse file (the header is written, the 16 GB
 after it are not): a dry run without compute never reads a large tensor's bytes
-(``simulators.devices.lazy_host``), so ``from_pretrained`` loads it as it would the real checkpoint.
+(``simulators.devices.no_compute.lazy_host``), so ``from_pretrained`` loads it as it would the real checkpoint.
 
 Runs, each an unmodified recipe of ``tests/accelerate_ref/commands/finetune_scripts.py``
 (``accelerate-ref launch --simulate cuda --no-compute --gpu a100-40gb``):

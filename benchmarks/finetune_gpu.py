@@ -4,7 +4,7 @@ Each recipe of ``tests/accelerate_ref/commands/finetune_scripts.py`` (LoRA, LoRA
 NF4 with double quantization, QLoRA FP4, LoRA on an 8-bit base, the Transformers ``Trainer``, TRL's ``SFTTrainer``
 with LoRA) trains a Llama-shaped model saved locally from its config, at world 1, and prints
 ``torch.cuda.max_memory_allocated()`` and ``max_memory_reserved()``. On the GPU, ``measure`` also records what the
-runtime holds beside torch's allocator (``simulators.devices.gpus``): the CUDA context (free memory before and after
+runtime holds beside torch's allocator (``simulators.devices.families.gpus``): the CUDA context (free memory before and after
 ``torch.cuda.init()``, by ``nvidia-smi``'s reckoning through ``mem_get_info``) and NCCL's buffers for a group of one
 (free memory before and after the group's first all-reduce, less what torch's allocator took).
 

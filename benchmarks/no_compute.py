@@ -17,7 +17,7 @@ parameters and gradients, AdamW's two fp32 moments (and the step counters, a 4-b
 ``--as-written`` (issue 33, item 4) times a script as most are written instead: HF accelerate's ``Accelerator``
 (bf16), the Llama built on the CPU (``LlamaForCausalLM(config)``, its initialisation included), AdamW made
 before ``prepare`` moves the model (DDP), ``--steps`` (two by default) steps on batches of 1 x ``--seq-len``
-random tokens; in no-compute mode the CPU model is lazy (:mod:`simulators.devices.lazy_host`). Per run: wall
+random tokens; in no-compute mode the CPU model is lazy (:mod:`simulators.devices.no_compute.lazy_host`). Per run: wall
 seconds, each rank's CPU seconds, its peak RSS (the largest, and the sum over ranks: pages the ranks share with
 the fork server they came from count in each), the largest at the end in PSS (shared pages divided among their
 processes), the whole launch's peak of PSS summed over its processes (sampled every 0.2 s: the host memory the

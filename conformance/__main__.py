@@ -20,7 +20,7 @@ from typing import Sequence
 
 from . import catalog
 from .engine import levels, report, statement
-from simulators.devices.machine import machine_env
+from simulators.devices.families.machine import machine_env
 
 from .engine.backends import BACKENDS, mock_device
 from .engine.case import all_cases

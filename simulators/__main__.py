@@ -3,7 +3,7 @@
 ``--device npu|xla|cuda`` runs the ranks on a mock accelerator family
 (:mod:`simulators.devices`); with it, ``--device-count N`` gives every rank
 N devices of its own and ``--device-memory 64MB`` a budget per device
-(:mod:`simulators.devices.machine`). The ranks are forked from a fork server
+(:mod:`simulators.devices.families.machine`). The ranks are forked from a fork server
 that imported torch and the fork-safe libraries the script imports
 (:func:`simulators.dryrun.preload`), as a dry run's are.
 
@@ -19,7 +19,7 @@ from simulators.capacity import check_world
 from simulators.cli import OneLineParser
 from simulators.flight_recorder import DEBUG_ENV
 from simulators.devices import KINDS, world_settings
-from simulators.devices.machine import machine_env
+from simulators.devices.families.machine import machine_env
 from simulators.dryrun import preload
 from simulators.launcher import launch
 from simulators.topology import World

@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from simulators.devices.machine import GPU_PRESETS
+from simulators.devices.families.machine import GPU_PRESETS
 
 #: The folder ``capture.py`` runs from: it imports ``benchmarks/preflight_models.py`` relative to it.
 PROJECT_ROOT = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ status; every device-mixing error with the file and line of the user's code
 that caused it; every XLA step recompilation with the shapes that changed;
 and, for a run stopped at ``--timeout``, the Python stack of every rank
 still running. On ``cuda`` a GPU script runs as written for GPUs (HF
-accelerate picks ``MULTI_GPU`` over ``nccl``; see :mod:`simulators.devices.cuda`
+accelerate picks ``MULTI_GPU`` over ``nccl``; see :mod:`simulators.devices.families.cuda`
 for what the mock takes over from a CPU-only torch).
 """
 
@@ -22,7 +22,7 @@ import os
 import re
 import sys
 
-from simulators.devices.machine import human
+from simulators.devices.families.machine import human
 from simulators.launcher import LaunchResult
 from simulators.topology import World
 

@@ -72,7 +72,7 @@ class LaunchResult:
     failed_at_exit: bool = False
     #: At a timeout or a mismatch: the collective each rank was in, from torch's Flight Recorder.
     collectives: Diagnosis | None = None
-    #: Per rank, its mock devices' memory report (see simulators.devices.peaks); ranks without a mock device have none.
+    #: Per rank, its mock devices' memory report (see simulators.devices.memory.peaks); ranks without a mock device have none.
     memory: dict[int, dict] = field(default_factory=dict)
 
 

@@ -3,7 +3,7 @@
 Rules (:func:`write_report`; plotted with plotly, whose JavaScript the page carries inline: it opens offline):
 
 - per rank, the allocated and reserved bytes of each of its devices over the run, from the timeline its memory report
-  holds (:class:`simulators.devices.history.Timeline`: x is the change of the device's books, from 1; bounded, an upper
+  holds (:class:`simulators.devices.memory.history.Timeline`: x is the change of the device's books, from 1; bounded, an upper
   envelope past its cap), the optimizer steps as vertical marks where each began, and the peak as a marker annotated
   with its bytes, its step and the line of the script that reached it (the peak of the rank's memory report, which
   the summary prints);
@@ -22,10 +22,10 @@ import json
 import os
 from typing import Any
 
-from simulators.devices.machine import human
+from simulators.devices.families.machine import human
 from simulators.dryrun import OPTIONAL_PARTS
 
-#: The parts of a peak, in the order the summary prints them (``simulators.devices.peaks.PARTS`` then the rest).
+#: The parts of a peak, in the order the summary prints them (``simulators.devices.memory.peaks.PARTS`` then the rest).
 PART_ORDER = ("trainable_parameters", "frozen_parameters", "quantized_weights", "gradients", "optimizer_state",
               "communication_buffers", "activations", "other")
 #: Colours: allocated and reserved lines, and each part of the breakdown.

@@ -48,7 +48,7 @@ STACK_FILE_ENV = "SIMULATORS_STACK_FILE"
 RETURNED_FILE_ENV = "SIMULATORS_RETURNED_FILE"
 #: The script a script rank runs, as its frames name their file (set by the bootstrap; the line of a memory peak).
 SCRIPT_ENV = "SIMULATORS_SCRIPT"
-#: The folder where each rank of a script launch writes its memory report (see simulators.devices.peaks).
+#: The folder where each rank of a script launch writes its memory report (see simulators.devices.memory.peaks).
 MEMORY_REPORTS_ENV = "SIMULATORS_MEMORY_REPORTS"
 FR_FILE_ENV = "SIMULATORS_FR_FILE"
 #: torch's Flight Recorder on in every rank (entries kept), unless the environment sets it.

@@ -5,10 +5,10 @@ Rule: the script runs on ``num_processes`` simulator ranks as
 accelerate's launch variables; ``ACCELERATE_USE_CPU`` for ``cpu``) plus the
 simulator's for the family (:func:`simulators.dryrun.family_env`) and each
 mock device's memory budget (``--device-memory``, or a ``--gpu`` preset: the card's memory as torch reports
-it, of which the CUDA context and NCCL's buffers take their share, :mod:`simulators.devices.gpus`) and,
+it, of which the CUDA context and NCCL's buffers take their share, :mod:`simulators.devices.families.gpus`) and,
 with ``--no-compute``, tensors without values, with ``--steps N``, ranks that end after
-N optimizer steps (:mod:`simulators.devices.machine`), with ``--heaviest-batches K``, each
-data loader's K largest batches first (:mod:`simulators.devices.batches`); then
+N optimizer steps (:mod:`simulators.devices.families.machine`), with ``--heaviest-batches K``, each
+data loader's K largest batches first (:mod:`simulators.devices.memory.batches`); then
 the simulator's run summary is printed (with each rank's peak device memory
 and its verdict against the budget; as JSON too with ``--summary-json``; as one
 self-contained HTML page with ``--report PATH.html``, :mod:`simulators.report`: each
@@ -40,7 +40,7 @@ from ..utils.launch import launch_env
 
 def _budget(args: argparse.Namespace) -> tuple[str | None, str]:
     """The per-device budget the flags ask for (checked by ``machine_env``) and the preset's name."""
-    from simulators.devices.machine import gpu_budget
+    from simulators.devices.families.machine import gpu_budget
 
     memory, name = getattr(args, "device_memory", None), ""
     if getattr(args, "gpu", None):
@@ -112,10 +112,10 @@ def _writable_folder(flag: str, given: str, folder: str) -> None:
 
 def dry_run(args: argparse.Namespace) -> int:
     """Run ``args.training_script`` on the simulator and print the summary; return the launcher's exit status."""
-    from simulators.devices.batches import HEAVIEST_ENV
-    from simulators.devices.peaks import SNAPSHOT_ENV
-    from simulators.devices.gpus import runtime_held
-    from simulators.devices.machine import NO_COMPUTE_ENV, STEPS_ENV, gpu_env, machine_env, parse_size
+    from simulators.devices.memory.batches import HEAVIEST_ENV
+    from simulators.devices.memory.peaks import SNAPSHOT_ENV
+    from simulators.devices.families.gpus import runtime_held
+    from simulators.devices.families.machine import NO_COMPUTE_ENV, STEPS_ENV, gpu_env, machine_env, parse_size
     from simulators.dryrun import DEFAULT_TIMEOUT, family_env, missing_engines, preload, record, summary, watch_interval
     from simulators.launcher import launch
     from simulators.topology import World

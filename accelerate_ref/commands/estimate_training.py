@@ -16,7 +16,7 @@ and ``zero3`` (DeepSpeed, the ``deepspeed`` extra; ZeRO-3 builds the model parti
 ``deepspeed.zero.Init``), each given to the launch as ``accelerate launch``'s options (`LAUNCH_OPTIONS`). With
 ``--fit N`` the launch tries the options that make a run fit instead (:mod:`.fit`). The table gives per rank
 the peak, the peak of what torch's caching allocator reserved (its model's, see
-``simulators.devices.caching_allocator``), the peak's parts (parameters: the
+``simulators.devices.memory.caching_allocator``), the peak's parts (parameters: the
 model's, trainable, frozen and quantized together; gradients; optimizer state;
 DeepSpeed's communication buffers; activations, what autograd holds for backward; the rest: temporaries) and where it was reached; ranks with the same figures share
 a row. With ``--gpu`` (or ``--device-memory``) each row ends with the verdict of the
@@ -162,7 +162,7 @@ def estimate_training(args: argparse.Namespace) -> int:
 def rows(found: dict) -> list[list[str]]:
     """One row per group of ranks with the same peak and parts: ranks, peak, reserved peak, the parts, where, the
     verdict (by the reserved peak: what the caching allocator took from the card)."""
-    from simulators.devices.peaks import PARAMETER_PARTS
+    from simulators.devices.memory.peaks import PARAMETER_PARTS
 
     grouped: dict[tuple, list[int]] = {}
     for rank in found["ranks"]:

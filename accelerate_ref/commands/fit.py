@@ -173,7 +173,7 @@ def _worst(ranks: list[dict]) -> dict:
 
 def table(rows: list[dict], args: argparse.Namespace) -> str:
     """The option sets tried, the one that fits first."""
-    from simulators.devices.machine import human
+    from simulators.devices.families.machine import human
 
     from .estimate import create_ascii_table  # here: estimate's module imports estimate_training, which reads this one
 

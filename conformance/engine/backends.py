@@ -62,7 +62,7 @@ class SimBackend:
         machine: dict[str, str] | None = None,
     ) -> None:
         """``env``: added for every rank (``--debug-collectives``); ``machine``: the mock accelerators'
-        environment (:func:`simulators.devices.machine.machine_env`)."""
+        environment (:func:`simulators.devices.families.machine.machine_env`)."""
         if machine and self.device is None:
             raise ValueError(f"backend {self.name} has no mock accelerators; --device-count and --device-memory "
                              "need sim-npu or sim-xla")

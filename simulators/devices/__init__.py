@@ -2,8 +2,8 @@
 
 A world runs on a mock device family when every rank finds the family's
 stand-in package first on its import path: ``torch_xla`` (torch-xla 2.9's
-API; :mod:`simulators.devices.xla`), ``torch_npu`` (:mod:`simulators.devices.npu`)
-or ``torch_cuda_sim`` (:mod:`simulators.devices.cuda`, which torch loads at
+API; :mod:`simulators.devices.families.xla`), ``torch_npu`` (:mod:`simulators.devices.families.npu`)
+or ``torch_cuda_sim`` (:mod:`simulators.devices.families.cuda`, which torch loads at
 ``import torch``), each with a ``.dist-info`` so that ``importlib.util.find_spec`` and
 ``importlib.metadata`` find them as installed packages. Importing the
 package installs the mock; worlds that do not ask for a family never see
@@ -14,7 +14,7 @@ pool take it as ``pythonpath`` and ``env``::
     RankPool(world, pythonpath=[*settings.pythonpath, *sys.path], env=settings.env)
 
 Device tensors compute on CPU payloads and refuse to mix with CPU tensors
-(:mod:`simulators.devices.tensor`), so device-placement bugs show up on a
+(:mod:`simulators.devices.families.tensor`), so device-placement bugs show up on a
 laptop.
 """
 from __future__ import annotations

@@ -15,20 +15,20 @@ one PrivateUse1 device):
   devices");
 - registers ``_copy_from`` for PrivateUse1 (``torch.tensor(data, device=...)``
   copies below the Python dispatch key);
-- installs torch's autocast rules for the family (:mod:`simulators.devices.autocast`);
+- installs torch's autocast rules for the family (:mod:`simulators.devices.kernels.autocast`);
 - lets ``torch.load(..., map_location=<mock device>)`` keep the loaded
   storages on the host (a Python backend has no device storage): a tensor
   the mock saved comes back on its device, other tensors stay on the CPU,
   and ``Optimizer.load_state_dict`` moves its state to the parameters' device
   as it always does;
 - sends ``variable.data = other`` across the CPU and the device to
-  :func:`simulators.devices.tensor.swap_in` (FSDP moves and reshards so);
+  :func:`simulators.devices.families.tensor.swap_in` (FSDP moves and reshards so);
 - in no-compute mode, makes the script's large CPU tensors lazy
-  (:mod:`simulators.devices.lazy_host`);
+  (:mod:`simulators.devices.no_compute.lazy_host`);
 - tells the memory books of a storage resized in place (FSDP2 frees and
   re-allocates its unsharded parameters with ``UntypedStorage.resize_``);
 - lets a library's ``Parameter`` subclass hold the family's tensors
-  (:mod:`simulators.devices.parameter_subclasses`: bitsandbytes' quantized weights);
+  (:mod:`simulators.devices.families.parameter_subclasses`: bitsandbytes' quantized weights);
 - makes ``Tensor.record_stream`` a no-op for the family's tensors (the mock's
   ops finish at once) and lets FSDP1's ``sync_module_states`` broadcast them
   whole (not their CPU payloads), so that torch's FSDP1 runs;
@@ -52,9 +52,12 @@ import torch
 import torch.distributed as dist
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-from simulators.devices import autocast, lazy_host, loading, no_compute, parameter_subclasses, peaks
-from simulators.devices.import_hooks import after_import
-from simulators.devices.tensor import (DEVICE_KERNELS, PAYLOAD_ADAPTERS, DeviceTensor, add_function_rule, swap_tensors,
+from simulators.devices.kernels import autocast
+from simulators.devices.no_compute import lazy_host, meta_payloads
+from simulators.devices.families import loading, parameter_subclasses
+from simulators.devices.memory import peaks
+from simulators.devices.families.import_hooks import after_import
+from simulators.devices.families.tensor import (DEVICE_KERNELS, PAYLOAD_ADAPTERS, DeviceTensor, add_function_rule, swap_tensors,
                                       swapping_data)
 
 _installed: list[type[DeviceTensor]] = []
@@ -110,7 +113,7 @@ def register_process_group_backend(name: str) -> None:
     ``all_gather_into_tensor`` takes any output of the right size (a flat one,
     as HF accelerate passes on accelerators), as nccl and hccl do; gloo wants
     the input's shape stacked, so the output is viewed that way for it. DDP's check of
-    the parameters across ranks works on meta payloads (:mod:`simulators.devices.no_compute`). A functional
+    the parameters across ranks works on meta payloads (:mod:`simulators.devices.no_compute.meta_payloads`). A functional
     collective's result is wrapped in an ``AsyncCollectiveTensor`` holding the device tensor, as its CUDA kernel
     does (run on the payload, it would hold host memory under a device tensor: ``untyped_storage().data_ptr()``,
     which safetensors asks when ``save_pretrained`` saves a gathered DTensor, would then fail).
@@ -120,7 +123,7 @@ def register_process_group_backend(name: str) -> None:
     dist.Backend.register_backend(name, _gloo, devices=["cpu", torch._C._get_privateuse1_backend_name()])
     PAYLOAD_ADAPTERS[torch.ops.c10d._allgather_base_.default] = _stacked_output
     after_import("torch.distributed._functional_collectives", _wrap_on_the_device)
-    dist._verify_params_across_processes = no_compute.verifying_params(dist._verify_params_across_processes)
+    dist._verify_params_across_processes = meta_payloads.verifying_params(dist._verify_params_across_processes)
 
 
 def _wrap_on_the_device(functional_collectives: ModuleType) -> None:
@@ -154,21 +157,21 @@ def _register_kernels(tensor_class: type[DeviceTensor], keys: Sequence[str]) -> 
     library = torch.library.Library("aten", "IMPL")
 
     def empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-        if dtype == torch.int32 and (_made_by_ddp_reducer() or no_compute.enabled() and _ddp_rebuilding_buckets()):
+        if dtype == torch.int32 and (_made_by_ddp_reducer() or meta_payloads.enabled() and _ddp_rebuilding_buckets()):
             return torch.empty(size, dtype=dtype, layout=layout, memory_format=memory_format)
         payload = torch.empty(size, dtype=dtype, layout=layout, memory_format=memory_format,
-                              device=no_compute.payload_device_for(size, dtype))
+                              device=meta_payloads.payload_device_for(size, dtype))
         return tensor_class.wrap(payload, tensor_class.index_of(device))
 
     def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
-        payload = torch.empty_strided(size, stride, dtype=dtype, layout=layout, device=no_compute.payload_device_for(size, dtype))
+        payload = torch.empty_strided(size, stride, dtype=dtype, layout=layout, device=meta_payloads.payload_device_for(size, dtype))
         return tensor_class.wrap(payload, tensor_class.index_of(device))
 
     def copy_from(source, destination, non_blocking=False):
         target, payload = _payload(destination), _payload(source)
         if payload.is_meta and not target.is_meta:  # no-compute mode: a copy to the host (or a kept value) gets zeros
             if not isinstance(destination, DeviceTensor):
-                no_compute.record("cpu copy")
+                meta_payloads.record("cpu copy")
             target.zero_()
         else:
             target.copy_(payload)

@@ -8,14 +8,14 @@ HF accelerate and accelerate_ref then see CUDA and pick ``MULTI_GPU`` over
 launch --simulate cuda``):
 
 - a `CudaTensor` reports ``device.type == "cuda"`` (``is_cuda`` too) and
-  follows :mod:`simulators.devices.tensor` (mixing with CPU tensors raises
+  follows :mod:`simulators.devices.families.tensor` (mixing with CPU tensors raises
   ``Expected all tensors to be on the same device, but found at least two
   devices, cuda:0 and cpu!``, as on a GPU); ``torch.zeros(..., device="cuda")``,
   ``Tensor.to("cuda")``, ``.cuda()``, ``Module.to("cuda:1")`` and
   ``torch.tensor(data, device="cuda")`` make them;
 - a rank sees ``SIMULATORS_CUDA_DEVICE_COUNT`` GPUs, or one per rank of its
   simulated machine; ``torch.cuda`` is the family's
-  :class:`~simulators.devices.runtime.DeviceRuntime` (current device, per-GPU
+  :class:`~simulators.devices.families.runtime.DeviceRuntime` (current device, per-GPU
   generators, memory books, streams and events that wait for nothing);
 - ``torch.autocast("cuda", dtype)`` casts as torch's CUDA autocast does;
 - ``init_process_group("nccl")`` (or with no backend, torch's default on
@@ -63,10 +63,12 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from simulators.devices import (attention, backend, cuda_libraries, cuda_reduce, flash_attention, foreach_sharding,
-                                import_hooks, mesh_concatenation, nd_rules, tensor)
-from simulators.devices.memory import DeviceMemory
-from simulators.devices.runtime import DeviceRuntime, RuntimeTensor
+from simulators.devices.kernels import attention, flash_attention, nd_rules
+from simulators.devices.families import backend, import_hooks, tensor
+from simulators.devices.memory import cuda_libraries, cuda_reduce
+from simulators.devices.no_compute import foreach_sharding, mesh_concatenation
+from simulators.devices.memory.books import DeviceMemory
+from simulators.devices.families.runtime import DeviceRuntime, RuntimeTensor
 
 #: The version the stand-in reports (the torch release whose ``torch.cuda`` API it follows).
 VERSION = "2.13.0+sim"
@@ -90,8 +92,8 @@ class CudaTensor(RuntimeTensor):
 
     @classmethod
     def observe(cls, func: Any, tensors: list, args: tuple, kwargs: dict) -> None:
-        """The library workspaces ``func`` takes on a GPU (:mod:`simulators.devices.cuda_libraries`) and the
-        staging buffer of a reduction split across blocks (:mod:`simulators.devices.cuda_reduce`)."""
+        """The library workspaces ``func`` takes on a GPU (:mod:`simulators.devices.memory.cuda_libraries`) and the
+        staging buffer of a reduction split across blocks (:mod:`simulators.devices.memory.cuda_reduce`)."""
         cuda_libraries.observe(cls, func, tensors)
         cuda_reduce.observe(cls, func, args, kwargs)
 
@@ -101,7 +103,7 @@ RUNTIME = DeviceRuntime(CudaTensor)
 
 
 def indexed_cuda(func: Callable, args: tuple, kwargs: dict, proceed: Callable) -> Any:
-    """A torch-function rule (:func:`simulators.devices.tensor.add_function_rule`): gives an index-less ``cuda``
+    """A torch-function rule (:func:`simulators.devices.families.tensor.add_function_rule`): gives an index-less ``cuda``
     device (``"cuda"``, ``torch.device("cuda")``, ``.cuda()``) the current GPU's index."""
     if kwargs.get("pin_memory"):  # host memory is host memory here (see _pinned); torch has no pinned allocator for the mock
         kwargs = {**kwargs, "pin_memory": False}

@@ -16,9 +16,9 @@ Rules:
     688 MiB for a larger one, as measured after an all-reduce on 4 A100s with NVLink (NVIDIA/nccl#964). NCCL's
     memory grows with its channels and peers (NVIDIA/nccl#864), and every further communicator (a sub-group of
     an N-D mesh, HSDP's replicate group) holds its own, which this figure leaves out.
-- **Architecture**: the compute capability picks the libraries' rules (:mod:`simulators.devices.cuda_libraries`:
+- **Architecture**: the compute capability picks the libraries' rules (:mod:`simulators.devices.memory.cuda_libraries`:
   cuBLAS's 32 MiB workspace on capabilities 9 to 12, torch's ``parseChosenWorkspaceSize``) and the
-  multiprocessors the reduction kernels split over (:mod:`simulators.devices.cuda_reduce`). ``calibrated``
+  multiprocessors the reduction kernels split over (:mod:`simulators.devices.memory.cuda_reduce`). ``calibrated``
   says whether a dry run on the card's architecture has been compared with a real one (``benchmarks/gpu/``,
   ``../shared/gpu/``: an H200); the summary says so where it has not.
 """

@@ -27,7 +27,7 @@ import functools
 import os
 import re
 
-from simulators.devices.gpus import DEFAULT_GPU, GPU_PRESETS, GpuPreset, preset, runtime_held
+from simulators.devices.families.gpus import DEFAULT_GPU, GPU_PRESETS, GpuPreset, preset, runtime_held
 
 #: The device-count variable of each mock device family.
 COUNT_VARIABLES = {
@@ -35,7 +35,7 @@ COUNT_VARIABLES = {
 }
 #: The per-device memory budget variable (all families).
 MEMORY_VARIABLE = "SIMULATORS_DEVICE_MEMORY"
-#: Set (to 1; "" or "0": off) in a rank: mock-device tensors carry no values (``--no-compute``, :mod:`simulators.devices.no_compute`).
+#: Set (to 1; "" or "0": off) in a rank: mock-device tensors carry no values (``--no-compute``, :mod:`simulators.devices.no_compute.meta_payloads`).
 NO_COMPUTE_ENV = "SIMULATORS_NO_COMPUTE"
 #: Set (to N) in a rank: it ends, exit 0, once an optimizer has made N steps (``--steps``).
 STEPS_ENV = "SIMULATORS_STEPS"
@@ -135,7 +135,7 @@ def gpu_budget(name: str) -> str:
 
 def gpu_env(name: str, world_size: int = 1) -> dict[str, str]:
     """The environment simulating GPU preset ``name``'s architecture and, in each of ``world_size`` ranks, what the
-    GPU's runtime holds beside torch's allocator (:func:`simulators.devices.gpus.runtime_held`; ValueError for an
+    GPU's runtime holds beside torch's allocator (:func:`simulators.devices.families.gpus.runtime_held`; ValueError for an
     unknown preset)."""
     card = preset(name)
     major, minor = card.capability

@@ -10,14 +10,14 @@ Rules (catalog ``npu.distributed_type``, ``npu.collectives``):
 
 - PrivateUse1 becomes the ``npu`` device: ``torch.device("npu", i)``,
   ``Tensor.npu()``, ``Module.to("npu:1")`` work, and an `NpuTensor` follows
-  :mod:`simulators.devices.tensor` (mixing with CPU tensors raises);
+  :mod:`simulators.devices.families.tensor` (mixing with CPU tensors raises);
 - a rank sees ``SIMULATORS_NPU_DEVICE_COUNT`` NPUs of its own, or, without
   it, one per rank of its host (``LOCAL_WORLD_SIZE``; each rank drives one);
   each has the memory budget of ``SIMULATORS_DEVICE_MEMORY``
-  (:mod:`simulators.devices.machine`, :mod:`simulators.devices.memory`);
+  (:mod:`simulators.devices.families.machine`, :mod:`simulators.devices.memory.books`);
   the current device (``torch.npu.set_device``, 0 until set) is where
   ``"npu"`` and ``"npu:0"`` put tensors (see
-  :meth:`simulators.devices.tensor.DeviceTensor.index_of`);
+  :meth:`simulators.devices.families.tensor.DeviceTensor.index_of`);
 - ``init_process_group("hccl")`` makes a gloo group (``hccl`` is Ascend's
   collective library; here gloo runs on the tensors' CPU payloads);
 - random ops on an NPU tensor draw from that device's generator
@@ -31,9 +31,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from simulators.devices import backend
-from simulators.devices.memory import DeviceMemory
-from simulators.devices.runtime import DeviceRuntime, RuntimeTensor
+from simulators.devices.families import backend
+from simulators.devices.memory.books import DeviceMemory
+from simulators.devices.families.runtime import DeviceRuntime, RuntimeTensor
 
 #: The version the stand-in reports.
 VERSION = "2.13.0+sim"

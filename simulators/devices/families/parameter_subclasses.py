@@ -19,7 +19,7 @@ Rules:
 - an op on such a parameter gives plain tensors of the family, as an op on a
   ``Params4bit`` gives plain tensors on a GPU (``Parameter`` disables the
   torch-function subclass wrapping): results are made of
-  :func:`simulators.devices.tensor.family_of` the joined class;
+  :func:`simulators.devices.families.tensor.family_of` the joined class;
 - ``Module.to`` / ``Module._apply`` moves such a parameter as on a GPU, through
   ``param.data = moved`` (the parameter object and its attributes stay), not
   by swapping in ``Parameter(moved)``, which torch does for wrapper subclasses
@@ -34,7 +34,7 @@ import torch
 import torch.nn.modules.module
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from simulators.devices.tensor import DeviceTensor, family_of
+from simulators.devices.families.tensor import DeviceTensor, family_of
 
 #: torch's own ``Tensor._make_subclass``.
 _MAKE_SUBCLASS = torch.Tensor._make_subclass

@@ -13,7 +13,7 @@ Rules (the stand-in for torch-xla's PJRT runtime; catalog ``xla.collectives``):
 - :func:`store` is that store, shared with the ``xla://`` init method of
   ``torch_xla.distributed.xla_backend`` (a torch.distributed group an
   implementation makes on XLA rendezvouses there, never on a second port);
-- in no-compute mode (meta payloads, :mod:`simulators.devices.no_compute`) a
+- in no-compute mode (meta payloads, :mod:`simulators.devices.no_compute.meta_payloads`) a
   collective moves nothing: the replicas exchange its descriptor (op, dtype,
   shapes) and a mismatch raises, naming each replica's.
 """
@@ -26,7 +26,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from simulators.devices import no_compute
+from simulators.devices.no_compute import meta_payloads
 
 #: How long a collective or the store waits for the other replicas (XLA itself waits forever).
 TIMEOUT = timedelta(minutes=30)
@@ -146,9 +146,9 @@ def _checked_without_compute(name: str, tensors: list[torch.Tensor]) -> bool:
     (True); False for CPU tensors."""
     if not tensors or not tensors[0].is_meta:
         return False
-    mine = no_compute.describe(name, (tensors,))
+    mine = meta_payloads.describe(name, (tensors,))
     descriptors = [text.decode(errors="replace") for text in exchange(mine.encode())]
-    no_compute.compare(name, "xla replicas", replicas().ordinal, descriptors)
+    meta_payloads.compare(name, "xla replicas", replicas().ordinal, descriptors)
     return True
 
 

@@ -6,7 +6,7 @@ current device and one generator per device. Rules, those of ``torch.cuda``
 and ``torch.npu``:
 
 - ``is_available()`` is true; ``device_count()`` is the family's count
-  (:mod:`simulators.devices.machine`); ``set_device`` / ``current_device``
+  (:mod:`simulators.devices.families.machine`); ``set_device`` / ``current_device``
   select this process's device (0 until set; an index past the count is
   refused as an invalid device ordinal); ``device`` arguments (an index,
   ``"cuda:1"``, a ``torch.device``) default to the current device;
@@ -16,7 +16,7 @@ and ``torch.npu``:
 - the memory queries report each device's books (the live tensors' storages
   against the ``SIMULATORS_DEVICE_MEMORY`` budget); reserved memory is what
   the device's model of torch's caching allocator holds in segments (on
-  ``cuda``; see :mod:`simulators.devices.memory`; elsewhere it equals
+  ``cuda``; see :mod:`simulators.devices.memory.books`; elsewhere it equals
   allocated), ``empty_cache`` releases the fully free ones, and
   ``reset_peak_memory_stats`` restarts both peaks;
 - the mock's ops finish at once: ``synchronize``, streams and events wait for
@@ -34,9 +34,9 @@ from typing import Any, Iterator
 
 import torch
 
-from simulators.devices import machine
-from simulators.devices.replicas import replicas
-from simulators.devices.tensor import DeviceTensor
+from simulators.devices.families import machine
+from simulators.devices.families.replicas import replicas
+from simulators.devices.families.tensor import DeviceTensor
 
 DeviceArg = int | str | torch.device | None
 
@@ -131,13 +131,13 @@ class DeviceRuntime:
         return f"simulated {self.tensor_class.device_type.upper()} device"
 
     def get_device_capability(self, device: DeviceArg = None) -> tuple[int, int]:
-        """The simulated GPU's (:func:`simulators.devices.machine.gpu_capability`; an H100's 9.0 by default)."""
+        """The simulated GPU's (:func:`simulators.devices.families.machine.gpu_capability`; an H100's 9.0 by default)."""
         self.index(device)
         return machine.gpu_capability()
 
     def get_device_properties(self, device: DeviceArg = None) -> SimpleNamespace:
         """The device's name, capability, memory (its budget) and multiprocessors (the simulated GPU's for the
-        CUDA family, :func:`simulators.devices.machine.gpu_multiprocessors`; 1 for the others)."""
+        CUDA family, :func:`simulators.devices.families.machine.gpu_multiprocessors`; 1 for the others)."""
         index = self.index(device)
         major, minor = self.get_device_capability(index)
         processors = machine.gpu_multiprocessors() if self.tensor_class.device_type == "cuda" else 1

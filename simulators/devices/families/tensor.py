@@ -17,7 +17,7 @@ case that runs on ``sim-xla`` / ``sim-npu``):
   between indices as between devices;
 - a device index past the family's :meth:`DeviceTensor.device_count` is
   refused as an invalid device ordinal; every device's memory is counted
-  (:mod:`simulators.devices.memory`, the family's ``memory``), and a new
+  (:mod:`simulators.devices.memory.books`, the family's ``memory``), and a new
   storage past its budget raises ``torch.OutOfMemoryError``;
 - a parameter on the mock device is an instance of the family's class, and
   ``type(param)(data, requires_grad=...)`` makes a ``Parameter`` of ``data``,
@@ -37,15 +37,15 @@ case that runs on ``sim-xla`` / ``sim-npu``):
   the same object, still a parameter (:func:`swap_in`);
 - with ``SIMULATORS_NO_COMPUTE=1`` the payload is a meta tensor: nothing is
   computed, values asked for are placeholders, collectives only check that
-  the ranks agree (:mod:`simulators.devices.no_compute`);
+  the ranks agree (:mod:`simulators.devices.no_compute.meta_payloads`);
 - a bf16 or fp16 matrix product, convolution or attention op computes as
   on a GPU: in float32, its results rounded once to their dtype
-  (:mod:`simulators.devices.lowp_matmul`);
+  (:mod:`simulators.devices.kernels.lowp_matmul`);
 - :meth:`DeviceTensor.observe` sees every op first (XLA counts its step
   graphs there).
 
 A subclass per device family sets ``device_type``. The C++ side sees torch's
-PrivateUse1 device (see :mod:`simulators.devices.backend`), always with index
+PrivateUse1 device (see :mod:`simulators.devices.families.backend`), always with index
 0: torch's Python device guard knows one device, and autograd runs a device's
 backward on that device's queue. The index users see is kept here; a device
 that names no index, or PrivateUse1's index 0 (what torch's C++ code passes
@@ -62,18 +62,19 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import return_and_correct_aliasing
 
-from simulators.devices import lowp_matmul, meta_results, no_compute
-from simulators.devices.memory import DeviceMemory
+from simulators.devices.kernels import lowp_matmul
+from simulators.devices.no_compute import meta_results, meta_payloads
+from simulators.devices.memory.books import DeviceMemory
 
 #: Ops allowed to take tensors of different devices: they are how data moves between them.
 _TRANSFERS = frozenset({torch.ops.aten.copy_.default, torch.ops.aten._to_copy.default})
 #: Ops whose CPU-payload arguments must be adapted before the CPU runs them, and how
-#: (``simulators.devices.backend`` fills it for the collectives gloo runs differently).
+#: (``simulators.devices.families.backend`` fills it for the collectives gloo runs differently).
 PAYLOAD_ADAPTERS: dict[Any, Callable[[tuple], tuple]] = {}
 #: Ops that run on payloads with values by another kernel than their own (a GPU-only op's CPU twin), by op.
 PAYLOAD_KERNELS: dict[Any, Callable[..., Any]] = {}
 #: Ops whose GPU kernel is Python over the device tensors themselves, not their data, by op: they run on the mock
-#: tensors as given (``simulators.devices.backend`` fills it: a functional collective's result wrapped in an
+#: tensors as given (``simulators.devices.families.backend`` fills it: a functional collective's result wrapped in an
 #: ``AsyncCollectiveTensor``, which must hold the device tensor, not its payload).
 DEVICE_KERNELS: dict[Any, Callable[..., Any]] = {}
 
@@ -139,7 +140,7 @@ def swap_in(variable: torch.Tensor, data: torch.Tensor) -> None:
     replacement = data.detach()
     if issubclass(type(variable), torch.nn.Parameter) and type(variable) is not torch.nn.Parameter and isinstance(data, DeviceTensor):
         # a library's Parameter subclass (bitsandbytes' Int8Params quantizes with ``self.data = int8_on_the_gpu``) stays
-        # one, with its attributes (:mod:`simulators.devices.parameter_subclasses`); by its class, not ``isinstance``,
+        # one, with its attributes (:mod:`simulators.devices.families.parameter_subclasses`); by its class, not ``isinstance``,
         # which a tensor of another class marked ``_is_param`` (a lazy host tensor's parameter) also passes
         attributes = dict(variable.__dict__)
         replacement = torch.Tensor._make_subclass(type(variable), replacement, variable.requires_grad)
@@ -251,7 +252,7 @@ class DeviceTensor(torch.Tensor):
             raise RuntimeError(
                 f"{cls.device_type.upper()} error: invalid device ordinal: {cls.device_type}:{index} "
                 f"(this simulated machine has {count} {cls.device_type} device(s) per rank; "
-                "see simulators.devices.machine)"
+                "see simulators.devices.families.machine)"
             )
 
     @classmethod
@@ -299,8 +300,8 @@ class DeviceTensor(torch.Tensor):
 
     def tolist(self) -> Any:
         if self._payload.is_meta:
-            no_compute.record("tolist")
-            return no_compute.host_copy(self.shape, self.dtype).tolist()
+            meta_payloads.record("tolist")
+            return meta_payloads.host_copy(self.shape, self.dtype).tolist()
         return self._payload.tolist()
 
     def __format__(self, format_spec: str) -> str:
@@ -313,12 +314,12 @@ class DeviceTensor(torch.Tensor):
         return self._payload.untyped_storage()
 
     def data_ptr(self) -> int:
-        return no_compute.pointer(self._payload) if self._payload.is_meta else self._payload.data_ptr()
+        return meta_payloads.pointer(self._payload) if self._payload.is_meta else self._payload.data_ptr()
 
     def numpy(self, *, force: bool = False) -> Any:
         if force and self._payload.is_meta:
-            no_compute.record("numpy")
-            return no_compute.host_copy(self.shape, self.dtype).numpy()
+            meta_payloads.record("numpy")
+            return meta_payloads.host_copy(self.shape, self.dtype).numpy()
         if force:
             return self._payload.numpy(force=True)
         raise TypeError(
@@ -354,9 +355,9 @@ class DeviceTensor(torch.Tensor):
         meta = any(payload.is_meta for payload in payloads)
         settle = None
         if meta and not all(payload.is_meta for payload in payloads):  # no-compute mode: kept values among them
-            payload_args, payload_kwargs, settle = no_compute.read_as_meta(func, payloads, payload_args, payload_kwargs)
+            payload_args, payload_kwargs, settle = meta_payloads.read_as_meta(func, payloads, payload_args, payload_kwargs)
         if meta:
-            answered, value = no_compute.value_of(func, payload_args, payload_kwargs)
+            answered, value = meta_payloads.value_of(func, payload_args, payload_kwargs)
             if answered:
                 return value
         if target is not None and torch.device(target).type in ("cpu", "meta"):
@@ -365,11 +366,11 @@ class DeviceTensor(torch.Tensor):
         if _takes_generator(func) and payload_kwargs.get("generator") is None and not meta:
             payload_kwargs["generator"] = first.generator_for(index)
         if target is not None:
-            payload_kwargs["device"] = no_compute.payload_device() if meta else torch.device("cpu")
+            payload_kwargs["device"] = meta_payloads.payload_device() if meta else torch.device("cpu")
         if func in PAYLOAD_ADAPTERS:
             payload_args = PAYLOAD_ADAPTERS[func](payload_args)
         if meta and func.namespace == "c10d":
-            out = no_compute.collective(func, payload_args, payload_kwargs)
+            out = meta_payloads.collective(func, payload_args, payload_kwargs)
         elif func.namespace == "c10d":
             out = _collective_on_aliases(func, payload_args, payload_kwargs)
         elif meta:
@@ -407,7 +408,7 @@ class _MoveBetweenIndices(torch.autograd.Function):
 
 def family_of(cls: type[DeviceTensor]) -> type[DeviceTensor]:
     """The family class of a mock tensor's class: the class op results are made of (a library's parameter subclass
-    on the device, :mod:`simulators.devices.parameter_subclasses`, gives results of its family, not of itself)."""
+    on the device, :mod:`simulators.devices.families.parameter_subclasses`, gives results of its family, not of itself)."""
     return getattr(cls, "_family", cls)
 
 

@@ -14,10 +14,10 @@ Rules (catalog ``xla.distributed_type``, ``xla.collectives``,
   ``xla:<local rank>`` (as torch-xla's ``torch_xla.launch`` numbers the
   devices of a host: ``xla:0``..``xla:3`` on 4 devices);
 - an `XlaTensor` reports ``device.type == "xla"`` (``is_xla`` too) and follows
-  :mod:`simulators.devices.tensor` (mixing with CPU tensors raises); every op
+  :mod:`simulators.devices.families.tensor` (mixing with CPU tensors raises); every op
   on one joins the current step's graph (:data:`GRAPHS`);
 - ``torch.autocast("xla", dtype)`` casts as torch's autocast does
-  (:mod:`simulators.devices.autocast`);
+  (:mod:`simulators.devices.kernels.autocast`);
 - random ops on XLA tensors draw from the XLA RNG, whose state is one
   integer seed (``xm.get_rng_state``/``xm.set_rng_state``; default 101, as
   torch-xla's), advanced by every random op; ``torch.manual_seed`` leaves it
@@ -28,11 +28,11 @@ from __future__ import annotations
 import os
 import torch
 
-from simulators.devices import backend, machine
-from simulators.devices.memory import DeviceMemory
-from simulators.devices.replicas import replicas
-from simulators.devices.steps import StepGraphs
-from simulators.devices.tensor import DeviceTensor
+from simulators.devices.families import backend, machine
+from simulators.devices.memory.books import DeviceMemory
+from simulators.devices.families.replicas import replicas
+from simulators.devices.families.steps import StepGraphs
+from simulators.devices.families.tensor import DeviceTensor
 
 #: The version the stand-in reports (the torch-xla release whose API it follows).
 VERSION = "2.9.0+sim"

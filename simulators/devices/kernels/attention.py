@@ -12,7 +12,7 @@ for bf16). Rules, for inputs on the mock GPU where a fused kernel is enabled
 (``torch.backends.cuda.*_sdp_enabled``, ``torch.nn.attention.sdpa_kernel``) and the dtype is not float64:
 
 - forward: the output, computed from the payloads (no intermediate is on the device; bf16 and fp16 in float32,
-  rounded once, as :mod:`simulators.devices.lowp_matmul` computes products), and a float32
+  rounded once, as :mod:`simulators.devices.kernels.lowp_matmul` computes products), and a float32
   log-sum-exp of ``query.shape[:-1]``, its last dimension padded to a multiple of 32 where
   memory-efficient attention runs (float32, or an attention mask, or before compute capability 8.0);
 - backward: the gradients, recomputed from the payloads with the forward's random state, so dropout drops
@@ -20,7 +20,7 @@ for bf16). Rules, for inputs on the mock GPU where a fused kernel is enabled
   and a float32 row sum per query;
 - no-compute mode (meta payloads): the same tensors, nothing computed (the output's shape is the query's rows
   by the value's features, each gradient its input's), so an attention mask made of kept values
-  (:func:`simulators.devices.no_compute.payload_device_for`) is never read.
+  (:func:`simulators.devices.no_compute.meta_payloads.payload_device_for`) is never read.
 """
 from __future__ import annotations
 
@@ -29,9 +29,10 @@ from typing import Any
 
 import torch
 
-from simulators.devices import flash_attention, machine
-from simulators.devices.lowp_matmul import LOW_PRECISION
-from simulators.devices.tensor import _payload_of
+from simulators.devices.kernels import flash_attention
+from simulators.devices.families import machine
+from simulators.devices.kernels.lowp_matmul import LOW_PRECISION
+from simulators.devices.families.tensor import _payload_of
 
 #: Rows of the memory-efficient kernel's log-sum-exp are padded to a multiple of this (``kAlignLSE``).
 LSE_ALIGNMENT = 32
@@ -86,7 +87,7 @@ def _log_sum_exp_rows(query: torch.Tensor, masked: bool) -> int:
 
 def _payload(value: Any) -> Any:
     """The payload of a mock tensor, widened to float32 where it is bf16 or fp16 with values: a GPU's attention
-    accumulates in float32 and rounds its results once (:mod:`simulators.devices.lowp_matmul`'s rule)."""
+    accumulates in float32 and rounds its results once (:mod:`simulators.devices.kernels.lowp_matmul`'s rule)."""
     payload = _payload_of(value)
     if isinstance(payload, torch.Tensor) and payload.dtype in LOW_PRECISION and not payload.is_meta:
         return payload.float()

@@ -1,6 +1,6 @@
 """FlashAttention's own ops on mock GPU tensors, for the code that calls them by name: torch's context parallelism.
 
-A script's ``scaled_dot_product_attention`` on mock GPU tensors runs :mod:`simulators.devices.attention`'s kernel.
+A script's ``scaled_dot_product_attention`` on mock GPU tensors runs :mod:`simulators.devices.kernels.attention`'s kernel.
 Context parallelism (``torch.distributed.tensor.experimental.context_parallel``, HF accelerate's
 ``maybe_context_parallel``) instead hands the call DTensors sharded along the sequence: on a GPU, the composite op
 picks a fused backend and calls ``aten._scaled_dot_product_flash_attention`` on them, whose DTensor handler runs
@@ -22,8 +22,8 @@ from typing import Any, Callable
 
 import torch
 
-from simulators.devices import machine
-from simulators.devices.lowp_matmul import LOW_PRECISION
+from simulators.devices.families import machine
+from simulators.devices.kernels.lowp_matmul import LOW_PRECISION
 
 aten = torch.ops.aten
 FLASH = aten._scaled_dot_product_flash_attention.default
@@ -68,7 +68,7 @@ def _like(shape: Any, values: torch.Tensor | None) -> Any:
     return result.zero_() if values is None else result.copy_(values)
 
 
-#: The ops run on CPU payloads by another kernel (:data:`simulators.devices.tensor.PAYLOAD_KERNELS`).
+#: The ops run on CPU payloads by another kernel (:data:`simulators.devices.families.tensor.PAYLOAD_KERNELS`).
 PAYLOAD_KERNELS: dict[Any, Callable[..., Any]] = {FLASH: _forward, FLASH_BACKWARD: _backward}
 
 __all__ = ["FLASH", "FLASH_BACKWARD", "MAX_HEAD_SIZE", "PAYLOAD_KERNELS", "flash_eligible"]

@@ -19,11 +19,11 @@ as given, so the op raises as it would. In-place and ``out=`` overloads run as g
 payloads as an op (the CPU's flash kernel and its backward, on the mock devices whose attention is
 ``backend._attention_as_on_cpu``) is one op here: the whole of it runs in float32, its outputs rounded once (a
 GPU's fused kernel also rounds its probabilities before the second product; the last bits differ either way).
-The mock GPU's fused attention (:mod:`simulators.devices.attention`) computes on the payloads itself, by the
+The mock GPU's fused attention (:mod:`simulators.devices.kernels.attention`) computes on the payloads itself, by the
 same rule.
 
 A product with an ``out_dtype`` (``OUT_DTYPE_OPS``, CUDA-only kernels in torch) is the plain product of float32
-copies rounded once to that dtype. Applied by :meth:`simulators.devices.tensor.DeviceTensor.__torch_dispatch__` to
+copies rounded once to that dtype. Applied by :meth:`simulators.devices.families.tensor.DeviceTensor.__torch_dispatch__` to
 payloads with values; no-compute
 mode (meta payloads) computes nothing and is left alone.
 """

@@ -14,7 +14,7 @@
   Transformers applies the plan (4.x ``distribute_model``, 5.x ``apply_tensor_parallelism``).
 
 The rules wrap torch's and Transformers' functions when their module is first imported
-(:func:`simulators.devices.import_hooks.after_import`).
+(:func:`simulators.devices.families.import_hooks.after_import`).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from simulators.devices.import_hooks import after_import
+from simulators.devices.families.import_hooks import after_import
 
 #: Where torch shards context parallelism's buffers (``_context_parallel_buffers``).
 CP_MODULE = "torch.distributed.tensor.experimental._context_parallel._attention"

@@ -1,6 +1,6 @@
 """Which storages on the mock devices autograd holds for the backward pass: the "activations" of a peak's split.
 
-Rules (installed by :func:`simulators.devices.peaks.install` in a dry run's ranks; read by the split):
+Rules (installed by :func:`simulators.devices.memory.peaks.install` in a dry run's ranks; read by the split):
 
 - a storage is an activation while a tensor on it is saved for backward (``ctx.save_for_backward`` and the tensors
   torch's own backward formulas save), as autograd's saved-tensor hooks see them

@@ -2,7 +2,7 @@
 
 A dry run sees only the batches of the steps it runs; when their lengths vary,
 the peak comes at the longest, which may be late in the epoch. Rules (in a dry
-run's ranks, :mod:`simulators.devices.peaks` reports what is recorded here):
+run's ranks, :mod:`simulators.devices.memory.peaks` reports what is recorded here):
 
 - every batch a data loader yields is recorded by its size: the elements of
   its tensors (a batch of 2 sequences of 512 tokens with their labels and

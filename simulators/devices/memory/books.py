@@ -1,6 +1,6 @@
 """Memory of the mock devices: what each device holds, its peak, and out-of-memory past its budget.
 
-Rules (the budget is :func:`simulators.devices.machine.device_memory`):
+Rules (the budget is :func:`simulators.devices.families.machine.device_memory`):
 
 - a device holds the storages of the live tensors on it: a storage counts
   once, at its size in bytes, however many tensors (views, parameters, their
@@ -11,7 +11,7 @@ Rules (the budget is :func:`simulators.devices.machine.device_memory`):
   resize of the storage itself (``tensor.untyped_storage().resize_(0)``, how
   FSDP2 frees an unsharded parameter it still references);
 - on ``cuda``, each device also runs a model of torch's caching allocator
-  (:mod:`simulators.devices.caching_allocator`, settings from the process's
+  (:mod:`simulators.devices.memory.caching_allocator`, settings from the process's
   ``PYTORCH_ALLOC_CONF`` / ``PYTORCH_CUDA_ALLOC_CONF``): a new storage is a
   malloc of its bytes, its release a free, a resize a malloc of the new size
   then a free of the old (torch's ``resize_bytes_cuda``; a resize to 0 bytes
@@ -42,9 +42,9 @@ from typing import Any
 
 import torch
 
-from simulators.devices import machine
-from simulators.devices.caching_allocator import AllocatorOutOfMemory, Block, CachingAllocator, Settings
-from simulators.devices.history import AllocationHistory, Timeline, snapshot
+from simulators.devices.families import machine
+from simulators.devices.memory.caching_allocator import AllocatorOutOfMemory, Block, CachingAllocator, Settings
+from simulators.devices.memory.history import AllocationHistory, Timeline, snapshot
 
 
 #: Where payloads live: the CPU, or nowhere (meta) in no-compute mode; a meta storage counts at its size as well.
@@ -67,7 +67,7 @@ class _Storage:
     holders: int = 0
     #: Its block in the device's caching allocator model (None: no model, or 0 bytes).
     block: Block | None = None
-    #: How many tensors on it autograd holds for backward (:mod:`simulators.devices.activations`).
+    #: How many tensors on it autograd holds for backward (:mod:`simulators.devices.memory.activations`).
     saved: int = 0
     #: The frames of its allocation, where the device keeps an allocation history.
     frames: list | None = None
@@ -78,7 +78,7 @@ class _Device:
     allocated: int = 0
     peak: int = 0
     storages: dict[int, _Storage] = field(default_factory=dict)
-    #: When and where the peak was reached, and what it held (see :mod:`simulators.devices.peaks`).
+    #: When and where the peak was reached, and what it held (see :mod:`simulators.devices.memory.peaks`).
     peak_step: int = 0
     peak_at: str = ""
     split: dict[str, int] | None = None
@@ -87,7 +87,7 @@ class _Device:
     #: The storages held at the last split and each part's keys then, until the next change completes the split.
     split_pending: tuple[dict[int, _Storage], dict[str, set[int]], Any] | None = None
     allocator: CachingAllocator | None = None
-    #: The books' history (:mod:`simulators.devices.history`), where a dry run asked for it.
+    #: The books' history (:mod:`simulators.devices.memory.history`), where a dry run asked for it.
     timeline: Timeline | None = None
     history: AllocationHistory | None = None
 
@@ -105,7 +105,7 @@ class DeviceMemory:
         self._busy = False
         self._pending: list[tuple[CachingAllocator, Block]] = []
         self._watchers: set[weakref.ref] = set()
-        #: :mod:`simulators.devices.peaks` once a dry run asked for memory reports (None: no records kept).
+        #: :mod:`simulators.devices.memory.peaks` once a dry run asked for memory reports (None: no records kept).
         self.recorder = None
         #: Whether each device keeps a timeline, and the frames function of an allocation history (None: none kept).
         self.timelines = False
@@ -312,7 +312,7 @@ class DeviceMemory:
             return summaries
 
     def timelines_report(self) -> dict[int, dict]:
-        """Per device that keeps one: its timeline (:meth:`simulators.devices.history.Timeline.report`)."""
+        """Per device that keeps one: its timeline (:meth:`simulators.devices.memory.history.Timeline.report`)."""
         with self._lock:
             return {index: device.timeline.report() for index, device in sorted(self._devices.items()) if device.timeline}
 
@@ -324,7 +324,7 @@ class DeviceMemory:
                     device.timeline.step(step)
 
     def snapshot(self) -> dict:
-        """This family's devices as ``torch.cuda.memory._snapshot()`` reports them (:func:`simulators.devices.history.snapshot`)."""
+        """This family's devices as ``torch.cuda.memory._snapshot()`` reports them (:func:`simulators.devices.memory.history.snapshot`)."""
         with self._lock:
             return snapshot({index: (device.allocator, device.history,
                                      {storage.block.addr: (storage.block, storage.size, storage.frames or [])

@@ -168,7 +168,7 @@ class CachingAllocator:
         self._next_address = 1 << 40
         self._address = address or self._bump
         #: ("segment_alloc" | "segment_free" | "segment_map" | "segment_unmap", address, size) once set to a list (or a
-        #: deque: :class:`simulators.devices.history.AllocationHistory`'s ring).
+        #: deque: :class:`simulators.devices.memory.history.AllocationHistory`'s ring).
         self.history: list[tuple[str, int, int]] | None = None
 
     # -- the allocator's API -------------------------------------------------------------------------------------

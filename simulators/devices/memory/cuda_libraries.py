@@ -22,7 +22,7 @@ Found in the caching allocator's snapshots of a real H200 (``../shared/gpu/*.pic
   where the loop holds ``sqrt`` and ``div`` results at once: ``embedding.pickle``'s step). The mock's
   parameters are a tensor subclass, which torch would send down the loop: they count as plain tensors.
 
-The GPU's architecture is :func:`simulators.devices.machine.gpu_capability` (``--gpu`` sets it).
+The GPU's architecture is :func:`simulators.devices.families.machine.gpu_capability` (``--gpu`` sets it).
 """
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ from typing import Any
 
 import torch
 
-from simulators.devices import machine, peaks
+from simulators.devices.families import machine
+from simulators.devices.memory import peaks
 
 #: The ops that call cuBLAS (a handle, so a workspace, for the calling thread).
 CUBLAS_OPS = frozenset({

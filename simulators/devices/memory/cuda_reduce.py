@@ -15,7 +15,7 @@ bytes for the 8000-wide output layer's, the run's largest segment).
 :func:`launch_config` follows ``setReduceConfig`` step for step over the iteration space TensorIterator builds
 for a reduction (:func:`iteration_space`: reduced dimensions first, the others by stride, adjacent ones
 merged), with the simulated GPU's multiprocessors and resident threads
-(:func:`simulators.devices.machine.gpu_multiprocessors`). Ops and their kernels' template arguments (the
+(:func:`simulators.devices.families.machine.gpu_multiprocessors`). Ops and their kernels' template arguments (the
 accumulator's size; how many inputs one vectorised load takes):
 
 - ``sum``: the accumulator is float32 for 16-bit floats (``gpu_reduce_kernel<c10::BFloat16, float, 4, 8>`` in
@@ -33,7 +33,7 @@ from typing import Any, Sequence
 
 import torch
 
-from simulators.devices import machine
+from simulators.devices.families import machine
 
 #: ``mnt_wrapper<T>::MAX_NUM_THREADS`` (every type but complex double).
 MAX_THREADS = 512

@@ -1,7 +1,7 @@
 """What a mock device's books did over a run: a bounded timeline for the dry-run report, and, when asked, the allocation
 history in the format of ``torch.cuda.memory._snapshot()``.
 
-Rules (:class:`simulators.devices.memory.DeviceMemory` keeps one of each per device of a rank whose dry run asked for
+Rules (:class:`simulators.devices.memory.books.DeviceMemory` keeps one of each per device of a rank whose dry run asked for
 memory reports, resp. for a memory snapshot):
 
 - :class:`Timeline`: after each change of the books (a storage booked, resized or released, ``empty_cache``) the

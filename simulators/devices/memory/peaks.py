@@ -1,6 +1,6 @@
 """Where and when each mock device reached its peak, what it held then, and the rank's memory report.
 
-Rules (:class:`simulators.devices.memory.DeviceMemory` calls :func:`on_peak` and
+Rules (:class:`simulators.devices.memory.books.DeviceMemory` calls :func:`on_peak` and
 :func:`on_out_of_memory`; the dry run reads the report, see
 :mod:`simulators.dryrun`):
 
@@ -12,7 +12,7 @@ Rules (:class:`simulators.devices.memory.DeviceMemory` calls :func:`on_peak` and
   device reached it;
 - what a device held at its peak is split into the model's parameters, their
   gradients, the optimizers' state, communication buffers, activations (the
-  storages autograd holds for backward, :mod:`simulators.devices.activations`)
+  storages autograd holds for backward, :mod:`simulators.devices.memory.activations`)
   and the rest (temporaries, outputs not saved, what the books cannot place). The parameters are those of every module made in
   the process and every optimizer's (for a DTensor, its local shard; for a
   DeepSpeed ZeRO-3 parameter, its partition ``ds_tensor``), split three ways:
@@ -33,14 +33,14 @@ Rules (:class:`simulators.devices.memory.DeviceMemory` calls :func:`on_peak` and
 - an allocation that would pass the budget is recorded (device, step, line and
   torch's message) before torch's ``OutOfMemoryError`` is raised;
 - the batches the data loaders yielded, by position and size, are listed under
-  ``batches`` (:mod:`simulators.devices.batches`, which also runs the heaviest first
+  ``batches`` (:mod:`simulators.devices.memory.batches`, which also runs the heaviest first
   where asked);
-- the places where a no-compute run (:mod:`simulators.devices.no_compute`) gave a
+- the places where a no-compute run (:mod:`simulators.devices.no_compute.meta_payloads`) gave a
   placeholder for a value are listed under ``placeholders`` (line, what was asked, how often);
 - with ``$SIMULATORS_STEPS`` set (``--steps N``), the rank ends (exit 0) once an
   optimizer has made N steps, its report written: a dry run of a long
   training loop stops after the steps that tell its memory;
-- each device's timeline (:class:`simulators.devices.history.Timeline`: allocated and
+- each device's timeline (:class:`simulators.devices.memory.history.Timeline`: allocated and
   reserved bytes after each change of its books, bounded, with the peak and the
   optimizer steps marked) is listed under ``timelines`` (the dry run's ``--report``
   plots it);
@@ -50,7 +50,7 @@ Rules (:class:`simulators.devices.memory.DeviceMemory` calls :func:`on_peak` and
 - with ``$SIMULATORS_MEMORY_SNAPSHOT`` set to a folder (``--memory-snapshot DIR``), each
   ``cuda`` device also keeps its allocation history, and the rank writes
   ``DIR/rank<N>.pickle`` as ``torch.cuda.memory._dump_snapshot`` writes it
-  (:func:`simulators.devices.history.snapshot`) when it exits, stops at ``--steps`` or
+  (:func:`simulators.devices.memory.history.snapshot`) when it exits, stops at ``--steps`` or
   runs out of memory; an allocation's frames are the user's script's on the stack.
 """
 from __future__ import annotations
@@ -66,9 +66,9 @@ from typing import Any
 
 import torch
 
-from simulators.devices import activations, batches
-from simulators.devices.machine import STEPS_ENV
-from simulators.devices.memory import storage_key
+from simulators.devices.memory import activations, batches
+from simulators.devices.families.machine import STEPS_ENV
+from simulators.devices.memory.books import storage_key
 from simulators.spawn import MEMORY_REPORTS_ENV as REPORT_DIR_ENV
 from simulators.spawn import SCRIPT_ENV, memory_report_path
 
@@ -340,8 +340,9 @@ def on_change(books: Any, index: int, device: Any) -> None:
     device.split = _sizes(keys, held)
 
 
-#: Where the frames between a statement and the books are: torch, the simulator, Python's own library.
-_INNER_FOLDERS = tuple(os.path.dirname(path) + os.sep for path in (torch.__file__, os.path.dirname(__file__), os.__file__))
+#: Where the frames between a statement and the books are: torch, the simulator (``simulators/``, two folders above
+#: this module's), Python's own library.
+_INNER_FOLDERS = tuple(os.path.dirname(path) + os.sep for path in (torch.__file__, os.path.dirname(os.path.dirname(os.path.dirname(__file__))), os.__file__))
 
 
 def _statement() -> tuple[Any, int] | None:
@@ -354,7 +355,7 @@ def _statement() -> tuple[Any, int] | None:
 
 def _sizes(keys: dict[str, set[int]], storages: dict[int, Any]) -> dict[str, int]:
     """Bytes of each part's storage ``keys`` among ``storages``; activations are the storages autograd holds for
-    backward (:mod:`simulators.devices.activations`) in no other part."""
+    backward (:mod:`simulators.devices.memory.activations`) in no other part."""
     sizes = {part: sum(storages[key].size for key in keys[part] if key in storages) for part in PARTS}
     placed = set().union(*keys.values())
     sizes["activations"] = sum(storage.size for key, storage in storages.items() if storage.saved and key not in placed)

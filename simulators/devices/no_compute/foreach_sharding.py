@@ -41,7 +41,7 @@ from typing import Any, Callable
 
 import torch
 
-from simulators.devices.import_hooks import after_import
+from simulators.devices.families.import_hooks import after_import
 
 #: The package whose import ends with the modules patched here imported (patching while one of them is being
 #: imported would import the others in an order torch's circular imports do not allow).

@@ -2,7 +2,7 @@
 
 Most scripts build their model on the CPU (``LlamaForCausalLM(config)``, a
 state dict loaded there) before ``accelerator.prepare`` moves it to the GPUs;
-with ``SIMULATORS_NO_COMPUTE=1`` (:mod:`simulators.devices.no_compute`) the
+with ``SIMULATORS_NO_COMPUTE=1`` (:mod:`simulators.devices.no_compute.meta_payloads`) the
 mock devices' tensors carry meta payloads, and so, by these rules, do the
 script's large host tensors (issue 33, item 4):
 
@@ -31,12 +31,12 @@ script's large host tensors (issue 33, item 4):
   in its memory books at its size in bytes, as a computed copy would be;
 - a value asked of a lazy tensor (``.item()``, ``bool(t)``, ``.tolist()``,
   ``.numpy()``, ``f"{t}"``) is a placeholder (zeros), recorded as the
-  mock devices' are (:func:`simulators.devices.no_compute.record`); so is an
+  mock devices' are (:func:`simulators.devices.no_compute.meta_payloads.record`); so is an
   ordinary CPU tensor written from a lazy one (it gets zeros: ``"cpu copy"``
   for ``copy_``, ``"cpu value"`` for another op) and a lazy tensor pickled
   (``torch.save``: zeros of its shape taking one element, ``"save"``);
 - ``data_ptr()`` is its storage record's address plus its offset (a meta
-  tensor's is 0; :func:`simulators.devices.no_compute.pointer`): tensors of
+  tensor's is 0; :func:`simulators.devices.no_compute.meta_payloads.pointer`): tensors of
   different storages have different pointers, as libraries that tell
   parameters apart by them expect (HF accelerate's FSDP2 preparation maps
   the optimizer's parameters so);
@@ -44,7 +44,7 @@ script's large host tensors (issue 33, item 4):
   ``variable`` the other's payload or, across kinds, swaps it for a tensor of
   the other's kind (the same object, still a parameter), as for the mock devices;
 - a collective on lazy tensors (gloo on the host) moves no data: the ranks
-  compare descriptors as for the mock devices' (:func:`simulators.devices.no_compute.collective`);
+  compare descriptors as for the mock devices' (:func:`simulators.devices.no_compute.meta_payloads.collective`);
 - a lazy tensor meeting a mock device tensor in an op other than a copy raises
   the mock's mixing error (``cuda:0 and cpu``), as an ordinary CPU tensor does.
 
@@ -63,8 +63,8 @@ import torch
 from torch.utils._python_dispatch import return_and_correct_aliasing
 from torch.utils._pytree import tree_map_only
 
-from simulators.devices import no_compute
-from simulators.devices.tensor import DeviceTensor, _aliases, _follow_payload, _leaves, _map, add_function_rule, swap_in
+from simulators.devices.no_compute import meta_payloads
+from simulators.devices.families.tensor import DeviceTensor, _aliases, _follow_payload, _leaves, _map, add_function_rule, swap_in
 
 #: Bytes from which a host tensor made in no-compute mode is lazy, unless this variable gives another number.
 THRESHOLD_ENV = "SIMULATORS_LAZY_HOST_MIN_BYTES"
@@ -134,15 +134,15 @@ class LazyHostTensor(torch.Tensor):
         return self._payload.untyped_storage()
 
     def data_ptr(self) -> int:
-        return no_compute.pointer(self._payload)
+        return meta_payloads.pointer(self._payload)
 
     def tolist(self) -> Any:
-        no_compute.record("tolist")
-        return no_compute.host_copy(self.shape, self.dtype).tolist()
+        meta_payloads.record("tolist")
+        return meta_payloads.host_copy(self.shape, self.dtype).tolist()
 
     def numpy(self, *, force: bool = False) -> Any:
-        no_compute.record("numpy")
-        return no_compute.host_copy(self.shape, self.dtype).numpy()
+        meta_payloads.record("numpy")
+        return meta_payloads.host_copy(self.shape, self.dtype).numpy()
 
     def __format__(self, format_spec: str) -> str:
         if self.dim() == 0:
@@ -153,8 +153,8 @@ class LazyHostTensor(torch.Tensor):
         return repr(self._payload).replace(", device='meta'", "")
 
     def __reduce_ex__(self, protocol: int) -> Any:
-        no_compute.record("save")
-        return no_compute.host_copy(self.shape, self.dtype).__reduce_ex__(protocol)
+        meta_payloads.record("save")
+        return meta_payloads.host_copy(self.shape, self.dtype).__reduce_ex__(protocol)
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
@@ -164,8 +164,8 @@ class LazyHostTensor(torch.Tensor):
         if func in _FILLS and isinstance(args[0], LazyHostTensor):
             return args[0]
         if func is _aten._local_scalar_dense.default:
-            no_compute.record("item")
-            return no_compute.scalar(args[0].dtype)
+            meta_payloads.record("item")
+            return meta_payloads.scalar(args[0].dtype)
         if func is _aten.copy_.default and not isinstance(args[0], LazyHostTensor):
             return _copied_from_lazy(args[0], args[1])
         target = kwargs.get("device")
@@ -189,7 +189,7 @@ class LazyHostTensor(torch.Tensor):
         if payload_kwargs.get("pin_memory"):
             payload_kwargs["pin_memory"] = False
         if func.namespace == "c10d":  # as a mock device's: the ranks compare descriptors, no data moves
-            out = no_compute.collective(func, payload_args, payload_kwargs)
+            out = meta_payloads.collective(func, payload_args, payload_kwargs)
         else:
             out = func(*payload_args, **payload_kwargs)
         wrapped = _map(_rewrapper(lazies, real, target), out)
@@ -213,7 +213,7 @@ def _rewrapper(lazies: list[LazyHostTensor], real: dict[int, torch.Tensor], targ
             return known
         written = real.get(id(value))
         if written is not None:  # an ordinary CPU tensor an op wrote into from a lazy one
-            no_compute.record("cpu value")
+            meta_payloads.record("cpu value")
             return written.zero_()
         if not value.is_meta or (target is not None and target.type == "meta"):
             return value
@@ -233,7 +233,7 @@ def _copied_from_lazy(destination: torch.Tensor, source: LazyHostTensor) -> torc
     the mock device's copy from the host) the shapes are checked; an ordinary CPU tensor gets zeros."""
     if destination.is_meta:
         return destination.copy_(source._payload)
-    no_compute.record("cpu copy")
+    meta_payloads.record("cpu copy")
     return destination.zero_()
 
 
@@ -277,15 +277,15 @@ LIKE_FACTORIES = frozenset({torch.empty_like, torch.zeros_like, torch.ones_like,
 
 
 def lazy_factories(func: Callable, args: tuple, kwargs: dict, proceed: Callable) -> Any:
-    """A torch-function rule (:func:`simulators.devices.tensor.add_function_rule`): makes the factories' large CPU
+    """A torch-function rule (:func:`simulators.devices.families.tensor.add_function_rule`): makes the factories' large CPU
     results lazy in no-compute mode, and sends ``variable.data = other`` with an ordinary variable and lazy data to
     :func:`set_data` (a lazy variable's own setter takes the others)."""
     if func in FACTORIES:
-        if no_compute.enabled() and "out" not in kwargs:
+        if meta_payloads.enabled() and "out" not in kwargs:
             made = _made_lazy(func, args, kwargs)
             if made is not None:
                 return made
-    elif func in LIKE_FACTORIES and no_compute.enabled() and _meta_to_cpu(args[0], kwargs.get("device")):
+    elif func in LIKE_FACTORIES and meta_payloads.enabled() and _meta_to_cpu(args[0], kwargs.get("device")):
         return _lazy_like(func, args, kwargs, proceed)
     elif func == _SET_DATA and isinstance(args[1], LazyHostTensor) and not isinstance(args[0], DeviceTensor):
         return set_data(*args)
@@ -370,7 +370,7 @@ def _lazy_loading(load: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(load)
     def loading(f: Any, map_location: Any = None, *args: Any, **kwargs: Any) -> Any:
-        if not no_compute.enabled():
+        if not meta_payloads.enabled():
             return load(f, map_location, *args, **kwargs)
         if kwargs.get("mmap") is None and isinstance(f, (str, os.PathLike)):
             try:
@@ -444,7 +444,7 @@ def _lazy_safe_open(module: Any) -> None:
 
     def safe_open(filename: Any, framework: str, *args: Any, **kwargs: Any) -> Any:
         opened = opening(filename, framework, *args, **kwargs)
-        if not no_compute.enabled() or framework not in ("pt", "torch"):
+        if not meta_payloads.enabled() or framework not in ("pt", "torch"):
             return opened
         return _LazySafeOpen(opened, args[0] if args else kwargs.get("device", "cpu"))
 
@@ -460,7 +460,7 @@ def install(family: type[DeviceTensor]) -> None:
     """Add `lazy_factories` to the torch-function rules for the process's life (a no-op while no-compute mode is off) and make ``torch.load``
     and safetensors' ``safe_open`` lazy in no-compute mode; ``family``'s device is where ``.to(device)``
     puts a lazy tensor."""
-    from simulators.devices.import_hooks import after_import
+    from simulators.devices.families.import_hooks import after_import
 
     _family[:] = [family]
     add_function_rule(lazy_factories)

@@ -18,7 +18,7 @@ import functools
 from types import ModuleType
 from typing import Any, Callable
 
-from simulators.devices.import_hooks import after_import
+from simulators.devices.families.import_hooks import after_import
 
 #: The module defining ``DeviceMesh`` (patched once it is imported).
 DEVICE_MESH = "torch.distributed.device_mesh"

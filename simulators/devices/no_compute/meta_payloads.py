@@ -52,8 +52,8 @@ import torch
 import torch.distributed as dist
 from torch.utils._pytree import tree_flatten, tree_map
 
-from simulators.devices import peaks
-from simulators.devices.machine import NO_COMPUTE_ENV
+from simulators.devices.memory import peaks
+from simulators.devices.families.machine import NO_COMPUTE_ENV
 
 #: How many values one user line may ask for between two optimizer steps.
 RUNAWAY_LIMIT = 10_000
@@ -163,10 +163,10 @@ def host_copy(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
 
 
 def cpu_copy(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
-    """A mock tensor's copy to the CPU: from :func:`simulators.devices.lazy_host.threshold` bytes on a lazy host
+    """A mock tensor's copy to the CPU: from :func:`simulators.devices.no_compute.lazy_host.threshold` bytes on a lazy host
     tensor (no host memory, and a copy of it, ``pin_memory``'s for one, stays lazy: FSDP2's CPU offload pins each
     shard it moves there), else :func:`host_copy`."""
-    from simulators.devices import lazy_host
+    from simulators.devices.no_compute import lazy_host
 
     lazy = lazy_host.large_empty(shape, dtype) if lazy_host.installed() else None
     return lazy if lazy is not None else host_copy(shape, dtype)

@@ -1,7 +1,7 @@
 """A no-compute op's results from its arguments' metadata, each distinct call's answer kept: what a rank's CPU
 spends on torch's Meta kernels, once per distinct call.
 
-In no-compute mode (:mod:`simulators.devices.no_compute`) every op on a mock tensor runs its Meta kernel on the
+In no-compute mode (:mod:`simulators.devices.no_compute.meta_payloads`) every op on a mock tensor runs its Meta kernel on the
 meta payloads, and many of torch's Meta kernels are Python (``torch._meta_registrations``, ``torch._refs``): a
 Llama-3-70B-shaped rank at 64 ranks spent about a fifth of its CPU there, running the same few calls once per layer.
 A Meta kernel's results are a function of what it is given:

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from simulators.devices import gpus, machine
+from simulators.devices.families import gpus, machine
 from simulators.dryrun import summary
 from simulators.launcher import LaunchResult
 from simulators.topology import World

@@ -1,5 +1,5 @@
 """``accelerate-ref launch --simulate cuda --heaviest_batches K``: the batch that decides the peak, found without running
-every step (:mod:`simulators.devices.batches`)."""
+every step (:mod:`simulators.devices.memory.batches`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import textwrap
 import torch
 
 from accelerate_ref.commands.accelerate_cli import run
-from simulators.devices.batches import order, size
+from simulators.devices.memory.batches import order, size
 
 #: 64 one-row batches of 16 tokens but one of 2,048 at position 40, as a padded language-model loader makes them.
 LATE_ROW = textwrap.dedent("""\

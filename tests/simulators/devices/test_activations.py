@@ -1,5 +1,5 @@
 """A dry run's split of a peak names the activations, the storages autograd holds for backward
-(``simulators.devices.activations``), apart from the rest.
+(``simulators.devices.memory.activations``), apart from the rest.
 
 The arithmetic, for ``Linear(D, H) -> ReLU -> Linear(H, D)`` without biases on a batch of B fp32 rows, at a peak
 taken after the forward and before the backward: the first linear saves its input (B x D), ReLU saves its output

@@ -1,4 +1,4 @@
-"""The process-group backend of the mock devices (``simulators/devices/backend.py``): functional collectives'
+"""The process-group backend of the mock devices (``simulators/devices/families/backend.py``): functional collectives'
 results on mock GPUs, as torch's DTensor gathers them."""
 from __future__ import annotations
 

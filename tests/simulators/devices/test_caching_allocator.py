@@ -1,4 +1,4 @@
-"""The model of torch's CUDA caching allocator (``simulators.devices.caching_allocator``): its rules one by one, and
+"""The model of torch's CUDA caching allocator (``simulators.devices.memory.caching_allocator``): its rules one by one, and
 every allocation of real H200 runs replayed through it (``../shared/gpu``: torch 2.11 allocator snapshots of two
 AdamW steps of each model of benchmarks/preflight_models.py, fp32 and bf16, and the max_memory_reserved of each run).
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from simulators.devices.caching_allocator import (
+from simulators.devices.memory.caching_allocator import (
     LARGE_BUFFER, MB, SMALL_BUFFER, AllocatorOutOfMemory, Block, CachingAllocator, Settings, round_size,
 )
 

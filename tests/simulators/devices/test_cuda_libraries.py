@@ -1,5 +1,5 @@
 """What a GPU allocates that a CPU run does not, counted on the mock GPU: library workspaces, foreach optimizers,
-autocast's cast cache, fused attention (``simulators/devices/cuda_libraries.py``, ``autocast.py``, ``attention.py``).
+autocast's cast cache, fused attention (``simulators/devices/memory/cuda_libraries.py``, ``autocast.py``, ``attention.py``).
 
 A workspace lives as long as the process (a thread that ends hands its cuBLAS handle, and so the handle's
 workspace, to the next thread), so the workspace probes run in fresh ranks.

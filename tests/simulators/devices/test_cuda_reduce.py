@@ -1,4 +1,4 @@
-"""The staging buffer of torch's CUDA reductions split across blocks (``simulators/devices/cuda_reduce.py``).
+"""The staging buffer of torch's CUDA reductions split across blocks (``simulators/devices/memory/cuda_reduce.py``).
 
 The expected sizes are the real H200's (``../shared/gpu/encoder.pickle``, ``transformer.pickle``,
 ``encoder_bf16.pickle``: each ``gpu_reduce_kernel`` allocation and the semaphores after it), and the
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from simulators.devices import cuda_reduce
+from simulators.devices.memory import cuda_reduce
 from tests.simulators.devices.worlds import device_world
 
 H200 = {"multiprocessors": 132, "threads_per_multiprocessor": 2048}

@@ -1,5 +1,5 @@
 """FlashAttention's ops on mock GPU tensors and torch's context parallelism over them
-(``simulators/devices/flash_attention.py``, the DTensor branch of ``attention.py``'s kernel)."""
+(``simulators/devices/kernels/flash_attention.py``, the DTensor branch of ``attention.py``'s kernel)."""
 from __future__ import annotations
 
 import pytest

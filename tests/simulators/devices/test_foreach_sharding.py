@@ -1,4 +1,4 @@
-"""DTensor's foreach propagation made linear (``simulators/devices/foreach_sharding.py``): the shardings stay torch's.
+"""DTensor's foreach propagation made linear (``simulators/devices/no_compute/foreach_sharding.py``): the shardings stay torch's.
 
 Each check runs in a process of its own on torch's fake process group (4 ranks, a 2 x 2 mesh named as HF's
 ``dp_shard`` x ``tp``), once with torch's propagation and once with the simulator's, and compares what the foreach
@@ -40,7 +40,7 @@ PROBE = textwrap.dedent("""\
     utils.expand_to_full_mesh_op_strategy = counted(utils.expand_to_full_mesh_op_strategy, "expansions")
     _op_schema._rebuild_tensor_from_dtensor_meta = counted(_op_schema._rebuild_tensor_from_dtensor_meta, "fake tensors")
     if sys.argv[1] == "simulator":
-        from simulators.devices import foreach_sharding
+        from simulators.devices.no_compute import foreach_sharding
         foreach_sharding.install()
     import torch.distributed.tensor._sharding_prop as sharding_prop
 

@@ -1,4 +1,4 @@
-"""simulators.devices.history: the books' bounded timeline, and the allocation history as torch's memory snapshot."""
+"""simulators.devices.memory.history: the books' bounded timeline, and the allocation history as torch's memory snapshot."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import gc
 import pytest
 import torch
 
-from simulators.devices import history
-from simulators.devices.history import CAP, Timeline
-from simulators.devices.memory import DeviceMemory
+from simulators.devices.memory import history
+from simulators.devices.memory.history import CAP, Timeline
+from simulators.devices.memory.books import DeviceMemory
 
 
 def test_a_short_timeline_keeps_every_change_its_peak_and_its_steps():

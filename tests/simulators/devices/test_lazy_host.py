@@ -1,5 +1,5 @@
 """Lazy host tensors (issue 33, item 4): in no-compute mode the large CPU tensors a script makes carry meta payloads
-too (:mod:`simulators.devices.lazy_host`), so a model built on the CPU before ``prepare`` takes no host memory.
+too (:mod:`simulators.devices.no_compute.lazy_host`), so a model built on the CPU before ``prepare`` takes no host memory.
 
 Probes run in a rank of a mock-GPU world and turn no-compute mode on there (and off again before they return); the
 last test dry-runs a small Llama built on the CPU both ways and compares the summaries' books.
@@ -36,7 +36,7 @@ def cuda2():
 def _mode(on: bool) -> None:
     import os
 
-    from simulators.devices.machine import NO_COMPUTE_ENV
+    from simulators.devices.families.machine import NO_COMPUTE_ENV
 
     if on:
         os.environ[NO_COMPUTE_ENV] = "1"
@@ -49,7 +49,7 @@ def _mode(on: bool) -> None:
 def _placeholders() -> list:
     import os
 
-    from simulators.devices import peaks
+    from simulators.devices.memory import peaks
 
     mine = os.path.basename(__file__)
     return sorted((entry["what"], entry["count"]) for entry in peaks.RECORDER.report()["placeholders"]
@@ -61,7 +61,7 @@ def made_and_moved():
     the GPU, mixing, values asked for, and the same factories with the mode off."""
     import torch
 
-    from simulators.devices import peaks
+    from simulators.devices.memory import peaks
 
     peaks.RECORDER.placeholders.clear()
     _mode(True)

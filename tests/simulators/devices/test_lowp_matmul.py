@@ -1,4 +1,4 @@
-"""bf16/fp16 matrix ops on the mock GPU (:mod:`simulators.devices.lowp_matmul`): accumulated in fp32, rounded once,
+"""bf16/fp16 matrix ops on the mock GPU (:mod:`simulators.devices.kernels.lowp_matmul`): accumulated in fp32, rounded once,
 results of the dtype asked for, counted in the books at that dtype (the fp32 temporaries are not).
 
 The expected values are the fp32 op on upcast copies, rounded once. The CPU's own low-precision kernels give

@@ -1,4 +1,4 @@
-"""The memory books of the mock devices (``simulators.devices.memory``), in this process: a ``cuda`` device's books
+"""The memory books of the mock devices (``simulators.devices.memory.books``), in this process: a ``cuda`` device's books
 drive the caching allocator model (issue 33, item 3), the other families reserve what they hold. The books take
 CPU (or meta) payloads, so no mock device is installed here; the ranks' view (``torch.cuda``) is in test_cuda.py.
 """
@@ -9,7 +9,7 @@ import gc
 import pytest
 import torch
 
-from simulators.devices.memory import DeviceMemory
+from simulators.devices.memory.books import DeviceMemory
 
 MiB = 2**20
 

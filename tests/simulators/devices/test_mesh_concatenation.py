@@ -1,4 +1,4 @@
-"""FSDP2's per-parameter mesh concatenation made once per list of meshes (``simulators/devices/mesh_concatenation.py``):
+"""FSDP2's per-parameter mesh concatenation made once per list of meshes (``simulators/devices/no_compute/mesh_concatenation.py``):
 the meshes stay torch's.
 
 Each check runs in a process of its own on torch's fake process group (4 ranks, a 2 x 2 mesh named as HF's
@@ -21,7 +21,7 @@ PROBE = textwrap.dedent("""\
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     if sys.argv[1] == "simulator":
-        from simulators.devices import mesh_concatenation
+        from simulators.devices.no_compute import mesh_concatenation
         mesh_concatenation.install()
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 

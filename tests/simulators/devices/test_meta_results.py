@@ -1,4 +1,4 @@
-"""A no-compute op's results from its arguments' metadata (:mod:`simulators.devices.meta_results`): a kept call's
+"""A no-compute op's results from its arguments' metadata (:mod:`simulators.devices.no_compute.meta_results`): a kept call's
 results equal torch's Meta kernel's (sizes, strides, dtype, storage bytes); what makes two calls differ (a scalar's
 type, the default dtype, a CPU scalar's value) makes them two calls; views, in-place ops, calls that raise and
 calls with CPU data are run each time. In-process: the module sees meta payloads only, as a rank's dispatch gives it.
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from simulators.devices import meta_results
+from simulators.devices.no_compute import meta_results
 
 aten = torch.ops.aten
 

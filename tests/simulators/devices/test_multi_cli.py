@@ -1,6 +1,6 @@
 """The simulated machine's environment contract and how runs ask for it.
 
-``simulators.devices.machine`` parses it; ``python -m conformance run
+``simulators.devices.families.machine`` parses it; ``python -m conformance run
 --device-count/--device-memory`` and ``python -m simulators launch --device
 npu --device-count/--device-memory`` hand it to every rank, and refuse it in
 one line where there are no mock accelerators.
@@ -14,7 +14,7 @@ import pytest
 from conformance.__main__ import main as conformance_main
 from conformance.engine.backends import make_backend, mock_device
 from simulators.__main__ import main as simulators_main
-from simulators.devices import machine
+from simulators.devices.families import machine
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -29,7 +29,7 @@ def fresh_cuda2():
 def _mode(on: bool) -> None:
     import os
 
-    from simulators.devices.machine import NO_COMPUTE_ENV
+    from simulators.devices.families.machine import NO_COMPUTE_ENV
 
     if on:
         os.environ[NO_COMPUTE_ENV] = "1"
@@ -106,11 +106,12 @@ def placeholders_and_runaway():
 
     import torch
 
-    from simulators.devices import no_compute, peaks
+    from simulators.devices.no_compute import meta_payloads
+    from simulators.devices.memory import peaks
 
     os.environ["SIMULATORS_SCRIPT"] = __file__
     _mode(True)
-    limit = no_compute.RUNAWAY_LIMIT
+    limit = meta_payloads.RUNAWAY_LIMIT
     try:
         total = torch.ones(3, device="cuda").sum()
         asked = [total.item(), bool(total), total.reshape(1).tolist(), f"{total:.1f}"]
@@ -118,7 +119,7 @@ def placeholders_and_runaway():
         asked.append([host.tolist(), host.untyped_storage().nbytes()])
         for _ in range(3):
             total.item()
-        no_compute.RUNAWAY_LIMIT = 5
+        meta_payloads.RUNAWAY_LIMIT = 5
         try:
             for _ in range(10):
                 total.item()
@@ -129,7 +130,7 @@ def placeholders_and_runaway():
         placeholders = [entry for entry in peaks.RECORDER.report()["placeholders"] if entry["at"].startswith(mine)]
         return {"asked": asked, "placeholders": placeholders, "runaway": runaway}
     finally:
-        no_compute.RUNAWAY_LIMIT = limit
+        meta_payloads.RUNAWAY_LIMIT = limit
         _mode(False)
         del os.environ["SIMULATORS_SCRIPT"]
 
@@ -177,7 +178,8 @@ def kept_values():
     import torch
     import torch.distributed as dist
 
-    from simulators.devices import no_compute, peaks
+    from simulators.devices.no_compute import meta_payloads
+    from simulators.devices.memory import peaks
 
     rank = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(rank)
@@ -190,7 +192,7 @@ def kept_values():
         dist.all_gather(lengths, length)
         objects = [None, None]
         dist.all_gather_object(objects, {"rank": rank})
-        large = torch.ones(no_compute.KNOWN_BYTES // 8 + 1, dtype=torch.int64, device="cuda")
+        large = torch.ones(meta_payloads.KNOWN_BYTES // 8 + 1, dtype=torch.int64, device="cuda")
         written = torch.full((2,), 7, dtype=torch.int64, device="cuda")
         written.add_(large[:2])
         mixed = torch.ones(2, device="cuda") * written

@@ -176,7 +176,7 @@ def loading_onto_the_npu(folder):
 
 def test_loading_onto_the_npu_and_rebuilding_parameters(npu, tmp_path):
     # A map_location that is a device puts every tensor there, as torch.load documents ("the location where
-    # all tensors should be loaded"); the mock kept the CPU one on the CPU before simulators.devices.loading.
+    # all tensors should be loaded"); the mock kept the CPU one on the CPU before simulators.devices.families.loading.
     assert npu.one(loading_onto_the_npu, str(tmp_path)) == {
         "loaded": {"on npu": "npu", "on cpu": "npu"},
         "rebuilt": ["Parameter", "cpu", False],

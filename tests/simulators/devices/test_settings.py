@@ -10,7 +10,7 @@ import pytest
 from conformance.engine.backends import BACKENDS, SimBackend, SimNpuBackend, SimXlaBackend, make_backend
 from conformance.engine.case import Case
 from simulators.devices import KINDS, world_settings
-from simulators.devices.replicas import Replicas
+from simulators.devices.families.replicas import Replicas
 
 
 @pytest.mark.parametrize("kind, package", [("xla", "torch_xla"), ("npu", "torch_npu"), ("cuda", "torch_cuda_sim")])

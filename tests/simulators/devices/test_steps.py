@@ -1,4 +1,4 @@
-"""XLA's step graphs as the mock counts them (``simulators.devices.steps``), in this process.
+"""XLA's step graphs as the mock counts them (``simulators.devices.families.steps``), in this process.
 
 Rules: a step's graph is its ops and their shapes; a graph seen before runs
 from the cache; new ops compile once; the same ops with new shapes are a
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from simulators.devices.steps import StepGraphs, XlaRecompilationWarning
+from simulators.devices.families.steps import StepGraphs, XlaRecompilationWarning
 
 
 def _step(graphs: StepGraphs, *shapes: tuple[int, ...]) -> str | None:

@@ -254,7 +254,7 @@ def loader_and_spawn():
     import torch_xla.distributed.parallel_loader as pl
     import torch_xla.distributed.xla_multiprocessing as xmp
 
-    from simulators.devices import xla as mock
+    from simulators.devices.families import xla as mock
 
     loader = torch.utils.data.DataLoader(torch.arange(6.0), batch_size=2)
     device_loader = pl.MpDeviceLoader(loader, xm.xla_device())

@@ -3,12 +3,12 @@
 torch imports it at ``import torch`` through its ``torch.backends`` entry
 point (as it loads torch_npu), so a script sees ``torch.cuda.is_available()``
 from its first line; importing it installs the mock (see
-:mod:`simulators.devices.cuda`): ``cuda`` tensors, ``torch.cuda`` and the
+:mod:`simulators.devices.families.cuda`): ``cuda`` tensors, ``torch.cuda`` and the
 ``nccl`` process-group backend, served by gloo.
 """
 from __future__ import annotations
 
-from simulators.devices import cuda as _mock
+from simulators.devices.families import cuda as _mock
 
 _mock.install()
 

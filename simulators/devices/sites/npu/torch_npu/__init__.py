@@ -1,12 +1,12 @@
 """Stand-in for torch_npu (the accelerate-ref simulator's mock Ascend NPU).
 
-Importing it installs the mock (see :mod:`simulators.devices.npu`): the
+Importing it installs the mock (see :mod:`simulators.devices.families.npu`): the
 ``npu`` device, ``torch.npu`` (:mod:`torch_npu.npu`) and the ``hccl``
 process-group backend, served by gloo.
 """
 from __future__ import annotations
 
-from simulators.devices import npu as _mock
+from simulators.devices.families import npu as _mock
 from torch_npu import npu
 
 _mock.install(npu)

@@ -1,6 +1,6 @@
 """``torch.npu``: device selection, RNG, memory queries, streams and events of the mock NPUs.
 
-The functions are the NPU family's :class:`simulators.devices.runtime.DeviceRuntime`
+The functions are the NPU family's :class:`simulators.devices.families.runtime.DeviceRuntime`
 (its module docstring states the rules): ``is_available()`` is true;
 ``device_count()`` is ``SIMULATORS_NPU_DEVICE_COUNT``, else the number of
 ranks on this simulated machine; ``set_device`` / ``current_device`` select
@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import torch
 
-from simulators.devices import npu as _mock
+from simulators.devices.families import npu as _mock
 
 globals().update(_mock.RUNTIME.api())
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from simulators.devices import xla as _mock
+from simulators.devices.families import xla as _mock
 
 
 def _xla_get_tensor_id(tensor: torch.Tensor) -> int:

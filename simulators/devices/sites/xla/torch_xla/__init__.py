@@ -1,7 +1,7 @@
 """Stand-in for torch-xla 2.9 (the accelerate-ref simulator's mock XLA device).
 
 Importing it installs the mock: ``xla`` tensors over CPU payloads and
-collectives over gloo (see :mod:`simulators.devices.xla`). It provides
+collectives over gloo (see :mod:`simulators.devices.families.xla`). It provides
 what implementations call, with torch-xla 2.9's names: ``torch_xla.device``,
 ``torch_xla.sync``, ``torch_xla.launch``, ``torch_xla.runtime``,
 ``torch_xla.core.xla_model``, ``torch_xla.distributed.parallel_loader``,
@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from simulators.devices import xla as _mock
+from simulators.devices.families import xla as _mock
 
 _mock.install()
 

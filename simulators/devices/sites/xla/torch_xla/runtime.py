@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from simulators.devices import xla as _mock
-from simulators.devices.replicas import replicas
+from simulators.devices.families import xla as _mock
+from simulators.devices.families.replicas import replicas
 
 
 def device_type() -> str:

@@ -5,7 +5,7 @@ Follows torch-xla 2.9's signatures and results. Rules (catalog
 
 - collectives take and return tensors on the ``xla`` device (a CPU tensor
   is refused) and run over the world's gloo group
-  (:mod:`simulators.devices.replicas`); each joins the step graph;
+  (:mod:`simulators.devices.families.replicas`); each joins the step graph;
 - ``all_reduce(type, tensor)`` returns a new tensor, ``all_reduce(type,
   [tensors])`` reduces the list in place and returns it; ``scale``
   multiplies the result; one replica alone gets its input back (a copy for a
@@ -15,7 +15,7 @@ Follows torch-xla 2.9's signatures and results. Rules (catalog
 - ``rendezvous`` ends the step and returns every replica's payload;
   ``mesh_reduce`` pickles CPU copies through it and applies ``reduce_fn`` to
   the list;
-- ``mark_step`` ends the step (see :mod:`simulators.devices.steps`) and runs
+- ``mark_step`` ends the step (see :mod:`simulators.devices.families.steps`) and runs
   the step closures;
 - ``xrt_world_size`` and ``get_ordinal`` are gone from torch-xla 2.9
   (``torch_xla.runtime.world_size``/``global_ordinal`` replace them); they
@@ -31,8 +31,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from simulators.devices import replicas as _replicas
-from simulators.devices import xla as _mock
+from simulators.devices.families import replicas as _replicas
+from simulators.devices.families import xla as _mock
 from torch_xla import runtime
 
 REDUCE_SUM = "sum"
@@ -62,7 +62,7 @@ def get_xla_supported_devices(devkind: str | None = None, max_devices: int | Non
 def get_memory_info(device: str | torch.device | None = None) -> dict[str, int]:
     """``{"bytes_used", "bytes_limit", "peak_bytes_used"}`` of ``device`` (default: this replica's).
 
-    The mock's books (:mod:`simulators.devices.memory`): the live tensors' storages
+    The mock's books (:mod:`simulators.devices.memory.books`): the live tensors' storages
     against ``SIMULATORS_DEVICE_MEMORY`` (64 GiB without it).
     """
     index = _mock.XlaTensor.index_of(device)

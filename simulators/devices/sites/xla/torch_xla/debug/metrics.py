@@ -7,7 +7,7 @@ ends with one line per recompilation, naming the step and the shapes.
 """
 from __future__ import annotations
 
-from simulators.devices import xla as _mock
+from simulators.devices.families import xla as _mock
 
 
 def counter_names() -> list[str]:

@@ -4,7 +4,7 @@ Importing it lets ``torch.distributed.init_process_group("xla",
 init_method="xla://")`` make a process group (torch-xla's way to run
 ``DistributedDataParallel`` on XLA). The mock's ``xla`` backend is gloo on
 the tensors' CPU payloads; ``xla://`` rendezvouses through the XLA
-runtime's own store (:func:`simulators.devices.replicas.store`), each group
+runtime's own store (:func:`simulators.devices.families.replicas.store`), each group
 under a fresh prefix.
 """
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any, Iterator
 
 import torch.distributed as dist
 
-from simulators.devices import backend
-from simulators.devices import replicas as _replicas
+from simulators.devices.families import backend
+from simulators.devices.families import replicas as _replicas
 
 _groups = itertools.count()
 
