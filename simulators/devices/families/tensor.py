@@ -63,7 +63,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import return_and_correct_aliasing
 
 from simulators.devices.kernels import lowp_matmul
-from simulators.devices.no_compute import meta_results, meta_payloads
+from simulators.devices.no_compute import meta_payloads
 from simulators.devices.memory.books import DeviceMemory
 
 #: Ops allowed to take tensors of different devices: they are how data moves between them.
@@ -374,7 +374,7 @@ class DeviceTensor(torch.Tensor):
         elif func.namespace == "c10d":
             out = _collective_on_aliases(func, payload_args, payload_kwargs)
         elif meta:
-            out = meta_results.run(func, payload_args, payload_kwargs)
+            out = meta_payloads.without_values(func, payload_args, payload_kwargs)
         elif func in PAYLOAD_KERNELS:
             out = PAYLOAD_KERNELS[func](*payload_args, **payload_kwargs)
         else:  # bf16/fp16 matrix ops as a GPU computes them: fp32 accumulation, rounded once

@@ -24,6 +24,8 @@ With ``SIMULATORS_NO_COMPUTE=1`` in a rank's environment (issue 23, item 1):
   compute; an op that also takes a meta-payload tensor reads them as meta tensors of
   their shape, and one of them it writes then holds zeros, a placeholder like any
   other (:func:`read_as_meta`);
+- an op whose results' sizes depend on values it does not have gets the answer
+  of :data:`WITHOUT_VALUES` for it, recorded as a placeholder (:func:`without_values`);
 - ``data_ptr()`` of a tensor with a meta payload is its storage record's
   address plus its offset (:func:`pointer`; a meta tensor's own is 0), so
   tensors of different storages still have different pointers;
@@ -53,6 +55,7 @@ import torch.distributed as dist
 from torch.utils._pytree import tree_flatten, tree_map
 
 from simulators.devices.memory import peaks
+from simulators.devices.no_compute import meta_results
 from simulators.devices.families.machine import NO_COMPUTE_ENV
 
 #: How many values one user line may ask for between two optimizer steps.
@@ -129,12 +132,18 @@ def read_as_meta(func: Any, payloads: list[torch.Tensor], args: tuple, kwargs: d
 # -- placeholders ------------------------------------------------------------------------------
 
 
-def record(what: str) -> None:
-    """Note that the user line on the stack asked for a value (``what``: "item", "cpu copy", ...) and got a
-    placeholder; RuntimeError once that line asked :data:`RUNAWAY_LIMIT` times since the last optimizer step."""
+def _noted(what: str) -> str:
+    """Count a placeholder of kind ``what`` at the user line on the stack; that line."""
     at = peaks.user_line() or "?"
     key = (at, what)
     peaks.RECORDER.placeholders[key] = peaks.RECORDER.placeholders.get(key, 0) + 1
+    return at
+
+
+def record(what: str) -> None:
+    """Note that the user line on the stack asked for a value (``what``: "item", "cpu copy", ...) and got a
+    placeholder; RuntimeError once that line asked :data:`RUNAWAY_LIMIT` times since the last optimizer step."""
+    at = _noted(what)
     if _asked_at_step[0] != peaks.RECORDER.completed:
         _asked.clear()
         _asked_at_step[0] = peaks.RECORDER.completed
@@ -195,6 +204,40 @@ def value_of(func: Any, payload_args: tuple, payload_kwargs: dict) -> tuple[bool
         record("cpu copy")
         return True, payload_args[0].zero_()
     return False, None
+
+
+def _no_outliers(A: torch.Tensor, threshold: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """bitsandbytes' ``int8_vectorwise_quant`` (LLM.int8(): bitsandbytes/_ops.py and its backends) gives the int8
+    rows of ``A``, one fp32 scale per row, and with a ``threshold`` (6.0 in ``Linear8bitLt``) the indices of the
+    columns holding a value past it, whose matmul then runs apart in 16 bits: how many depends on the activations'
+    values. Without values, none: the decomposition's few columns on real activations are not counted."""
+    _noted("8-bit outlier columns (none assumed)")
+    rows = A.numel() // A.shape[-1]
+    quantized, scales = torch.empty(A.shape, dtype=torch.int8, device=A.device), torch.empty(rows, device=A.device)
+    return quantized, scales, None if threshold == 0.0 else torch.empty(0, dtype=torch.int64, device=A.device)
+
+
+def _no_outlier_matmul(A: torch.Tensor, CA: torch.Tensor, CB: torch.Tensor, SCA: torch.Tensor, SCB: torch.Tensor,
+                       outlier_cols: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """bitsandbytes' ``int8_mixed_scaled_mm`` gives the dequantized int8 product (``A``'s dtype) and ``A``'s outlier
+    columns it multiplied apart (bitsandbytes/backends/default/ops.py): with none (:func:`_no_outliers`), an empty
+    tensor of ``A``'s dtype."""
+    out = torch.empty((*CA.shape[:-1], CB.shape[0]), dtype=A.dtype, device=A.device)
+    return out, torch.empty(0, dtype=A.dtype, device=A.device)
+
+
+#: Ops whose results' sizes depend on values, by schema name, and the answer no-compute gives in their place.
+WITHOUT_VALUES: dict[str, Callable[..., Any]] = {"bitsandbytes::int8_vectorwise_quant": _no_outliers,
+                                                 "bitsandbytes::int8_mixed_scaled_mm": _no_outlier_matmul}
+
+
+def without_values(func: Any, payload_args: tuple, payload_kwargs: dict) -> Any:
+    """``func`` on meta payloads: its :data:`WITHOUT_VALUES` answer where it has one, else its Meta kernel's
+    results (:func:`simulators.devices.no_compute.meta_results.run`)."""
+    answer = WITHOUT_VALUES.get(func._schema.name)
+    if answer is not None:
+        return answer(*payload_args, **payload_kwargs)
+    return meta_results.run(func, payload_args, payload_kwargs)
 
 
 # -- collectives -------------------------------------------------------------------------------

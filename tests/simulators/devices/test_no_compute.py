@@ -247,3 +247,21 @@ def test_small_integral_tensors_keep_their_values_so_exchanged_lengths_read_back
         assert got["payloads"] == ["cpu", "meta", "cpu", "meta", "meta"], got["payloads"]
         assert got["written"] == [0, 0] and got["float"] == 0.0, got
         assert got["placeholders"] == [("item", 1)], got["placeholders"]  # the float's only
+
+
+def test_an_8bit_quantization_without_values_has_no_outlier_columns_and_says_so():
+    """bitsandbytes' LLM.int8() ops return outlier columns whose number depends on the values: without values,
+    none, counted as a placeholder (``meta_payloads.WITHOUT_VALUES``)."""
+    pytest.importorskip("bitsandbytes")
+    import torch
+
+    from simulators.devices.memory import peaks
+    from simulators.devices.no_compute import meta_payloads
+
+    A = torch.empty(4, 16, dtype=torch.float16, device="meta")
+    rows, scales, outliers = meta_payloads.without_values(torch.ops.bitsandbytes.int8_vectorwise_quant.default, (A, 6.0), {})
+    assert (rows.shape, rows.dtype, scales.shape, outliers.shape) == ((4, 16), torch.int8, (4,), (0,))
+    CB = torch.empty(8, 16, dtype=torch.int8, device="meta")
+    out, sub = meta_payloads.without_values(torch.ops.bitsandbytes.int8_mixed_scaled_mm.default, (A, rows, CB, scales, scales[:8], outliers), {})
+    assert (out.shape, out.dtype, sub.numel()) == ((4, 8), torch.float16, 0)
+    assert sum(count for (_, what), count in peaks.RECORDER.placeholders.items() if what.startswith("8-bit outlier")) >= 1
