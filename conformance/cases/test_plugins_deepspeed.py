@@ -45,9 +45,18 @@ DEEPSPEED_CASE_TIMEOUT = 300.0
 
 
 def _require_deepspeed() -> None:
-    """NOT_SUPPORTED, naming the package, where deepspeed is not installed."""
+    """NOT_SUPPORTED, naming the package, where deepspeed is not installed, and naming DeepSpeed's limit on an XLA
+    machine: DeepSpeed has no accelerator for XLA devices (``SUPPORTED_ACCELERATOR_LIST`` of
+    deepspeed/accelerator/real_accelerator.py: cuda, cpu, xpu, npu, mps, hpu, mlu and others, no xla), so on a TPU
+    it would partition onto the host while the model sits on the XLA device; and on an NPU machine without Huawei's
+    CANN toolkit, which DeepSpeed's NPU accelerator builds every op with (a mock NPU machine has none)."""
     if importlib.util.find_spec("deepspeed") is None:
         raise NotSupported("the deepspeed package is not installed (pip install .[deepspeed])")
+    if importlib.util.find_spec("torch_xla") is not None:
+        raise NotSupported("deepspeed limit: DeepSpeed has no accelerator for XLA devices (deepspeed/accelerator/real_accelerator.py)")
+    if importlib.util.find_spec("torch_npu") is not None and "ASCEND_HOME_PATH" not in os.environ:
+        raise NotSupported("deepspeed limit: DeepSpeed's NPU accelerator builds its ops with Huawei's CANN toolkit "
+                           "($ASCEND_HOME_PATH, deepspeed/ops/op_builder/npu/builder.py), which this machine lacks")
 
 
 def _deepspeed_config(**overrides: Any) -> dict:
