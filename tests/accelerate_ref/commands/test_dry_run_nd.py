@@ -11,8 +11,8 @@ The model's own plan for ``lm_head`` (``colwise_rep``) is not applied by ``from_
 (Transformers 4.57), so ``lm_head`` is replicated over ``tp``, as on a GPU.
 
 accelerate_ref runs the data-parallel dimensions only (it refuses ``tp``/``cp``/``sp`` by name): these rows run HF
-accelerate. ``make test`` runs a row of each kind (dp_shard x tp, HSDP x tp, dp_shard x cp), ``make extended`` the
-rest (16 and 64 ranks without compute, a Llama-3-70B-shaped checkpoint of holes at 16 and 64); a row the mock could not run
+accelerate. ``make test`` runs a row of each parallelism it adds to data parallelism (dp_shard x tp, dp_shard x cp),
+``make extended`` the rest (HSDP x tp over 2 machines among them) (16 and 64 ranks without compute, a Llama-3-70B-shaped checkpoint of holes at 16 and 64); a row the mock could not run
 would be a strict xfail naming why (:data:`LIMITS`). The tp rows need Transformers 4 (:data:`REPLICATE_PARALLEL`).
 
 Then HF's own two scripts of ``examples/torch_native_parallelism``, unmodified, at 8 GPUs with offline stand-ins
@@ -140,7 +140,7 @@ WITHOUT_REPLICATE_PARALLEL = ("the installed Transformers has no integrations.te
 #: The rows ``make test`` runs.
 #: The layouts make test runs (the sequence-parallel ones, DeepSpeed's, under make extended: make test dry-runs
 #: DeepSpeed's ZeRO-3 in its setups, launch and Trainer tests).
-SMOKE = {"dp_shard2-tp2", "hsdp2x2-tp2-2-machines", "dp_shard2-cp2"}
+SMOKE = {"dp_shard2-tp2", "dp_shard2-cp2"}
 #: Sequence-parallel rows need DeepSpeed (the ``deepspeed`` extra, which ``make`` installs): skipped without it.
 DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 WITHOUT_DEEPSPEED = ("deepspeed is not installed (the deepspeed extra: pip install --no-deps deepspeed hjson msgpack "
