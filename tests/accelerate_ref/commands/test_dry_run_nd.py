@@ -12,8 +12,8 @@ The model's own plan for ``lm_head`` (``colwise_rep``) is not applied by ``from_
 
 accelerate_ref runs the data-parallel dimensions only (it refuses ``tp``/``cp``/``sp`` by name): these rows run HF
 accelerate. ``make test`` runs a row of each parallelism it adds to data parallelism (dp_shard x tp, dp_shard x cp),
-``make extended`` the rest (HSDP x tp over 2 machines among them) (16 and 64 ranks without compute, a Llama-3-70B-shaped checkpoint of holes at 16 and 64); a row the mock could not run
-would be a strict xfail naming why (:data:`LIMITS`). The tp rows need Transformers 4 (:data:`REPLICATE_PARALLEL`).
+``make extended`` the rest (HSDP x tp over 2 machines, 16 and 64 ranks without compute, a Llama-3-70B-shaped
+checkpoint of holes at 16 and 64); a row the mock could not run would be a strict xfail naming why (:data:`LIMITS`). The tp rows need Transformers 4 (:data:`REPLICATE_PARALLEL`).
 
 Then HF's own two scripts of ``examples/torch_native_parallelism``, unmodified, at 8 GPUs with offline stand-ins
 (``make extended``, given a checkout: :data:`EXAMPLES`), the misconfigurations the dry run names in one line (item
