@@ -43,6 +43,7 @@ def test_other_versions_get_the_plain_manifest():
 
 
 @pytest.mark.slow
+@pytest.mark.longest
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("version", sorted(LEVELS))
 @pytest.mark.parametrize("worlds", ["2", pytest.param("1,2,2x2", marks=pytest.mark.extended)])
