@@ -198,6 +198,8 @@ def test_cuda_dry_run_past_the_budget_names_the_out_of_memory_line(tmp_path):
     assert "out of memory on cuda:" in done.stdout and "train.py:" in done.stdout and "CUDA out of memory. Tried to allocate" in done.stdout
 
 
+#: The parameters of DEEPSPEED_TRAIN's model, in elements: Linear(256, 1024) and Linear(1024, 256) with biases.
+DEEPSPEED_SIZES = (256 * 1024, 1024, 1024 * 256, 256)
 DEEPSPEED_TRAIN = textwrap.dedent("""\
     import torch
     from accelerate import Accelerator
@@ -220,16 +222,22 @@ DEEPSPEED_TRAIN = textwrap.dedent("""\
 def test_launch_use_deepspeed_dry_runs_and_names_the_reduce_bucket(tmp_path, stage):
     """``launch --use_deepspeed --zero_stage N``, as an HF user types it, runs DeepSpeed on torchrun's ranks with the
     settings in their environment; the summary names DeepSpeed's reduce bucket, ``reduce_bucket_size`` (5e8) fp32
-    elements, apart from the rest."""
+    elements, apart from the rest, and each rank's model states are ZeRO's arithmetic (as the setups' DeepSpeed
+    rows, ``test_dry_run_setups.Setup.model_states``)."""
+    from .test_dry_run_setups import Setup
+
     (tmp_path / "train.py").write_text(DEEPSPEED_TRAIN)
     done = _launch(tmp_path, "--simulate", "cuda", "--num_processes", "2", "--use_deepspeed", "--zero_stage", str(stage),
-                   "--gpu", "a100-40gb", "--no-compute", "--timeout", "240", "train.py")
+                   "--gpu", "a100-40gb", "--no-compute", "--timeout", "240", "--summary-json", "summary.json", "train.py")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert f"zero stage {stage} DistributedType.DEEPSPEED" in done.stdout, done.stdout[-3000:]
     bucket = machine.human(500_000_000 * 4)
-    for rank in (0, 1):
-        line = next(line for line in done.stdout.splitlines() if line.startswith(f"rank {rank}: peak"))
+    zero = Setup("", distributed_type="DEEPSPEED", zero_stage=stage)
+    for rank in json.loads((tmp_path / "summary.json").read_text())["ranks"]:
+        line = next(line for line in done.stdout.splitlines() if line.startswith(f"rank {rank['rank']}: peak"))
         assert f"communication buffers {bucket}" in line, line
+        (states,) = [books["model_states"] for books in rank["memory"].values()]
+        assert states == zero.model_states(rank["rank"], DEEPSPEED_SIZES), (rank["rank"], states)
 
 
 @pytest.mark.parametrize("argv, message", [

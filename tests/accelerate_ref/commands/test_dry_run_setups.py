@@ -70,8 +70,9 @@ class Setup:
         over 2 ranks here (hybrid sharding: 2 shards, each held by 2 machines)."""
         return 2 if self.distributed_type in ("FSDP", "DEEPSPEED") else 1
 
-    def model_states(self, rank: int) -> dict[str, int]:
-        """Bytes of each model-state part device ``rank`` holds after a step: fp32 parameters and gradients, AdamW's
+    def model_states(self, rank: int, sizes: tuple[int, ...] | None = None) -> dict[str, int]:
+        """Bytes of each model-state part device ``rank`` holds after a step of a model of parameters of ``sizes``
+        elements (default: the script's, :data:`SIZES`): fp32 parameters and gradients, AdamW's
         two fp32 moments (its step count stays on the CPU). DeepSpeed keeps the optimizer's fp32 master weights as
         a copy of the rank's partition: ZeRO-1/2 always clones it (deepspeed/runtime/zero/stage_1_and_2.py:
         ``weights_partition``), and so does ZeRO-3, whose test for sharing compares a ``torch.device`` with the
@@ -80,15 +81,17 @@ class Setup:
         inside one parameter steps on a view of that parameter's gradient, which keeps the whole of it; another
         steps on a flat copy of its partition. ZeRO-3: the gradient partitions' buffer and the flat fp32 copy of
         them the step gives the master weights (stage3.py: ``_prepare_fp32_grad_for_sub_group``)."""
-        size = 0 if self.offloaded else PARAMETERS * 4 // self.shards
+        sizes = sizes or SIZES
+        total = sum(sizes)
+        size = 0 if self.offloaded else total * 4 // self.shards
         gradients, parameters = size, size
         if self.zero_stage == 3:
             gradients, parameters = 2 * size, 2 * size
         elif self.zero_stage is not None:
-            parameters = PARAMETERS * 4 + size
-            start, end = rank * PARAMETERS // self.shards, (rank + 1) * PARAMETERS // self.shards
-            offsets = [sum(SIZES[:index]) for index in range(len(SIZES))]
-            overlapping = [n for n, offset in zip(SIZES, offsets) if offset < end and offset + n > start]
+            parameters = total * 4 + size
+            start, end = rank * total // self.shards, (rank + 1) * total // self.shards
+            offsets = [sum(sizes[:index]) for index in range(len(sizes))]
+            overlapping = [n for n, offset in zip(sizes, offsets) if offset < end and offset + n > start]
             gradients = 4 * overlapping[0] if len(overlapping) == 1 else size
         return {"trainable_parameters": parameters, "frozen_parameters": 0, "quantized_weights": 0, "gradients": gradients,
                 "optimizer_state": 2 * size}
