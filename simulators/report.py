@@ -23,11 +23,11 @@ import os
 from typing import Any
 
 from simulators.devices.families.machine import human
+from simulators.devices.memory.peaks import PARTS
 from simulators.dryrun import OPTIONAL_PARTS
 
-#: The parts of a peak, in the order the summary prints them (``simulators.devices.memory.peaks.PARTS`` then the rest).
-PART_ORDER = ("trainable_parameters", "frozen_parameters", "quantized_weights", "gradients", "optimizer_state",
-              "communication_buffers", "activations", "other")
+#: The parts of a peak, in the order the summary prints them: the split's, then the rest.
+PART_ORDER = (*PARTS, "other")
 #: Colours: allocated and reserved lines, and each part of the breakdown.
 ALLOCATED, RESERVED, STEPS, PEAK = "#1f77b4", "#ff7f0e", "#9e9e9e", "#d62728"
 PART_COLOURS = ("#4e79a7", "#a0cbe8", "#59a14f", "#f28e2b", "#e15759", "#76b7b2", "#edc948", "#bab0ac")

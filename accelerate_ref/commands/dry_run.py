@@ -90,8 +90,9 @@ def _output_paths(args: argparse.Namespace) -> tuple[str | None, str | None]:
         if os.path.isdir(report):
             raise ValueError(f"--report {args.report}: a folder; give the HTML file to write")
         _writable_folder("--report", args.report, os.path.dirname(report))
-        if missing_library():
-            raise ValueError(f"--report: {missing_library()}")
+        missing = missing_library()
+        if missing:
+            raise ValueError(f"--report: {missing}")
     if folder:
         if args.simulate != "cuda":
             raise ValueError(f"--memory-snapshot records the CUDA caching allocator's history: give --simulate cuda (not {args.simulate})")

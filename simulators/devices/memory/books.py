@@ -91,6 +91,11 @@ class _Device:
     timeline: Timeline | None = None
     history: AllocationHistory | None = None
 
+    @property
+    def reserved(self) -> int:
+        """Bytes the device reserves now: its allocator model's segments (without a model, what it holds)."""
+        return self.allocator.reserved if self.allocator else self.allocated
+
 
 class DeviceMemory:
     """The books of one mock device family's devices in this process (indexed by device)."""
@@ -235,11 +240,11 @@ class DeviceMemory:
         device.allocated += size
         timeline = device.timeline
         if timeline is not None:
-            timeline.add(device.allocated, device.allocator.reserved if device.allocator else device.allocated)
+            timeline.add(device.allocated, device.reserved)
         if device.allocated > device.peak:
             device.peak = device.allocated
             if timeline is not None:
-                timeline.peaked(device.allocated, device.allocator.reserved if device.allocator else device.allocated)
+                timeline.peaked(device.allocated, device.reserved)
             if self.recorder is not None:
                 self.recorder.on_peak(self, index, device)
 
@@ -267,7 +272,7 @@ class DeviceMemory:
         """Bytes device ``index`` reserves now: its allocator model's segments (without a model, what it holds)."""
         with self._lock:
             device = self._devices.get(index, _Device())
-            return device.allocator.reserved if device.allocator else device.allocated
+            return device.reserved
 
     def peak_reserved(self, index: int) -> int:
         """The most bytes device ``index`` reserved since the start or the last :meth:`reset_peak`."""
@@ -283,7 +288,7 @@ class DeviceMemory:
             if device.allocator is not None:
                 device.allocator.reset_peak()
             if device.timeline is not None:
-                device.timeline.peaked(device.allocated, device.allocator.reserved if device.allocator else device.allocated)
+                device.timeline.peaked(device.allocated, device.reserved)
 
     def empty_cache(self) -> None:
         """Release the fully free segments of every device's allocator model (``torch.cuda.empty_cache``)."""
@@ -377,6 +382,6 @@ class DeviceMemory:
                             device.history.free(storage.block.addr, storage.size, storage.frames)
                         self._free(device.allocator, storage.block)
                     if device.timeline is not None:
-                        device.timeline.add(device.allocated, device.allocator.reserved if device.allocator else device.allocated)
+                        device.timeline.add(device.allocated, device.reserved)
 
         return release

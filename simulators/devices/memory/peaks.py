@@ -62,7 +62,7 @@ import pickle
 import sys
 import threading
 import weakref
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -268,17 +268,9 @@ def user_frames() -> list[dict[str, Any]]:
     """The frames of the user's script on the stack (as :func:`user_line` finds them), innermost first, as torch's
     snapshot lists them (``filename``, ``line``, ``name``); else the innermost statement outside torch, the simulator
     and Python's library; else none."""
-    script = os.environ.get(SCRIPT_ENV)
-    found: list[dict[str, Any]] = []
-    if script:
-        main = sys._current_frames().get(threading.main_thread().ident) if threading.current_thread() is not threading.main_thread() else None
-        for frame in (sys._getframe(1), main):
-            while frame is not None:
-                if frame.f_code.co_filename == script:
-                    found.append(_frame(frame))
-                frame = frame.f_back
-            if found:
-                return found
+    found = [_frame(frame) for frame in _script_frames()]
+    if found:
+        return found
     statement = _statement()
     return [_frame(statement[0])] if statement else []
 
@@ -295,16 +287,28 @@ def user_line() -> str:
     """``file:line`` of the innermost frame of the user's script on this thread's stack, else on the main
     thread's (autograd runs a device's backward in a thread of its own, while the script waits in
     ``backward()``); "" when neither has one."""
+    frame = next(_script_frames(), None)
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}" if frame is not None else ""
+
+
+def _script_frames() -> Iterator[Any]:
+    """The frames of the user's script (``$SIMULATORS_SCRIPT``), innermost first, on this thread's stack, else on the
+    main thread's (autograd runs a device's backward in a thread of its own, while the script waits in
+    ``backward()``); none without a script."""
     script = os.environ.get(SCRIPT_ENV)
     if not script:
-        return ""
+        return
     main = sys._current_frames().get(threading.main_thread().ident) if threading.current_thread() is not threading.main_thread() else None
-    for frame in (sys._getframe(1), main):
+    for start in (sys._getframe(1), main):
+        found = False
+        frame = start
         while frame is not None:
             if frame.f_code.co_filename == script:
-                return f"{os.path.basename(script)}:{frame.f_lineno}"
+                found = True
+                yield frame
             frame = frame.f_back
-    return ""
+        if found:
+            return
 
 
 def on_peak(books: Any, index: int, device: Any) -> None:
