@@ -15,14 +15,9 @@ else its catalog row's (``levels.toml``'s ``[rows]``), else ``docs-0.27``. The r
 from __future__ import annotations
 
 import os
-import sys
 from functools import lru_cache
-from importlib import resources
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from ..packaged import packaged_toml
 
 LEVELS = ("docs-0.27", "docs-1.x", "hf-1.15")
 DEFAULT_LEVEL = "hf-1.15"
@@ -49,7 +44,7 @@ def within(case_level: str, level: str) -> bool:
 
 @lru_cache(maxsize=1)
 def _table() -> dict:
-    return tomllib.loads(resources.files("conformance").joinpath("levels.toml").read_text(encoding="utf-8"))
+    return packaged_toml("levels.toml")
 
 
 def of_case(catalog_id: str, key: str) -> str:

@@ -17,19 +17,14 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import lru_cache
-from importlib import resources
 from typing import IO, Any, Callable, Sequence
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 from simulators.capacity import check_world
 from simulators.flight_recorder import DEBUG_ENV
 from simulators.topology import World
 
 from .. import catalog
+from ..packaged import packaged_toml
 from . import levels
 from .backends import SimBackend, make_backend
 from .case import LARGE_WORLDS, Case, all_cases, select
@@ -231,8 +226,7 @@ def _execute(options: RunOptions, backend: SimBackend | NativeBackend, out: IO[s
 @lru_cache(maxsize=1)
 def device_independent_ids() -> dict[str, str]:
     """The catalog rows whose outcome cannot depend on the device family, with why (``device_independent.toml``)."""
-    text = resources.files("conformance").joinpath("device_independent.toml").read_text(encoding="utf-8")
-    return tomllib.loads(text)["ids"]
+    return packaged_toml("device_independent.toml")["ids"]
 
 
 def _header(meta: dict[str, Any], count: int) -> str:

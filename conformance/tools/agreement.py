@@ -16,12 +16,12 @@ from __future__ import annotations
 import io
 import sys
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import IO, Any, Sequence
 
 from simulators.topology import World
 
 from ..engine.case import all_cases, select
+from ..packaged import packaged_toml
 from ..engine.results import CaseResult
 from ..engine.runner import RunOptions, execute
 from .torchrun import run_native
@@ -52,7 +52,7 @@ def listed(path: str | None = None) -> list[Listed]:
         with open(path, "rb") as handle:
             data = tomllib.load(handle)
     else:
-        data = tomllib.loads(resources.files("conformance").joinpath("agreement.toml").read_text(encoding="utf-8"))
+        data = packaged_toml("agreement.toml")
     return [Listed(entry["case"], entry["reason"], tuple(entry.get("worlds", ()))) for entry in data.get("exception", [])]
 
 
