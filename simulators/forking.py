@@ -142,13 +142,23 @@ class KeptZygote:
                 yield zygote
             return
         try:
-            if self._zygote is None or self._env != _imports_env(env) or not self._zygote.alive:
-                self._end()
-                self._folder = tempfile.mkdtemp(prefix="simulators-zygote-")
-                self._zygote, self._env = Zygote(env, Path(self._folder, "zygote.log"), self.preload), _imports_env(env)
-            yield self._zygote
+            yield self._current(env)
         finally:
             self._lock.release()
+
+    def lasting(self, env: Mapping[str, str]) -> Zygote:
+        """The kept zygote for ranks that outlive this call (a rank pool's, between its targets), started or
+        replaced when needed: its owner ends those ranks before asking again with another environment (a
+        replaced zygote takes its ranks with it)."""
+        with self._lock:
+            return self._current(env)
+
+    def _current(self, env: Mapping[str, str]) -> Zygote:
+        if self._zygote is None or self._env != _imports_env(env) or not self._zygote.alive:
+            self._end()
+            self._folder = tempfile.mkdtemp(prefix="simulators-zygote-")
+            self._zygote, self._env = Zygote(env, Path(self._folder, "zygote.log"), self.preload), _imports_env(env)
+        return self._zygote
 
     def close(self) -> None:
         """End the kept zygote, if any."""

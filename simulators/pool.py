@@ -24,6 +24,9 @@ Rules:
   warmed server (:mod:`simulators._zygote`) that has imported torch, the
   worker and ``preload`` once; the server lives as long as the pool, so a
   restart after a crash or hang forks again without re-importing anything.
+  A caller that starts pools one after another (a world at a time) can keep
+  one server for all of them: ``fork_server``, a
+  :class:`simulators.forking.KeptZygote` it owns and closes;
   ``"spawn"`` starts each worker as a fresh interpreter;
 - ``close()`` kills and reaps every worker; it also runs at interpreter
   exit, and the kernel kills workers whose driver died (PDEATHSIG).
@@ -52,7 +55,7 @@ from pathlib import Path
 from typing import Literal
 
 from simulators.flight_recorder import Diagnosis, diagnose
-from simulators.forking import Zygote, ZygoteError
+from simulators.forking import KeptZygote, Zygote, ZygoteError
 from simulators.outcome import RankOutcome
 from simulators.ports import free_port
 from simulators.spawn import RankProcess, child_pythonpath, describe_exit, kill_all, spawn_world
@@ -110,12 +113,17 @@ class RankPool:
         pythonpath: list[str] | None = None,
         start_method: Literal["fork", "spawn"] = "fork",
         preload: list[str] | None = None,
+        fork_server: KeptZygote | None = None,
     ) -> None:
+        """``fork_server``: the caller's kept fork server (its own ``preload``), used instead of one of the pool's."""
         if start_method not in ("fork", "spawn"):
             raise ValueError(f"start_method must be 'fork' or 'spawn', got {start_method!r}")
+        if fork_server is not None and (preload or start_method == "spawn"):
+            raise ValueError("a pool given a fork_server forks from it: it takes neither preload nor start_method='spawn'")
         self.world = world
         self.start_method = start_method
         self.preload = list(preload or [])
+        self._fork_server = fork_server
         self._zygote: Zygote | None = None
         self.setup = setup
         self.start_timeout = start_timeout
@@ -282,16 +290,19 @@ class RankPool:
         return conns
 
     def _warm_zygote(self) -> Zygote | None:
-        """The pool's fork server (started on first use), or None when workers are spawned."""
+        """The fork server to fork workers from: the caller's kept one, else the pool's own (started on first use,
+        again if it died); None when workers are spawned."""
         if self.start_method == "spawn":
             return None
+        env = {**os.environ, **self._env, "PYTHONPATH": child_pythonpath(self._pythonpath),
+               "OMP_NUM_THREADS": self._env.get("OMP_NUM_THREADS", "1"), "PYTHONUNBUFFERED": "1"}
+        if self._fork_server is not None:
+            return self._fork_server.lasting(env)
         if self._zygote is not None and not self._zygote.alive:
             self._zygote.close()  # it died (killed from outside): reap it and start another
             self._zygote = None
         if self._zygote is None:
             assert self._workdir is not None
-            env = {**os.environ, **self._env, "PYTHONPATH": child_pythonpath(self._pythonpath),
-                   "OMP_NUM_THREADS": self._env.get("OMP_NUM_THREADS", "1"), "PYTHONUNBUFFERED": "1"}
             self._zygote = Zygote(env, self._workdir / "zygote.log", self.preload)
         return self._zygote
 

@@ -30,7 +30,7 @@ class _TwoHeads(torch.nn.Module):
         return self.used(x)
 
 
-@case("kwargs.ddp", worlds=DISTRIBUTED_WORLDS)
+@case("kwargs.ddp", worlds=DISTRIBUTED_WORLDS, imports=("torch._dynamo",))  # DDP imports it for find_unused_parameters
 def kwargs_ddp(impl, world):
     """``DistributedDataParallelKwargs(find_unused_parameters=True)`` reaches the DDP wrapper.
 

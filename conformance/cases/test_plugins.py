@@ -400,19 +400,19 @@ def _check_compiles(impl: Any, label: str, **accelerator_kwargs: Any) -> None:
     expect_equal(type(bare).__name__, "_Net", f"{label}: unwrap_model(keep_torch_compile=False)")
 
 
-@case("plugin.dynamo", worlds=[1])
+@case("plugin.dynamo", worlds=[1], imports=("torch._dynamo",))
 def plugin_dynamo_backend(impl, world):
     """``dynamo_backend="eager"`` compiles the prepared model; outputs equal eager; unwrap can drop the compile."""
     _check_compiles(impl, "dynamo_backend='eager'", dynamo_backend="eager")
 
 
-@case("plugin.dynamo", worlds=[1])
+@case("plugin.dynamo", worlds=[1], imports=("torch._dynamo",))
 def plugin_dynamo_plugin(impl, world):
     """``TorchDynamoPlugin(backend="aot_eager")`` compiles the prepared model the same way."""
     _check_compiles(impl, "TorchDynamoPlugin(backend='aot_eager')", dynamo_plugin=impl.utils.TorchDynamoPlugin(backend="aot_eager"))
 
 
-@case("plugin.dynamo", worlds=[1, 2])
+@case("plugin.dynamo", worlds=[1, 2], imports=("torch._dynamo",))
 def plugin_dynamo_regional(impl, world):
     """``use_regional_compilation=True`` compiles each repeated block (and the rest) on its own, as HF 1.15.
 
@@ -449,7 +449,7 @@ def plugin_dynamo_regional(impl, world):
     expect_true(not any(isinstance(sub, OptimizedModule) for sub in bare.modules()), "the unwrapped model has no compiled module")
 
 
-@case("plugin.dynamo", worlds=[2])
+@case("plugin.dynamo", worlds=[2], imports=("torch._dynamo",))
 def plugin_dynamo_regional_fsdp(impl, world):
     """Under FSDP2, regional compilation compiles each block in place (FSDP's hooks still run); training matches DDP."""
     torch._dynamo.reset()

@@ -42,6 +42,8 @@ from .test_plugins import (
 
 #: DeepSpeed's first use on a machine JIT-compiles its CPU ops (minutes; cached after).
 DEEPSPEED_CASE_TIMEOUT = 300.0
+#: What the DeepSpeed cases import on first use: seconds per rank (it imports mlflow for its autotuner).
+DEEPSPEED_IMPORTS = ("deepspeed",)
 
 
 def _require_deepspeed() -> None:
@@ -68,7 +70,7 @@ def _deepspeed_config(**overrides: Any) -> dict:
     return {**config, **overrides}
 
 
-@case("plugin.deepspeed_config", worlds=[1])
+@case("plugin.deepspeed_config", worlds=[1], imports=DEEPSPEED_IMPORTS)
 def plugin_deepspeed_config(impl, world):
     """DeepSpeedPlugin fills "auto" from its fields and from `deepspeed_config_process`; refuses contradictions by key."""
     plugin_class = impl.utils.DeepSpeedPlugin
@@ -95,7 +97,7 @@ def plugin_deepspeed_config(impl, world):
     expect_equal(from_file.deepspeed_config["zero_optimization"]["stage"], 3, "stage filled from zero_stage (config read from a file)")
 
 
-@case("plugin.deepspeed_config", worlds=[1])
+@case("plugin.deepspeed_config", worlds=[1], imports=DEEPSPEED_IMPORTS)
 def plugin_deepspeed_config_contradiction(impl, world):
     """A plugin field contradicting a set config value is refused at construction, naming the key."""
     config = _deepspeed_config(zero_optimization={"stage": 3})
@@ -136,7 +138,7 @@ def _check_zero(values: list[dict], label: str) -> None:
     _check_state(values[0]["state"], _replay(values), label, tolerance=1e-5)
 
 
-@case("plugin.deepspeed_zero", worlds=[2], timeout=DEEPSPEED_CASE_TIMEOUT)
+@case("plugin.deepspeed_zero", worlds=[2], timeout=DEEPSPEED_CASE_TIMEOUT, imports=DEEPSPEED_IMPORTS)
 def plugin_deepspeed_zero(impl, world):
     """ZeRO 1/2/3 through the deepspeed package train to the DDP result; NOT_SUPPORTED naming it where absent."""
     return {stage: _zero_run(impl, world, stage, accumulation=1) for stage in (1, 2, 3)}
@@ -148,7 +150,7 @@ def _deepspeed_zero_check(values, world):
         _check_zero([v[stage] for v in values], f"ZeRO stage {stage}")
 
 
-@case("plugin.deepspeed_zero", worlds=[2], timeout=DEEPSPEED_CASE_TIMEOUT)
+@case("plugin.deepspeed_zero", worlds=[2], timeout=DEEPSPEED_CASE_TIMEOUT, imports=DEEPSPEED_IMPORTS)
 def plugin_deepspeed_accumulation(impl, world):
     """ZeRO stage 2 with gradient_accumulation_steps=2: `accumulate` + `backward` step once per two batches, as DDP."""
     return _zero_run(impl, world, 2, accumulation=2)
@@ -184,7 +186,7 @@ def _check_deepspeed_resume(values: list[dict], stage: int) -> None:
         _expect_identical(v["resumed"], v["uninterrupted"], f"{label}, rank {rank}: weights 2 steps after load_state (vs the uninterrupted run)")
 
 
-@case("plugin.deepspeed_zero", worlds=[2], timeout=DEEPSPEED_CASE_TIMEOUT)
+@case("plugin.deepspeed_zero", worlds=[2], timeout=DEEPSPEED_CASE_TIMEOUT, imports=DEEPSPEED_IMPORTS)
 def plugin_deepspeed_save_state(impl, world):
     """ZeRO 2 and 3: save_state/load_state go through the engine's own checkpointing; training resumes bit-identically."""
     return {stage: _deepspeed_resume(impl, world, stage) for stage in (2, 3)}
@@ -272,7 +274,7 @@ def _replay_adamw(values: list[dict], rates: list[float]) -> dict:
     return _plain(model.state_dict())
 
 
-@case("plugin.deepspeed_config", worlds=[2], timeout=DEEPSPEED_CASE_TIMEOUT)
+@case("plugin.deepspeed_config", worlds=[2], timeout=DEEPSPEED_CASE_TIMEOUT, imports=DEEPSPEED_IMPORTS)
 def plugin_deepspeed_dummy_optim(impl, world):
     """The config's optimizer and scheduler through DummyOptim/DummyScheduler: "auto" filled from them, the engine
     steps both; an optimizer given both in the config and in code, or a DummyOptim without a config section, is refused."""
@@ -295,7 +297,7 @@ def _dummy_optim_check(values, world):
     _check_state(v["state"], _replay_adamw(values, expected), "AdamW (weight decay from the DummyOptim) at those rates", tolerance=1e-5)
 
 
-@case("plugin.deepspeed_zero", worlds=[2], timeout=DEEPSPEED_CASE_TIMEOUT)
+@case("plugin.deepspeed_zero", worlds=[2], timeout=DEEPSPEED_CASE_TIMEOUT, imports=DEEPSPEED_IMPORTS)
 def plugin_deepspeed_offload_optimizer(impl, world):
     """ZeRO-2 with the optimizer offloaded to the CPU: the torch AdamW becomes DeepSpeed's CPU Adam (AdamW mode)
     and trains to the AdamW result (the first use JIT-compiles deepspeed's cpu_adam op)."""
@@ -343,7 +345,7 @@ def _two_plugins_run(impl: Any, world: Any) -> dict:
             "state": _plain(state) if acc.is_main_process else None}
 
 
-@case("plugin.deepspeed_config", worlds=[2], timeout=DEEPSPEED_CASE_TIMEOUT)
+@case("plugin.deepspeed_config", worlds=[2], timeout=DEEPSPEED_CASE_TIMEOUT, imports=DEEPSPEED_IMPORTS)
 def plugin_deepspeed_several_plugins(impl, world):
     """``deepspeed_plugins={name: plugin}``: the first is active, `select_deepspeed_plugin` switches the one
     `prepare` uses (a ZeRO-3 teacher next to a ZeRO-2 student); `backward` trains the first engine."""

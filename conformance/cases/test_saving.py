@@ -682,9 +682,13 @@ def save_state_pre_hooks(impl, world):
 
 #: Importing 🤗 Transformers alone takes seconds (about 30 s on a loaded 2-core machine).
 TRANSFORMERS_CASE_TIMEOUT = 120.0
+#: What the case imports on first use: the model's module, and DeepSpeed, which ``save_pretrained`` reaches
+#: through HF accelerate's ``extract_model_from_parallel`` wherever DeepSpeed is installed.
+TRANSFORMERS_IMPORTS = ("transformers.models.bert.modeling_bert", "deepspeed")
 
 
-@case("save.transformers_save_pretrained", worlds=DISTRIBUTED_WORLDS, timeout=TRANSFORMERS_CASE_TIMEOUT)
+@case("save.transformers_save_pretrained", worlds=DISTRIBUTED_WORLDS, timeout=TRANSFORMERS_CASE_TIMEOUT,
+      imports=TRANSFORMERS_IMPORTS)
 def transformers_save_pretrained(impl, world):
     """A tiny Transformers model from a config, prepared, saved with ``save_pretrained(dir, is_main_process=...,
     save_function=accelerator.save)``, written once and reloaded with ``from_pretrained``; NOT_SUPPORTED without Transformers.

@@ -20,6 +20,7 @@ import time
 from typing import Any, Callable
 
 from simulators.devices import world_settings
+from simulators.forking import KeptZygote
 from simulators.outcome import RankOutcome
 from simulators.pool import PoolResult, PoolStartError, RankPool
 from simulators.spawn import describe_exit
@@ -35,13 +36,18 @@ from .results import CaseResult, Emit, Status
 RENDEZVOUS_S_PER_RANK = 0.5
 #: A HANG's second run, alone in fresh ranks, gets this many times the case's timeout.
 CONFIRM_TIMEOUT_FACTOR = 2.0
+#: What the fork server of a backend's ranks imports besides the worker, the implementation and the modules the
+#: run's cases declare (:attr:`.case.Case.imports`).
+RANK_PRELOAD = ("torch", "torch.distributed")
 
 
 class SimBackend:
     """Ranks from the simulator's rank pool.
 
     One world is live at a time: asking for a case at another world closes
-    the pool of the previous one. After a case whose ranks did not all end
+    the pool of the previous one. Every world's ranks are forked from one fork
+    server, which imported :data:`RANK_PRELOAD`, the implementation and what the
+    cases declare they import (:meth:`expect`). After a case whose ranks did not all end
     the same way, the pool is rebuilt: a rank that stopped early may have
     left collectives unmatched in the process group.
     """
@@ -76,9 +82,17 @@ class SimBackend:
         #: Whether a HANG result is confirmed by a second run (the runner declines for hangs a manifest expects).
         self.confirm_hang: Callable[[CaseResult], bool] = lambda hung: True
         self._scratch = tempfile.TemporaryDirectory(prefix="conformance-")
+        self._fork_server: KeptZygote | None = None
+        #: Modules the cases to run declare they import (:meth:`expect`), for the fork server.
+        self._imports: dict[str, None] = {}
 
     def worlds_supported(self, world: World) -> bool:
         return True
+
+    def expect(self, cases: list[Case]) -> None:
+        """Have the fork server import what ``cases`` declare they import (:attr:`.case.Case.imports`), once for
+        every world's ranks; a server already started with less is replaced at the next world."""
+        self._imports.update(dict.fromkeys(module for case in cases for module in case.imports))
 
     def runs(self, case: Case) -> bool:
         """Whether ``case`` applies here: a case about one device family runs on that family's mock only."""
@@ -154,6 +168,10 @@ class SimBackend:
     def _pool(self, world: World) -> RankPool:
         if world not in self._pools:
             self.close_pools()
+            preload = [*RANK_PRELOAD, *self._imports, "conformance.engine.worker", self.impl]
+            if self._fork_server is None or self._fork_server.preload != tuple(preload):
+                self._close_fork_server()
+                self._fork_server = KeptZygote(preload)
             devices = world_settings(self.device) if self.device else None
             self._pools[world] = RankPool(
                 world,
@@ -162,7 +180,7 @@ class SimBackend:
                      "ACCELERATE_IMPL": self.impl},
                 start_timeout=self.start_timeout,
                 pythonpath=[*(devices.pythonpath if devices else ()), *sys.path],
-                preload=["torch", "torch.distributed", "conformance.engine.worker", self.impl],
+                fork_server=self._fork_server,
             )
         return self._pools[world]
 
@@ -173,7 +191,13 @@ class SimBackend:
 
     def close(self) -> None:
         self.close_pools()
+        self._close_fork_server()
         self._scratch.cleanup()
+
+    def _close_fork_server(self) -> None:
+        if self._fork_server is not None:
+            self._fork_server.close()
+            self._fork_server = None
 
 
 class SimXlaBackend(SimBackend):

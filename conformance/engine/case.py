@@ -102,6 +102,9 @@ class Case:
     timeout: float | None = None
     #: What the case's rule rests on (:mod:`.levels`): ``docs-0.27``, ``docs-1.x`` or ``hf-1.15``.
     level: str = levels.LEVELS[0]
+    #: Modules the case reaches that take seconds per rank to import on first use (``torch._dynamo``,
+    #: ``deepspeed``): a simulated backend's fork server imports them once for all its ranks.
+    imports: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -143,16 +146,17 @@ def case(
     timeout: float | None = None,
     device: str | None = None,
     level: str | None = None,
+    imports: Iterable[str] = (),
 ) -> Callable[[CaseFunction], Case]:
     """Register ``function`` as a case for ``catalog_id`` at ``worlds`` (on ``device`` only, if given), resting on
-    ``level`` (default: :func:`.levels.of_case`)."""
+    ``level`` (default: :func:`.levels.of_case`); ``imports``: see :attr:`Case.imports`."""
     labels = tuple(World.parse(str(world)).label for world in worlds)
 
     def register(function: CaseFunction) -> Case:
         key = f"{function.__module__}:{function.__name__}"
         rests_on = levels.parse(level) if level else levels.of_case(catalog_id, key)
         registered = Case(catalog_id, function, labels, env=dict(env or {}), timeout=timeout, device=device,
-                          level=rests_on)
+                          level=rests_on, imports=tuple(imports))
         if registered.key in _REGISTRY:
             raise ValueError(f"case {registered.key} registered twice")
         _REGISTRY[registered.key] = registered

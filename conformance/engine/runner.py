@@ -173,6 +173,8 @@ def _execute(options: RunOptions, backend: SimBackend | NativeBackend, out: IO[s
         worlds = parse_worlds(",".join(options.worlds))
     else:
         worlds = [backend.world] if isinstance(backend, NativeBackend) else parse_worlds(",".join(DEFAULT_WORLDS))
+    if isinstance(backend, SimBackend):
+        backend.expect(cases)
     run = Run(metadata(options, backend, worlds), reporter=reporting)
     #: IDs about another device family than the backend's: "n/a" in its column of the matrix.
     run.metadata["other_device_ids"] = sorted({c.id for c in selected} - {c.id for c in runnable})

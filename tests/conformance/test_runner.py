@@ -129,3 +129,19 @@ def test_coverage_warning_names_only_cases_that_run_at_none_of_the_worlds():
     assert scaling, "no case runs at the large worlds: the check below would be empty"
     assert idle.isdisjoint(scaling), f"cases that do run at the large worlds named as idle: {sorted(idle & scaling)}"
     assert "launch.cli" in idle, "a case written for world 2 only must be named at the large worlds"
+
+
+def test_the_fork_server_imports_what_the_cases_to_run_declare():
+    """``expect(cases)`` has every later world's ranks start with the cases' declared imports done (the server
+    is replaced at the next world); ranks of a backend that was told nothing start without them."""
+    from tests.conformance.fixture_cases import imports
+
+    sim = SimBackend("accelerate_ref", case_timeout=10.0)
+    try:
+        untold = sim.run_case(imports.declared_import_loaded, World.of(1))
+        sim.expect([imports.declared_import_loaded])
+        told = sim.run_case(imports.declared_import_loaded, World.of(2))
+    finally:
+        sim.close()
+    assert untold.status == Status.FAIL and "[False]" in untold.message, untold.message
+    assert told.status == Status.PASS, told.message

@@ -244,3 +244,29 @@ def test_temporary_files_of_ranks_go_with_the_pool(make_pool, start_method):
     assert len(set(folders)) == 1 and folders[0] != "/tmp", f"ranks' temporary folders: {folders}"
     pool.close()
     assert [path for path in files if os.path.exists(path)] == [], "files the ranks left in their temporary folder"
+
+
+def test_pools_given_one_kept_fork_server_fork_from_it_one_after_another(assert_gone):
+    """A caller's kept fork server outlives each pool it serves: the next world's workers are its children too,
+    and it ends only when its owner closes it."""
+    from simulators.forking import KeptZygote
+
+    server = KeptZygote(["torch"])
+    try:
+        parents = []
+        for world in ("2", "3"):
+            with RankPool(World.parse(world), fork_server=server) as pool:
+                parents.append({parent for parent, _ in values(pool.run(target("parent_pid_and_cwd")))})
+        assert parents[0] == parents[1] and len(parents[0]) == 1, f"the workers' parents, per pool: {parents}"
+        (zygote_pid,) = parents[0]
+        os.kill(zygote_pid, 0)  # still serving after both pools closed
+    finally:
+        server.close()
+    assert_gone([zygote_pid])
+
+
+def test_a_pool_given_a_fork_server_refuses_its_own_preload():
+    from simulators.forking import KeptZygote
+
+    with pytest.raises(ValueError, match="fork_server"):
+        RankPool(World.of(2), fork_server=KeptZygote([]), preload=["torch"])
