@@ -12,6 +12,9 @@ BACKENDS   ?= sim sim-xla sim-npu
 WORLDS     ?= 1,2,3,4,2x2
 # The conformance level: docs-0.27, docs-1.x or hf-1.15 (what the run holds the implementation to).
 LEVEL      ?= hf-1.15
+# Only the cases whose ID or name matches one of these shell-style patterns, e.g. CASES="gather* launch.cli"
+# (default: every case).
+CASES      ?=
 REPORTS    ?= reports
 PYTEST_ARGS ?=
 # pytest workers for `make test` (pytest-xdist): the rank processes of one test leave most of a second
@@ -74,6 +77,7 @@ bytecode: $(STAMP)
 conformance: $(STAMP) bytecode
 	@status=0; skip=; for backend in $(BACKENDS); do \
 		$(PY) -m conformance run --impl $(IMPL) --backend $$backend --worlds $(WORLDS) --level $(LEVEL) $$skip \
+			$(foreach pattern,$(CASES),-k '$(pattern)') \
 			--json $(REPORTS)/conformance-$(IMPL)-$$backend.json \
 			--junit $(REPORTS)/conformance-$(IMPL)-$$backend.xml || status=1; \
 		skip=--skip-device-independent; \

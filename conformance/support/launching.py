@@ -6,6 +6,10 @@ packages on ``PYTHONPATH``) are removed and ``HF_HOME`` points into the case's
 scratch folder, so neither the suite's world nor the user's config leaks into
 the launch. Every launch has a timeout; on expiry its whole process group is
 killed, so no rank outlives the case.
+
+The implementation's command is forked from a fork server that imported torch
+(:data:`CLI_FORK_SERVER`), so a launch does not pay torch's import twice; the
+processes it starts itself (the script's ranks) start afresh, as for a user.
 """
 
 from __future__ import annotations
@@ -14,16 +18,20 @@ import contextlib
 import glob
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import Iterator
 
 import filelock
 
+from simulators.forking import ForkedProcess, KeptZygote
 from simulators.ports import MACHINE_TMP
 
 #: Variables of the surrounding launch that a fresh launch must not inherit.
@@ -33,6 +41,15 @@ LAUNCH_VARIABLES = (
 )
 #: Seconds one launch may take (startup of torch in every rank on a small, loaded machine).
 LAUNCH_TIMEOUT = 150.0
+#: The module that runs an implementation's ``accelerate`` command.
+CLI_MODULE = "conformance.support.cli_main"
+#: The fork server the commands start from, kept from one launch to the next in a rank: it imports torch once.
+#: Only torch: an implementation's command modules read the environment at import (``HF_HOME`` and
+#: ``XDG_CACHE_HOME`` decide which config file ``launch`` reads, the rule of ``launch.config_location``), so each
+#: command imports them itself, as a command started afresh does. Torch reads none of the launch's variables.
+CLI_FORK_SERVER = KeptZygote(["torch"])
+#: Variables that change from one launch to the next: each command gets them, the fork server is started without.
+PER_LAUNCH = ("HF_HOME", "XDG_CACHE_HOME", "HOME", "PROBE_DIR")
 
 
 def cli_root(impl: ModuleType) -> str:
@@ -76,43 +93,60 @@ class Finished:
     stderr: str
 
 
-def start_cli(impl: ModuleType, args: list[str], env: dict[str, str], cwd: str, stdin: str | None = None) -> subprocess.Popen:
-    """Start ``<impl> <args>`` (the implementation's ``accelerate`` command) in its own process group."""
-    code = (
-        "import importlib, sys; importlib.import_module(sys.argv.pop(1)).Accelerator; "
-        "cli = importlib.import_module(sys.argv.pop(1) + '.commands.accelerate_cli'); "
-        "sys.argv[0] = 'accelerate'; sys.exit(cli.main())"
-    )
-    return subprocess.Popen(
-        [sys.executable, "-c", code, impl.name, cli_root(impl), *args],
-        env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL, text=True, start_new_session=True,
-    )
+@dataclass
+class Started:
+    """A command forked from the launch fork server: its process (which leads its own session and process group)
+    and the folder its output goes to (``stdout``, ``stderr``)."""
+
+    process: ForkedProcess
+    output: Path
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
 
 
-def finish(process: subprocess.Popen, timeout: float = LAUNCH_TIMEOUT, stdin: str | None = None) -> Finished:
-    """Wait for ``process`` (killing its process group on timeout, with an AssertionError that says so)."""
+def start_cli(impl: ModuleType, args: list[str], env: dict[str, str], cwd: str) -> Started:
+    """Start ``<impl> <args>`` (the implementation's ``accelerate`` command, :mod:`.cli_main`) with exactly ``env``,
+    forked from :data:`CLI_FORK_SERVER`; it ends as a started interpreter does (atexit handlers, then teardown)."""
+    output = Path(tempfile.mkdtemp(prefix="accelerate-cli-"))
+    server_env = {name: value for name, value in env.items() if name not in PER_LAUNCH}
+    process = CLI_FORK_SERVER.lasting(server_env).fork(
+        CLI_MODULE, env, output / "stdout", cwd, timeout=LAUNCH_TIMEOUT, args=[impl.name, cli_root(impl), *args],
+        error_file=output / "stderr", finalize=True)
+    return Started(process, output)
+
+
+def finish(started: Started, timeout: float = LAUNCH_TIMEOUT) -> Finished:
+    """Wait for ``started`` (killing its process group on timeout, with an AssertionError that says so)."""
     try:
-        out, err = process.communicate(stdin, timeout=timeout)
+        started.process.wait(timeout)
     except subprocess.TimeoutExpired:
-        _kill_group(process)
-        out, err = process.communicate()
-        raise AssertionError(f"the launch was still running after {timeout:g}s; killed. stderr tail: {err[-800:]}")
+        _kill_group(started.pid)
+        raise AssertionError(f"the launch was still running after {timeout:g}s; killed. "
+                             f"stderr tail: {_read(started.output / 'stderr')[-800:]}") from None
     finally:
-        _kill_group(process)
-    return Finished(process.returncode, out, err)
-
-
-def _kill_group(process: subprocess.Popen) -> None:
+        _kill_group(started.pid)
     try:
-        os.killpg(process.pid, signal.SIGKILL)
+        return Finished(started.process.returncode, _read(started.output / "stdout"), _read(started.output / "stderr"))
+    finally:
+        shutil.rmtree(started.output, ignore_errors=True)
+
+
+def _read(path: Path) -> str:
+    return path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
 
 
-def run_cli(impl: ModuleType, args: list[str], env: dict[str, str], cwd: str, stdin: str | None = None) -> Finished:
+def run_cli(impl: ModuleType, args: list[str], env: dict[str, str], cwd: str) -> Finished:
     """Run ``<impl> <args>`` to the end."""
-    return finish(start_cli(impl, args, env, cwd, stdin), stdin=stdin)
+    return finish(start_cli(impl, args, env, cwd))
 
 
 def write_probe(folder: str, impl: ModuleType) -> str:
