@@ -33,7 +33,7 @@ MUTATION_ARGS ?=
 # Ranks per machine of `make conformance-native` (torchrun's --nproc_per_node): one per GPU, 1 without any.
 NPROC      ?= $(shell $(PY) -c "import torch; print(max(torch.cuda.device_count(), 1))" 2>/dev/null || echo 1)
 
-.PHONY: conformance conformance-hf conformance-native test extended bench clean faults scale shipped bytecode lint mutation docs
+.PHONY: conformance conformance-hf conformance-native test extended bench clean faults scale shipped bytecode lint mutation docs deepspeed-ops
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -74,7 +74,7 @@ bytecode: $(STAMP)
 # Every backend runs even when one fails; the matrix puts them side by side; the exit status is
 # that of the worst run. The cases whose outcome cannot depend on the device family
 # (conformance/device_independent.toml) run on the first backend only.
-conformance: $(STAMP) bytecode
+conformance: $(STAMP) bytecode deepspeed-ops
 	@status=0; skip=; for backend in $(BACKENDS); do \
 		$(PY) -m conformance run --impl $(IMPL) --backend $$backend --worlds $(WORLDS) --level $(LEVEL) $$skip \
 			$(foreach pattern,$(CASES),-k '$(pattern)') \
@@ -86,6 +86,16 @@ conformance: $(STAMP) bytecode
 		--markdown $(REPORTS)/conformance-$(IMPL).md --html $(REPORTS)/conformance-$(IMPL).html \
 		--statement $(REPORTS)/statement-$(IMPL)-$(LEVEL).md || status=1; \
 	exit $$status
+
+# DeepSpeed builds its CPU ops (CPU Adam for an offloaded optimizer, its shared-memory collectives) with torch's JIT
+# on first use: about a minute each on 2 cores, into ~/.cache/torch_extensions. They are built here, before the
+# suite, so that no case's time (or timeout) holds a compiler run; this takes seconds once they are built.
+deepspeed-ops: $(STAMP)
+	@echo "DeepSpeed's CPU ops: built by torch's JIT unless built already (about two minutes the first time)"
+	@$(PY) -c "import importlib.util, sys; importlib.util.find_spec('deepspeed') or sys.exit(); \
+		from deepspeed.accelerator import get_accelerator; \
+		[get_accelerator().create_op_builder(name).load(verbose=False) for name in ('CPUAdamBuilder', 'ShareMemCommBuilder')]" \
+		>/dev/null 2>&1 || echo "DeepSpeed's CPU ops did not build here: its cases build them again and report what fails"
 
 conformance-hf:
 	$(MAKE) conformance IMPL=accelerate
