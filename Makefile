@@ -15,6 +15,9 @@ LEVEL      ?= hf-1.15
 # Only the cases whose ID or name matches one of these shell-style patterns, e.g. CASES="gather* launch.cli"
 # (default: every case).
 CASES      ?=
+# What `make conformance` builds before the suite: DeepSpeed's CPU ops (empty: nothing; the DeepSpeed cases then
+# build them with torch's JIT themselves).
+PREBUILD   ?= deepspeed-ops
 REPORTS    ?= reports
 PYTEST_ARGS ?=
 # pytest workers for `make test` (pytest-xdist): the rank processes of one test leave most of a second
@@ -74,7 +77,7 @@ bytecode: $(STAMP)
 # Every backend runs even when one fails; the matrix puts them side by side; the exit status is
 # that of the worst run. The cases whose outcome cannot depend on the device family
 # (conformance/device_independent.toml) run on the first backend only.
-conformance: $(STAMP) bytecode deepspeed-ops
+conformance: $(STAMP) bytecode $(PREBUILD)
 	@status=0; skip=; for backend in $(BACKENDS); do \
 		$(PY) -m conformance run --impl $(IMPL) --backend $$backend --worlds $(WORLDS) --level $(LEVEL) $$skip \
 			$(foreach pattern,$(CASES),-k '$(pattern)') \
