@@ -160,6 +160,11 @@ class KeptZygote:
             self._zygote, self._env = Zygote(env, Path(self._folder, "zygote.log"), self.preload), _imports_env(env)
         return self._zygote
 
+    @property
+    def pid(self) -> int | None:
+        """The kept zygote's process id (None while none is kept)."""
+        return self._zygote._proc.pid if self._zygote is not None else None
+
     def close(self) -> None:
         """End the kept zygote, if any."""
         with self._lock:

@@ -94,6 +94,11 @@ class SimBackend:
         every world's ranks; a server already started with less is replaced at the next world."""
         self._imports.update(dict.fromkeys(module for case in cases for module in case.imports))
 
+    @property
+    def fork_server_pid(self) -> int | None:
+        """The process id of the fork server the ranks come from (None before the first world and after close)."""
+        return self._fork_server.pid if self._fork_server is not None else None
+
     def runs(self, case: Case) -> bool:
         """Whether ``case`` applies here: a case about one device family runs on that family's mock only."""
         return case.device in (None, self.device)

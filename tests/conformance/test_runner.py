@@ -6,7 +6,7 @@ simulator backend against the reference.
 
 from __future__ import annotations
 
-import os
+import time
 from pathlib import Path
 
 import pytest
@@ -20,26 +20,44 @@ pytestmark = pytest.mark.slow
 WORLD = World.of(2)
 
 
-def worker_children() -> list[int]:
-    """Pids of live simulator workers whose parent is this test process."""
+def children_of(pid: int) -> list[int]:
+    """Pids of the live processes whose parent is ``pid``."""
     found = []
     for status in Path("/proc").glob("[0-9]*/status"):
         try:
             fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
-            cmdline = (status.parent / "cmdline").read_bytes()
         except OSError:
             continue
-        if fields.get("PPid", "").strip() == str(os.getpid()) and b"simulators._worker" in cmdline:
+        if fields.get("PPid", "").strip() == str(pid) and _running(int(status.parent.name)):
             found.append(int(status.parent.name))
     return found
+
+
+def still_running(pids: list[int], timeout: float = 5.0) -> list[int]:
+    """Of ``pids``, those still running after ``timeout`` seconds (a SIGKILL takes effect asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while (alive := [pid for pid in pids if _running(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return alive
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` exists and is neither a zombie nor dead."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
 
 
 @pytest.fixture(scope="module")
 def backend():
     sim = SimBackend("accelerate_ref", case_timeout=4.0)
     yield sim
+    server = sim.fork_server_pid
+    assert server is not None, "the backend never started its fork server"
+    processes = [server, *children_of(server)]
     sim.close()
-    assert worker_children() == [], "rank processes survived backend.close()"
+    assert still_running(processes) == [], "the fork server or its ranks survived backend.close()"
 
 
 def test_hang_reports_stacks_and_the_pool_recovers(backend):
