@@ -59,6 +59,10 @@ class Zygote:
     def alive(self) -> bool:
         return self._proc.poll() is None
 
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
     def fork(self, module: str, env: Mapping[str, str], log_file: Path, cwd: str | None, timeout: float,
              args: Sequence[str] = (), error_file: Path | None = None, finalize: bool = False) -> ForkedProcess:
         """Fork a child that runs ``python -m module *args`` with exactly ``env``, its output in ``log_file`` (its
@@ -163,7 +167,7 @@ class KeptZygote:
     @property
     def pid(self) -> int | None:
         """The kept zygote's process id (None while none is kept)."""
-        return self._zygote._proc.pid if self._zygote is not None else None
+        return self._zygote.pid if self._zygote is not None else None
 
     def close(self) -> None:
         """End the kept zygote, if any."""

@@ -1,10 +1,9 @@
 """Shared fixtures of the project's own tests."""
 import os
-import time
 
 import pytest
 
-from simulators.forking import _running as _alive  # a zombie, waiting for its parent to reap it, counts as gone
+from tests.processes import still_running
 
 
 @pytest.fixture
@@ -12,9 +11,7 @@ def assert_gone():
     """``assert_gone(pids)`` fails unless every pid is gone within 5 s (SIGKILL takes effect asynchronously)."""
 
     def check(pids, timeout: float = 5.0) -> None:
-        deadline = time.monotonic() + timeout
-        while (alive := [pid for pid in pids if _alive(pid)]) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        alive = still_running(pids, timeout)
         assert not alive, f"processes still running: {alive}"
 
     return check

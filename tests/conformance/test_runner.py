@@ -6,47 +6,16 @@ simulator backend against the reference.
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
-
 import pytest
 
 from conformance.engine.backends import SimBackend
 from conformance.engine.results import Status
 from simulators.topology import World
 from tests.conformance.fixture_cases import incidents
+from tests.processes import children_of, still_running
 
 pytestmark = pytest.mark.slow
 WORLD = World.of(2)
-
-
-def children_of(pid: int) -> list[int]:
-    """Pids of the live processes whose parent is ``pid``."""
-    found = []
-    for status in Path("/proc").glob("[0-9]*/status"):
-        try:
-            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
-        except OSError:
-            continue
-        if fields.get("PPid", "").strip() == str(pid) and _running(int(status.parent.name)):
-            found.append(int(status.parent.name))
-    return found
-
-
-def still_running(pids: list[int], timeout: float = 5.0) -> list[int]:
-    """Of ``pids``, those still running after ``timeout`` seconds (a SIGKILL takes effect asynchronously)."""
-    deadline = time.monotonic() + timeout
-    while (alive := [pid for pid in pids if _running(pid)]) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return alive
-
-
-def _running(pid: int) -> bool:
-    """Whether ``pid`` exists and is neither a zombie nor dead."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
 
 
 @pytest.fixture(scope="module")
