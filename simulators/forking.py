@@ -211,7 +211,7 @@ class ForkedProcess:
             self._settle()
             # Dead already (a zombie, or reaped) but not yet reported: the zygote's report is on its way.
             deadline = time.monotonic() + EXIT_REPORT_S
-            while self.returncode is None and not _running(self.pid) and time.monotonic() < deadline:
+            while self.returncode is None and not running(self.pid) and time.monotonic() < deadline:
                 self.zygote.pump(0.05)
                 self._settle()
         return self.returncode
@@ -232,8 +232,8 @@ class ForkedProcess:
             self.returncode = -signal.SIGKILL  # died with its zygote; nobody left to report the code
 
 
-def _running(pid: int) -> bool:
-    """Whether ``pid`` exists and is not a zombie waiting for its parent (the zygote) to reap it."""
+def running(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie waiting for its parent (a zygote, say) to reap it."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             return stat.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")

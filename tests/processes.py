@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from simulators.forking import _running as running  # a zombie, waiting for its parent to reap it, counts as gone
+from simulators.forking import running  # a zombie, waiting for its parent to reap it, counts as gone
 
 
 def still_running(pids: list[int], timeout: float = 5.0) -> list[int]:

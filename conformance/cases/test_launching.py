@@ -27,12 +27,13 @@ from contextlib import contextmanager
 
 import yaml
 
+from simulators.forking import running
 from simulators.ports import free_port
 
 from ..engine.case import ANY_WORLD, case
 from ..support import spellings
 from ..support.checks import expect_equal, expect_raises, expect_true
-from ..support.launching import DEBUG_LAUNCHER_PORT, LAUNCH_TIMEOUT, clean_env, holding_port, finish, pid_alive, read_reports, run_cli, start_cli, write_probe
+from ..support.launching import DEBUG_LAUNCHER_PORT, LAUNCH_TIMEOUT, clean_env, holding_port, finish, read_reports, run_cli, start_cli, write_probe
 
 #: Seconds a launch case may take (several launches of torch processes on a small machine).
 LAUNCH_CASE_TIMEOUT = 300.0
@@ -183,7 +184,7 @@ def launch_failure(impl, world):
     pids = [int(open(os.path.join(probe_dir, name)).read()) for name in os.listdir(probe_dir) if name.startswith("pid-")]
     expect_equal(len(pids), 2, "ranks that started")
     time.sleep(0.5)
-    expect_equal([pid for pid in pids if pid_alive(pid)], [], "ranks still running after the launch ended")
+    expect_equal([pid for pid in pids if running(pid)], [], "ranks still running after the launch ended")
 
 
 @case("launch.config_location", worlds=[1], timeout=LAUNCH_CASE_TIMEOUT)

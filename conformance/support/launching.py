@@ -186,15 +186,6 @@ def read_reports(folder: str) -> list[dict]:
     return sorted(reports, key=lambda r: (r["process_index"], r["pid"]))
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether a process with ``pid`` still runs (zombies of other parents count as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 #: The port HF 1.15's ``debug_launcher`` (and the reference's, as HF's) always rendezvous on: it takes no port.
 DEBUG_LAUNCHER_PORT = 29500
 
