@@ -21,6 +21,7 @@ import importlib.util
 import os
 import re
 import sys
+from collections.abc import Mapping
 
 from simulators.devices.families.machine import human
 from simulators.launcher import LaunchResult
@@ -45,10 +46,31 @@ FINGERPRINT = re.compile(r"SequenceNumber=(\d+), OpType=(\w+)(?:, TensorShape=(\
 FORK_SAFE = {
     "torch": ("torch", "torch.distributed", "torch.distributed.fsdp", "torch.distributed.tensor"),
     "transformers": ("transformers", "transformers.modeling_utils"),
-    "accelerate": ("accelerate",),
-    "accelerate_ref": ("accelerate_ref.accelerator",),
+    # prepare() imports lomo_optim, where installed, to tell a LOMO optimizer (HF 1.15's accelerator.py,
+    # prepare_optimizer; accelerate_ref/_accelerator/lomo.py), and lomo_optim imports transformers.
+    "accelerate": ("accelerate", "lomo_optim"),
+    "accelerate_ref": ("accelerate_ref.accelerator", "lomo_optim"),
     "safetensors": ("safetensors.torch",),
 }
+#: What each rank of a world of more than one imports when the script imports one of these libraries: DDP's
+#: constructor reads torch._dynamo's optimize-DDP mode (torch/nn/parallel/distributed.py) and FSDP2 disables dynamo
+#: on its hooks (torch/distributed/fsdp/_fully_shard/_fsdp_common.py); HF accelerate's prepare_data_loader imports
+#: datasets, where installed, to tell a datasets IterableDataset (accelerate/data_loader.py), as the Trainers that
+#: prepare with it do. About 1.5 s and 1 s of imports in each rank. datasets leaves pyarrow's jemalloc purger
+#: running, a thread jemalloc forks safely: its fork handlers (pthread_atfork) hold its locks across the fork, and the
+#: child starts the thread again when it allocates.
+DISTRIBUTED = {
+    "accelerate": ("torch._dynamo", "datasets"),
+    "transformers": ("torch._dynamo", "datasets"),
+    "trl": ("torch._dynamo", "datasets"),
+    "accelerate_ref": ("torch._dynamo",),
+    "peft": ("torch._dynamo",),
+}
+#: DeepSpeed's modules, imported once where the run trains with DeepSpeed (a launch that sets this variable, or a
+#: script that names DeepSpeed): about 4 s of imports in each rank. Its import picks its accelerator
+#: (deepspeed/accelerator/real_accelerator.py) from the environment every rank has too, and leaves the same jemalloc
+#: thread running as datasets (``DISTRIBUTED``).
+DEEPSPEED = {"env": "ACCELERATE_USE_DEEPSPEED", "modules": ("deepspeed",)}
 #: Libraries whose workspaces the GPU picks at run time, which no source gives a rule for: the smallest ratio of a dry
 #: run's reserved peak to a real GPU's among the runs that used one, and why. cuDNN's convolutions: 0.616 (conv) and
 #: 0.782 (conv_bf16) of a real H200's (../shared/gpu/summary.json, torch 2.11).
@@ -88,14 +110,17 @@ def family_env(family: str) -> dict[str, str]:
     return env
 
 
-def _imports(script: str) -> tuple[set[str], list[ast.ImportFrom]]:
-    """The top-level packages ``script`` imports, and its absolute ``from ... import`` statements (none for a script
-    that does not parse: its ranks report the error)."""
+def _parse(script: str) -> ast.Module:
+    """``script``'s syntax tree; an empty one for a script that does not parse (its ranks report the error)."""
     try:
         with open(script, encoding="utf-8") as stream:
-            tree = ast.parse(stream.read(), script)
+            return ast.parse(stream.read(), script)
     except (OSError, SyntaxError, ValueError):
-        tree = ast.Module(body=[], type_ignores=[])
+        return ast.Module(body=[], type_ignores=[])
+
+
+def _imports(tree: ast.Module) -> tuple[set[str], list[ast.ImportFrom]]:
+    """The top-level packages a script imports, and its absolute ``from ... import`` statements."""
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     froms = [node for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module and not node.level]
     return imported | {node.module.split(".")[0] for node in froms}, froms
@@ -104,20 +129,47 @@ def _imports(script: str) -> tuple[set[str], list[ast.ImportFrom]]:
 def missing_engines(script: str) -> list[str]:
     """The fine-tune and engine packages ``script`` imports that are not installed, each as the line saying how to
     install it (``ENGINE_EXTRAS``)."""
-    imported, _ = _imports(script)
+    imported, _ = _imports(_parse(script))
     return [f"{os.path.basename(script)} imports {package}, which is not installed: {how}"
             for package, how in ENGINE_EXTRAS.items() if package in imported and importlib.util.find_spec(package) is None]
 
 
-def preload(script: str) -> list[str]:
+def preload(script: str, ranks: int = 1, env: Mapping[str, str] | None = None) -> list[str]:
     """The modules a dry run's ranks are forked with, imported once (``simulators.launcher.launch``'s
     ``preload``): torch's, those of the ``FORK_SAFE`` libraries the script imports, and the names it imports from
     them (``"transformers:LlamaForCausalLM"``: the fork server looks the name up, which imports the module a lazy
-    package defines it in). A script that does not parse gets torch's only (its ranks report the error)."""
-    imported, froms = _imports(script)
+    package defines it in); at more than one rank, what ``DISTRIBUTED`` wrapping imports; DeepSpeed's where the
+    launch ``env`` or the script asks for it (``DEEPSPEED``). A module that is not installed is left out. A script
+    that does not parse gets torch's only (its ranks report the error)."""
+    tree = _parse(script)
+    imported, froms = _imports(tree)
     from_safe = [node for node in froms if node.module.split(".")[0] in FORK_SAFE]
     modules = [module for library in ["torch", *sorted(imported & FORK_SAFE.keys() - {"torch"})] for module in FORK_SAFE[library]]
-    return [*modules, *(f"{node.module}:{alias.name}" for node in from_safe for alias in node.names if alias.name != "*")]
+    if ranks > 1:
+        modules += [module for library in sorted(imported & DISTRIBUTED.keys()) for module in DISTRIBUTED[library]]
+    if imported and (_truthy((env or {}).get(DEEPSPEED["env"], "")) or "deepspeed" in imported or _asks_for_deepspeed(tree)):
+        modules += DEEPSPEED["modules"]
+    names = [f"{node.module}:{alias.name}" for node in from_safe for alias in node.names if alias.name != "*"]
+    return [module for module in dict.fromkeys(modules) if _installed(module)] + names
+
+
+def _truthy(value: str) -> bool:
+    return value.strip().lower() in ("1", "true", "yes")
+
+
+def _asks_for_deepspeed(tree: ast.Module) -> bool:
+    """Whether a script makes a ``DeepSpeedPlugin`` or passes a ``deepspeed...=`` argument (the Accelerator's
+    ``deepspeed_plugin(s)``, the Trainer's ``deepspeed`` config); importing the plugin's name alone is not asking."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if called == "DeepSpeedPlugin" or any((keyword.arg or "").startswith("deepspeed") for keyword in node.keywords):
+                return True
+    return False
+
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module.split(".")[0]) is not None
 
 
 def watch_interval() -> float | None:

@@ -319,3 +319,17 @@ def test_forked_ranks_start_with_the_preloaded_modules_imported(tmp_path, capsys
         assert launch([str(script)], World.of(2), timeout=60, preload=preload).status == "ok"
         out = capsys.readouterr().out
         assert out.count(f"torch imported at start: {imported}") == 2, out
+
+
+@SPAWNED_AND_FORKED
+def test_each_rank_draws_its_own_numpy_random_stream(tmp_path, capsys, preload):
+    """numpy seeds its global random state from the OS when numpy.random is imported; ranks forked from a server
+    that imported it are seeded afresh, so that no two ranks draw the same numbers, as spawned ones do not."""
+    script = write_script(tmp_path, """
+        import numpy.random
+        print("drew", numpy.random.randint(0, 2**31), flush=True)
+    """)
+    forked_with = (*preload, "numpy.random") if preload else ()
+    assert launch([str(script)], World.of(2), timeout=60, preload=forked_with).status == "ok"
+    drawn = [line.split()[-1] for line in capsys.readouterr().out.splitlines() if " drew " in line]
+    assert len(drawn) == 2 and drawn[0] != drawn[1], f"both ranks drew {drawn}"
