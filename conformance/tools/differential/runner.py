@@ -178,6 +178,7 @@ def _in_process(candidate: str, reference: str, setting: str, probes: list[Probe
                 with Recorder(subject.impl.module if measure_coverage and role == "reference" else None) as recorder:
                     reply[role] = _within(found.timeout, run_probe, found, subject)
                 calls.update(recorder.calls)
+            gc.freeze()  # what the probe imported and kept joins the frozen heap: later collections skip it too
             yield found, {0: reply}
 
 
@@ -189,7 +190,8 @@ def frozen_heap():
     ``find_executable_batch_size``, checkpoint loading); with two
     implementations and every probe module loaded each collection took a
     quarter of a second, most of a probe's time. Objects made inside are
-    collected as usual; the heap is unfrozen after.
+    collected as usual; what a probe leaves behind (the modules it imported) is frozen after it
+    (:func:`_in_process`); the heap is unfrozen after.
     """
     gc.collect()
     gc.freeze()
