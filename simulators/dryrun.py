@@ -21,7 +21,6 @@ import importlib.util
 import os
 import re
 import sys
-from collections.abc import Mapping
 
 from simulators.devices.families.machine import human
 from simulators.launcher import LaunchResult
@@ -66,11 +65,11 @@ DISTRIBUTED = {
     "accelerate_ref": ("torch._dynamo",),
     "peft": ("torch._dynamo",),
 }
-#: DeepSpeed's modules, imported once where the run trains with DeepSpeed (a launch that sets this variable, or a
-#: script that names DeepSpeed): about 4 s of imports in each rank. Its import picks its accelerator
+#: DeepSpeed's modules, imported once where the run trains with DeepSpeed (a DeepSpeed launch, or a script that asks
+#: for DeepSpeed): about 4 s of imports in each rank. Its import picks its accelerator
 #: (deepspeed/accelerator/real_accelerator.py) from the environment every rank has too, and leaves the same jemalloc
 #: thread running as datasets (``DISTRIBUTED``).
-DEEPSPEED = {"env": "ACCELERATE_USE_DEEPSPEED", "modules": ("deepspeed",)}
+DEEPSPEED = ("deepspeed",)
 #: Libraries whose workspaces the GPU picks at run time, which no source gives a rule for: the smallest ratio of a dry
 #: run's reserved peak to a real GPU's among the runs that used one, and why. cuDNN's convolutions: 0.616 (conv) and
 #: 0.782 (conv_bf16) of a real H200's (../shared/gpu/summary.json, torch 2.11).
@@ -134,12 +133,12 @@ def missing_engines(script: str) -> list[str]:
             for package, how in ENGINE_EXTRAS.items() if package in imported and importlib.util.find_spec(package) is None]
 
 
-def preload(script: str, ranks: int = 1, env: Mapping[str, str] | None = None) -> list[str]:
+def preload(script: str, ranks: int = 1, deepspeed: bool = False) -> list[str]:
     """The modules a dry run's ranks are forked with, imported once (``simulators.launcher.launch``'s
     ``preload``): torch's, those of the ``FORK_SAFE`` libraries the script imports, and the names it imports from
     them (``"transformers:LlamaForCausalLM"``: the fork server looks the name up, which imports the module a lazy
     package defines it in); at more than one rank, what ``DISTRIBUTED`` wrapping imports; DeepSpeed's where the
-    launch ``env`` or the script asks for it (``DEEPSPEED``). A module that is not installed is left out. A script
+    launch is a ``deepspeed`` one or the script asks for it (``DEEPSPEED``). A module that is not installed is left out. A script
     that does not parse gets torch's only (its ranks report the error)."""
     tree = _parse(script)
     imported, froms = _imports(tree)
@@ -147,14 +146,10 @@ def preload(script: str, ranks: int = 1, env: Mapping[str, str] | None = None) -
     modules = [module for library in ["torch", *sorted(imported & FORK_SAFE.keys() - {"torch"})] for module in FORK_SAFE[library]]
     if ranks > 1:
         modules += [module for library in sorted(imported & DISTRIBUTED.keys()) for module in DISTRIBUTED[library]]
-    if imported and (_truthy((env or {}).get(DEEPSPEED["env"], "")) or "deepspeed" in imported or _asks_for_deepspeed(tree)):
-        modules += DEEPSPEED["modules"]
+    if imported and (deepspeed or "deepspeed" in imported or _asks_for_deepspeed(tree)):
+        modules += DEEPSPEED
     names = [f"{node.module}:{alias.name}" for node in from_safe for alias in node.names if alias.name != "*"]
     return [module for module in dict.fromkeys(modules) if _installed(module)] + names
-
-
-def _truthy(value: str) -> bool:
-    return value.strip().lower() in ("1", "true", "yes")
 
 
 def _asks_for_deepspeed(tree: ast.Module) -> bool:

@@ -32,13 +32,13 @@ def test_a_distributed_or_deepspeed_run_preloads_what_its_ranks_import_when_they
         return [module for module in preload(str(script), *args) if module not in single]
 
     assert added(2) == list(DISTRIBUTED["accelerate"])
-    assert added(2, {DEEPSPEED["env"]: "true"}) == [*DISTRIBUTED["accelerate"], *DEEPSPEED["modules"]]
-    assert added(1, {DEEPSPEED["env"]: "false"}) == []
+    assert added(2, True) == [*DISTRIBUTED["accelerate"], *DEEPSPEED]  # a DeepSpeed launch
+    assert added(1, False) == []
     script.write_text("from accelerate import Accelerator\nfrom accelerate.utils import DeepSpeedPlugin\n")
     assert added(1) == ["accelerate.utils:DeepSpeedPlugin"]  # importing the name is not asking for DeepSpeed
     for asking in ("Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=3))", "TrainingArguments('out', deepspeed=config)"):
         script.write_text(f"from accelerate import Accelerator\n{asking}\n")
-        assert added(1) == list(DEEPSPEED["modules"]), asking
+        assert added(1) == list(DEEPSPEED), asking
     script.write_text("import torch\n")  # no library that wraps a model
     assert preload(str(script), 2) == TORCH
 

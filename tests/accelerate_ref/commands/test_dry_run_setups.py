@@ -233,7 +233,8 @@ def _crash_or_tail(err: str) -> str:
     start = err.rfind("Fatal Python error")
     if start < 0:
         return err[-2000:]
-    return err[start:err.find("Extension modules", start)][:6000]
+    end = err.find("Extension modules", start)
+    return err[start:end if end >= 0 else None][:6000]
 
 
 @pytest.mark.parametrize("name, family, package", list(_cases()))
