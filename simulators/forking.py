@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import functools
 import json
 import os
 import select
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -27,9 +25,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from simulators._zygote import PRELOAD_ENV
-from simulators.spawn import die_with_parent
+from simulators.fork_root import start_module
 
-_ZYGOTE = (sys.executable, "-m", "simulators._zygote")
+_ZYGOTE = "simulators._zygote"
 #: Modules every zygote imports: the rank's own entry point (callers add torch and the rest).
 BASE_PRELOAD = ("simulators._worker",)
 #: Seconds a dead rank's exit code may take to arrive from the zygote (it reaps, then reports).
@@ -46,11 +44,19 @@ class Zygote:
     def __init__(self, env: Mapping[str, str], log_file: Path, preload: Sequence[str] = ()) -> None:
         self.log_file = log_file
         modules = ",".join(dict.fromkeys([*BASE_PRELOAD, *preload]))
-        with open(log_file, "ab") as log:
-            self._proc = subprocess.Popen(
-                list(_ZYGOTE), env={**env, PRELOAD_ENV: modules}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=log, start_new_session=True, preexec_fn=functools.partial(die_with_parent, os.getpid()),
-            )
+        requests, self._requests = os.pipe()
+        self._replies, replies = os.pipe()
+        try:
+            with open(log_file, "ab") as log:
+                self._proc = start_module(_ZYGOTE, (), {**env, PRELOAD_ENV: modules}, stdin=requests, stdout=replies,
+                                          stderr=log.fileno())
+        except BaseException:
+            os.close(self._requests)
+            os.close(self._replies)
+            raise
+        finally:
+            os.close(requests)
+            os.close(replies)
         self._buffer = b""
         self._started: list[int] = []
         self.exits: dict[int, int] = {}
@@ -71,8 +77,9 @@ class Zygote:
         request = json.dumps({"module": module, "args": list(args), "env": dict(env), "log": str(log_file),
                               "errors": str(error_file) if error_file else None, "cwd": cwd, "finalize": finalize})
         try:
-            self._proc.stdin.write(request.encode() + b"\n")
-            self._proc.stdin.flush()
+            data = memoryview(request.encode() + b"\n")
+            while data:
+                data = data[os.write(self._requests, data):]
         except BrokenPipeError:
             raise self._error("the fork server is gone") from None
         deadline = time.monotonic() + timeout
@@ -85,10 +92,10 @@ class Zygote:
 
     def pump(self, timeout: float) -> bool:
         """Read the replies that arrive within ``timeout``; False when none did."""
-        ready, _, _ = select.select([self._proc.stdout], [], [], timeout)
+        ready, _, _ = select.select([self._replies], [], [], timeout)
         if not ready:
             return False
-        chunk = os.read(self._proc.stdout.fileno(), 65536)
+        chunk = os.read(self._replies, 65536)
         if not chunk:
             time.sleep(min(timeout, 0.01))  # the zygote is gone: EOF stays readable
             return False
@@ -110,8 +117,8 @@ class Zygote:
             pass
         self._proc.kill()
         self._proc.wait(timeout)
-        for stream in (self._proc.stdin, self._proc.stdout):
-            stream.close()
+        for fd in (self._requests, self._replies):
+            os.close(fd)
 
     def _error(self, reason: str) -> ZygoteError:
         tail = self.log_file.read_text(errors="replace")[-4000:] if self.log_file.exists() else ""

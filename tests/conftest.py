@@ -3,7 +3,21 @@ import os
 
 import pytest
 
+from simulators.fork_root import FORK_ROOT_ENV, ForkRoot
 from tests.processes import still_running
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fork_root():
+    """One root fork server per test process: the fork servers its tests start, in-process or under a CLI they run,
+    fork from it instead of importing torch again (see :mod:`simulators.fork_root`). ``SIMULATORS_FORK_ROOT=off``
+    runs the tests without one (every fork server then starts as a spawned process)."""
+    if os.environ.get(FORK_ROOT_ENV) == "off":
+        del os.environ[FORK_ROOT_ENV]
+        yield None
+        return
+    with ForkRoot() as root:
+        yield root
 
 
 @pytest.fixture

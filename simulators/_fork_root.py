@@ -1,0 +1,281 @@
+"""The root fork server: ``python -m simulators._fork_root SOCKET`` (its driver's side: :mod:`simulators.fork_root`).
+
+Every Python process the simulator starts (a fork server, a rank, a driver) begins by importing torch: about
+1.8 CPU seconds that are the same each time. The root keeps one process per *torch environment* that has imported
+torch once and forks the processes asked of it from there, as if each had been started with
+``python -m MODULE ARGS`` and its own environment, working directory and standard streams.
+
+- The root itself imports nothing heavy. It listens on ``SOCKET`` (``AF_UNIX``, ``SOCK_SEQPACKET``: one message is
+  one request, with its three stream descriptors attached) and hands each request, with the connection it came
+  on, to the *base* for the request's torch environment (:func:`torch_environment`), forking that base first when
+  there is none: the base takes the request's environment, imports torch, and serves from then on.
+- A base forks one child per request and answers on the request's connection: ``started PID``, then
+  ``exit CODE`` when the child ends (CODE negative: the signal), or ``refused REASON`` without forking when the
+  child would not import what the base imported (:func:`shadowed`). A connection that closes before its child
+  ends kills the child's process group: a child lives no longer than the process that asked for it.
+- The root ends when its stdin closes; its bases die with it and their children with them
+  (``PR_SET_PDEATHSIG``).
+
+A forked child is a fresh process in every rule its code can observe: its environment, ``sys.argv``, working
+directory, ``sys.path`` (its working directory, then its ``PYTHONPATH``, then the interpreter's own entries, as
+Python builds it), standard streams, temporary folder, numpy's random stream, and the device backends torch
+autoloads from entry points (``torch._import_device_backends``, torch/__init__.py, run for the child's
+``sys.path``; the base imports torch with autoloading off). What it cannot change (the interpreter, the
+``PYTHON*`` flags, what torch read from the environment at import) is what :func:`torch_environment` keys the
+bases on. It ends as a spawned process ends: atexit handlers, then the interpreter's teardown.
+"""
+from __future__ import annotations
+
+import ctypes
+import gc
+import importlib
+import importlib.machinery
+import io
+import json
+import os
+import runpy
+import select
+import signal
+import socket
+import sys
+import tempfile
+import traceback
+from collections.abc import Iterable, Mapping
+
+#: Prefixes of the variables that torch, numpy, OpenMP, the C library and Python's own start-up read before a
+#: child's code runs: a base serves only requests whose values of these equal its own.
+READ_AT_START = ("PYTHON", "TORCH", "PYTORCH", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "NPY_", "NUMPY_",
+                 "CUDA", "NVIDIA_", "LD_", "MALLOC_", "GLIBC_", "LC_", "LANG")
+#: ... but for these, which a child applies itself.
+APPLIED_BY_CHILD = ("PYTHONPATH", "TORCH_DEVICE_BACKEND_AUTOLOAD")
+#: Largest request message (an environment of a few kilobytes, a command line).
+MESSAGE_BYTES = 1 << 20
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def torch_environment(executable: str, env: Mapping[str, str]) -> str:
+    """The key of the base that may serve a request: the interpreter and the variables read at start-up."""
+    read = {name: value for name, value in env.items()
+            if name.startswith(READ_AT_START) and name not in APPLIED_BY_CHILD}
+    return json.dumps([executable, sorted(read.items())])
+
+
+def _die_with_parent() -> None:
+    parent = os.getppid()
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _request_path(request: Mapping) -> list[str]:
+    """The entries Python puts before its own on ``sys.path`` for ``python -m`` in ``cwd`` with ``PYTHONPATH``."""
+    cwd = request["cwd"]
+    extra = [os.path.join(cwd, entry) for entry in request["env"].get("PYTHONPATH", "").split(os.pathsep) if entry]
+    return list(dict.fromkeys(os.path.normpath(entry) for entry in [cwd, *extra]))
+
+
+def _importable(folder: str) -> set[str]:
+    """The top-level modules and regular packages importing from ``folder`` finds."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return set()
+    suffixes = tuple(importlib.machinery.all_suffixes())
+    found = {name.split(".", 1)[0] for name in names if name.endswith(suffixes)}
+    return found | {name for name in names if os.path.isfile(os.path.join(folder, name, "__init__.py"))}
+
+
+def _folder_of(module) -> str | None:
+    """The ``sys.path`` entry ``module`` (a top-level one) was imported from, when it came from a file."""
+    path = getattr(module, "__file__", None)
+    if not path:
+        return None
+    folder = os.path.dirname(path)
+    return os.path.dirname(folder) if os.path.basename(path).startswith("__init__.") else folder
+
+
+def shadowed(prefix: Iterable[str], modules: Mapping[str, object]) -> str | None:
+    """The first of ``modules`` (top-level, imported here) that a process whose ``sys.path`` begins with
+    ``prefix`` would import from another file, or None: such a process must be spawned, not forked from here."""
+    provided = [(entry, _importable(entry)) for entry in prefix]
+    for name, module in modules.items():
+        if "." in name or name.startswith("__") or (folder := _folder_of(module)) is None:
+            continue
+        found = next((entry for entry, names in provided if name in names), None)
+        if found is not None and os.path.normpath(found) != os.path.normpath(folder):
+            return f"{name} would be imported from {found}, not {folder}"
+    return None
+
+
+class _Base:
+    """A process with torch imported under one torch environment, forking children for the root's requests."""
+
+    def __init__(self, channel: socket.socket, env: Mapping[str, str], interpreter_path: list[str]) -> None:
+        self.channel = channel
+        self.interpreter_path = interpreter_path
+        self.children: dict[int, tuple[int, socket.socket | None, bool]] = {}  # pidfd -> pid, connection, session
+        os.environ.clear()
+        os.environ.update({name: value for name, value in env.items() if name != "PYTHONPATH"})
+        os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"  # each child loads the backends its sys.path has
+        import torch  # noqa: F401  (what every child would import first)
+        gc.collect()
+        gc.freeze()  # the children never walk these objects in their collections (see simulators._zygote)
+
+    def serve(self) -> None:
+        while True:
+            connections = {conn: pidfd for pidfd, (_, conn, _) in self.children.items() if conn is not None}
+            ready, _, _ = select.select([self.channel, *self.children, *connections], [], [])
+            for item in ready:
+                if item is self.channel:
+                    message, fds, _, _ = socket.recv_fds(self.channel, MESSAGE_BYTES, 4)
+                    if not message:
+                        return  # the root is gone
+                    self._start(json.loads(message), socket.socket(fileno=fds[0]), fds[1:])
+                elif item in connections:
+                    self._abandoned(connections[item])
+                elif item in self.children:
+                    self._reap(item)
+
+    def _start(self, request: dict, conn: socket.socket, streams: list[int]) -> None:
+        reason = shadowed(_request_path(request), sys.modules)
+        if reason is None:
+            pid = os.fork()
+            if pid == 0:
+                kept = [conn, self.channel, *self.children, *(c for _, c, _ in self.children.values() if c)]
+                _become(request, streams, self.interpreter_path, kept)
+            self.children[os.pidfd_open(pid)] = (pid, conn, bool(request.get("new_session")))
+        for fd in streams:
+            os.close(fd)
+        conn.send(f"started {pid}".encode() if reason is None else f"refused {reason}".encode())
+        if reason is not None:
+            conn.close()
+
+    def _abandoned(self, pidfd: int) -> None:
+        """The asker closed its connection before the child ended: end the child (and its group)."""
+        pid, conn, session = self.children[pidfd]
+        try:
+            os.killpg(pid, signal.SIGKILL) if session else os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        conn.close()
+        self.children[pidfd] = (pid, None, session)
+
+    def _reap(self, pidfd: int) -> None:
+        pid, conn, _ = self.children.pop(pidfd)
+        os.close(pidfd)
+        _, status = os.waitpid(pid, 0)
+        if conn is not None:
+            try:
+                conn.send(f"exit {os.waitstatus_to_exitcode(status)}".encode())
+            except OSError:
+                pass
+            conn.close()
+
+
+def _become(request: dict, streams: list[int], interpreter_path: list[str], inherited: list) -> None:
+    """In a base's child: become ``python -m MODULE ARGS`` as the request describes. Never returns: its
+    ``SystemExit`` rises through the root's frames, none of which catches it, so Python's own exit follows."""
+    try:
+        if request.get("new_session"):
+            os.setsid()
+        _die_with_parent()
+        for item in inherited:
+            item.close() if isinstance(item, socket.socket) else os.close(item)
+        for target, fd in zip((0, 1, 2), streams):
+            os.dup2(fd, target)
+            os.close(fd)
+        _fresh_streams()
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.chdir(request["cwd"])
+        sys.path[:] = list(dict.fromkeys([*_request_path(request), *interpreter_path]))
+        sys.path_importer_cache.clear()
+        importlib.invalidate_caches()
+        tempfile.tempdir = None
+        torch = sys.modules["torch"]
+        if torch._is_device_backend_autoload_enabled():
+            torch._import_device_backends()
+        numpy_random = sys.modules.get("numpy.random")
+        if numpy_random is not None:
+            numpy_random.seed()  # as its import seeds it in a fresh process (see simulators._zygote)
+        sys.argv = [request["module"], *request["args"]]
+        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+    except SystemExit:
+        raise
+    except BaseException:
+        traceback.print_exc()  # as Python reports an uncaught exception
+        raise SystemExit(1)
+    raise SystemExit(0)
+
+
+def _fresh_streams() -> None:
+    """``sys.stdin``, ``sys.stdout`` and ``sys.stderr`` over the new descriptors, buffered as Python's start-up
+    buffers them (stdout by lines on a terminal, stderr always by lines, neither under ``PYTHONUNBUFFERED``)."""
+    encoding, errors, unbuffered = sys.stdout.encoding, sys.stdout.errors, bool(os.environ.get("PYTHONUNBUFFERED"))
+
+    def stream(fd: int, mode: str, **options) -> io.TextIOWrapper:
+        raw = open(fd, mode, buffering=0 if unbuffered and mode == "wb" else -1, closefd=False)
+        return io.TextIOWrapper(raw, encoding=encoding, write_through=unbuffered and mode == "wb", **options)
+
+    sys.stdin = sys.__stdin__ = stream(0, "rb", errors=errors)
+    sys.stdout = sys.__stdout__ = stream(1, "wb", errors=errors, line_buffering=os.isatty(1))
+    sys.stderr = sys.__stderr__ = stream(2, "wb", errors="backslashreplace", line_buffering=True)
+
+
+def main(path: str) -> int:
+    """Serve on ``path`` until stdin closes."""
+    own_entries = {os.path.abspath(entry) for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry}
+    interpreter_path = [entry for entry in sys.path[1:] if entry not in own_entries]
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path)
+    listener.listen(64)
+    bases: dict[str, tuple[int, int, socket.socket]] = {}  # torch environment -> pid, pidfd, channel
+    os.write(1, b"ready\n")
+    while True:
+        ended = {pidfd: key for key, (_, pidfd, _) in bases.items()}
+        ready, _, _ = select.select([0, listener, *ended], [], [])
+        if 0 in ready and not os.read(0, 4096):
+            return 0
+        for pidfd in set(ready) & set(ended):  # a base died (its import failed, say): the next request forks another
+            pid, _, channel = bases.pop(ended[pidfd])
+            channel.close()
+            os.close(pidfd)
+            os.waitpid(pid, 0)
+        if listener in ready:
+            conn, _ = listener.accept()
+            message, fds, _, _ = socket.recv_fds(conn, MESSAGE_BYTES, 3)
+            request = json.loads(message)
+            if request["executable"] != sys.executable:
+                conn.send(f"refused the root runs {sys.executable}".encode())
+            else:
+                key = torch_environment(request["executable"], request["env"])
+                if key not in bases:
+                    bases[key] = _fork_base(request["env"], interpreter_path, [listener, *(c for *_, c in bases.values())])
+                socket.send_fds(bases[key][2], [message], [conn.fileno(), *fds])
+            conn.close()
+            for fd in fds:
+                os.close(fd)
+
+
+def _fork_base(env: Mapping[str, str], interpreter_path: list[str],
+               inherited: list[socket.socket]) -> tuple[int, int, socket.socket]:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _die_with_parent()
+            for sock in [*inherited, ours]:
+                sock.close()
+            os.close(0)
+            _Base(theirs, env, interpreter_path).serve()
+        except Exception:
+            traceback.print_exc()
+            os._exit(1)
+        os._exit(0)
+    theirs.close()
+    return pid, os.pidfd_open(pid), ours
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

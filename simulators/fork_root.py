@@ -1,0 +1,157 @@
+"""The driver's side of the root fork server (:mod:`simulators._fork_root`).
+
+:class:`ForkRoot` starts a root and names its socket in ``$SIMULATORS_FORK_ROOT`` for its owner's process and
+everything that inherits its environment; :func:`start_module` starts ``python -m MODULE ARGS`` from the named root
+when there is one and it accepts the request, and as a spawned process otherwise, with the same environment,
+working directory, streams, session and death rules either way. The simulator starts its fork servers
+(:class:`simulators.forking.Zygote`) this way: a test suite that owns a root pays for torch's import once per
+torch environment instead of once per fork server (the project's ``make test`` starts about 200).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from simulators._fork_root import MESSAGE_BYTES
+from simulators.spawn import die_with_parent
+
+#: The socket of the root that :func:`start_module` asks first.
+FORK_ROOT_ENV = "SIMULATORS_FORK_ROOT"
+#: Seconds a root may take to answer a request: the first one of a torch environment waits for torch's import.
+ANSWER_S = 60.0
+
+
+class ForkRootError(RuntimeError):
+    """The root fork server did not start; the message has its log's tail."""
+
+
+class ForkRoot:
+    """A root fork server owned by this process: started here, named in ``os.environ`` while it runs, ended by
+    :meth:`close` (and with this process, whatever ends it)."""
+
+    def __init__(self, timeout: float = 30.0) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="simulators-fork-root-"))
+        self.socket_path = str(self.folder / "root.sock")
+        self.log_file = self.folder / "root.log"
+        package_parent = str(Path(__file__).resolve().parents[1])
+        with open(self.log_file, "ab") as log:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "simulators._fork_root", self.socket_path], cwd=self.folder,
+                env={**os.environ, "PYTHONPATH": package_parent}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=log, start_new_session=True, preexec_fn=functools.partial(die_with_parent, os.getpid()))
+        ready, _, _ = select.select([self._proc.stdout], [], [], timeout)
+        if not ready or self._proc.stdout.readline() != b"ready\n":
+            self.close()
+            raise ForkRootError(f"the root fork server did not start within {timeout}s; its log ends:\n"
+                                f"{self.log_file.read_text(errors='replace')[-2000:]}")
+        self._previous = os.environ.get(FORK_ROOT_ENV)
+        os.environ[FORK_ROOT_ENV] = self.socket_path
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def close(self) -> None:
+        """End the root, its bases and what they forked; forget it in ``os.environ``."""
+        if os.environ.get(FORK_ROOT_ENV) == self.socket_path:
+            if self._previous is None:
+                del os.environ[FORK_ROOT_ENV]
+            else:
+                os.environ[FORK_ROOT_ENV] = self._previous
+        try:
+            os.killpg(self._proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self._proc.wait(10)
+        for stream in (self._proc.stdin, self._proc.stdout):
+            stream.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def __enter__(self) -> ForkRoot:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class RootChild:
+    """A process a root forked: the part of ``subprocess.Popen`` the simulator uses. Its exit code arrives on the
+    request's connection; closing that connection (:meth:`kill`, or this process's end) kills it."""
+
+    def __init__(self, conn: socket.socket, pid: int) -> None:
+        self._conn = conn
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        self._read(0.0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
+            self._read(left)
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def _read(self, timeout: float | None) -> None:
+        if self.returncode is not None:
+            return
+        ready, _, _ = select.select([self._conn], [], [], timeout)
+        if ready:
+            reply = self._conn.recv(256).decode()
+            # No reply: the base is gone, and the child died with it.
+            self.returncode = int(reply.split()[1]) if reply.startswith("exit ") else -signal.SIGKILL
+            self._conn.close()
+
+
+def start_module(module: str, args: Sequence[str], env: Mapping[str, str], *, stdin: int, stdout: int, stderr: int,
+                 cwd: str | None = None, new_session: bool = True) -> subprocess.Popen | RootChild:
+    """``python -m module *args`` with exactly ``env`` and the three descriptors as its streams, dying with the
+    calling thread's process: forked from the root named in ``env`` when it accepts, else spawned."""
+    root = env.get(FORK_ROOT_ENV)
+    if root:
+        child = _ask_root(root, {"executable": sys.executable, "module": module, "args": list(args), "env": dict(env),
+                                 "cwd": os.path.abspath(cwd or os.getcwd()), "new_session": new_session},
+                          [stdin, stdout, stderr])
+        if child is not None:
+            return child
+    return subprocess.Popen([sys.executable, "-m", module, *args], env=dict(env), cwd=cwd, stdin=stdin, stdout=stdout,
+                            stderr=stderr, start_new_session=new_session,
+                            preexec_fn=functools.partial(die_with_parent, os.getpid()))
+
+
+def _ask_root(path: str, request: dict, streams: list[int]) -> RootChild | None:
+    """The child the root at ``path`` forked for ``request``, or None when it refused or is not there."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        conn.connect(path)
+        socket.send_fds(conn, [json.dumps(request).encode()], streams)
+        ready, _, _ = select.select([conn], [], [], ANSWER_S)
+        reply = conn.recv(MESSAGE_BYTES).decode() if ready else ""
+    except OSError:
+        reply = ""
+    if reply.startswith("started "):
+        return RootChild(conn, int(reply.split()[1]))
+    conn.close()
+    return None
