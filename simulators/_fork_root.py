@@ -20,9 +20,10 @@ A forked child is a fresh process in every rule its code can observe: its enviro
 directory, ``sys.path`` (its working directory, then its ``PYTHONPATH``, then the interpreter's own entries, as
 Python builds it), standard streams, temporary folder, numpy's random stream, and the device backends torch
 autoloads from entry points (``torch._import_device_backends``, torch/__init__.py, run for the child's
-``sys.path``; the base imports torch with autoloading off). What it cannot change (the interpreter, the
-``PYTHON*`` flags, what torch read from the environment at import) is what :func:`torch_environment` keys the
-bases on. It ends as a spawned process ends: atexit handlers, then the interpreter's teardown.
+``sys.path``; the base imports torch with autoloading off). What it cannot change is checked instead: the
+interpreter and what Python's start-up read from the environment must be the root's (:func:`refusal`), and what
+torch and its libraries read at import, the base's (:func:`torch_environment` keys the bases on it). It ends as a
+spawned process ends: atexit handlers, then the interpreter's teardown.
 """
 from __future__ import annotations
 
@@ -42,10 +43,13 @@ import tempfile
 import traceback
 from collections.abc import Iterable, Mapping
 
-#: Prefixes of the variables that torch, numpy, OpenMP, the C library and Python's own start-up read before a
-#: child's code runs: a base serves only requests whose values of these equal its own.
-READ_AT_START = ("PYTHON", "TORCH", "PYTORCH", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "NPY_", "NUMPY_",
-                 "CUDA", "NVIDIA_", "LD_", "MALLOC_", "GLIBC_", "LC_", "LANG")
+#: Prefixes of the variables Python's start-up reads (flags, encodings, the locale): a request's values of these
+#: must equal the root's own, since its children keep the interpreter the root started.
+READ_BY_PYTHON = ("PYTHON", "LC_", "LANG")
+#: ... and of those torch, numpy, OpenMP and the C library read at import: a base serves only requests whose values
+#: of these equal its own.
+READ_AT_IMPORT = ("TORCH", "PYTORCH", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "NPY_", "NUMPY_", "CUDA",
+                  "NVIDIA_", "LD_", "MALLOC_", "GLIBC_")
 #: ... but for these, which a child applies itself.
 APPLIED_BY_CHILD = ("PYTHONPATH", "TORCH_DEVICE_BACKEND_AUTOLOAD")
 #: Largest request message (an environment of a few kilobytes, a command line).
@@ -54,11 +58,23 @@ _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def torch_environment(executable: str, env: Mapping[str, str]) -> str:
-    """The key of the base that may serve a request: the interpreter and the variables read at start-up."""
-    read = {name: value for name, value in env.items()
-            if name.startswith(READ_AT_START) and name not in APPLIED_BY_CHILD}
-    return json.dumps([executable, sorted(read.items())])
+def _read(env: Mapping[str, str], prefixes: tuple[str, ...]) -> dict[str, str]:
+    return {name: value for name, value in env.items() if name.startswith(prefixes) and name not in APPLIED_BY_CHILD}
+
+
+def torch_environment(env: Mapping[str, str]) -> str:
+    """The key of the base that may serve a request: the variables torch and its libraries read at import."""
+    return json.dumps(sorted(_read(env, READ_AT_IMPORT).items()))
+
+
+def refusal(request: Mapping) -> str | None:
+    """Why the root cannot serve ``request`` (another interpreter, or other start-up settings), or None."""
+    if request["executable"] != sys.executable:
+        return f"the root runs {sys.executable}"
+    theirs, ours = _read(request["env"], READ_BY_PYTHON), _read(os.environ, READ_BY_PYTHON)
+    if theirs != ours:
+        return f"Python's start-up settings differ: {sorted(set(theirs.items()) ^ set(ours.items()))}"
+    return None
 
 
 def _die_with_parent() -> None:
@@ -211,16 +227,19 @@ def _become(request: dict, streams: list[int], interpreter_path: list[str], inhe
 
 def _fresh_streams() -> None:
     """``sys.stdin``, ``sys.stdout`` and ``sys.stderr`` over the new descriptors, buffered as Python's start-up
-    buffers them (stdout by lines on a terminal, stderr always by lines, neither under ``PYTHONUNBUFFERED``)."""
+    buffers them (create_stdio, Python/pylifecycle.c): under ``PYTHONUNBUFFERED`` the writers are unbuffered and
+    write through; otherwise stdout is line-buffered on a terminal and stderr always."""
     encoding, errors, unbuffered = sys.stdout.encoding, sys.stdout.errors, bool(os.environ.get("PYTHONUNBUFFERED"))
 
-    def stream(fd: int, mode: str, **options) -> io.TextIOWrapper:
-        raw = open(fd, mode, buffering=0 if unbuffered and mode == "wb" else -1, closefd=False)
-        return io.TextIOWrapper(raw, encoding=encoding, write_through=unbuffered and mode == "wb", **options)
+    def stream(fd: int, mode: str, errors: str) -> io.TextIOWrapper:
+        writer = mode == "wb"
+        raw = open(fd, mode, buffering=0 if unbuffered and writer else -1, closefd=False)
+        return io.TextIOWrapper(raw, encoding=encoding, errors=errors, write_through=unbuffered,
+                                line_buffering=writer and not unbuffered and (fd == 2 or os.isatty(fd)))
 
-    sys.stdin = sys.__stdin__ = stream(0, "rb", errors=errors)
-    sys.stdout = sys.__stdout__ = stream(1, "wb", errors=errors, line_buffering=os.isatty(1))
-    sys.stderr = sys.__stderr__ = stream(2, "wb", errors="backslashreplace", line_buffering=True)
+    sys.stdin = sys.__stdin__ = stream(0, "rb", errors)
+    sys.stdout = sys.__stdout__ = stream(1, "wb", errors)
+    sys.stderr = sys.__stderr__ = stream(2, "wb", "backslashreplace")
 
 
 def main(path: str) -> int:
@@ -246,10 +265,10 @@ def main(path: str) -> int:
             conn, _ = listener.accept()
             message, fds, _, _ = socket.recv_fds(conn, MESSAGE_BYTES, 3)
             request = json.loads(message)
-            if request["executable"] != sys.executable:
-                conn.send(f"refused the root runs {sys.executable}".encode())
+            if (reason := refusal(request)) is not None:
+                conn.send(f"refused {reason}".encode())
             else:
-                key = torch_environment(request["executable"], request["env"])
+                key = torch_environment(request["env"])
                 if key not in bases:
                     bases[key] = _fork_base(request["env"], interpreter_path, [listener, *(c for *_, c in bases.values())])
                 socket.send_fds(bases[key][2], [message], [conn.fileno(), *fds])

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import re
 import socket
 import subprocess
@@ -29,6 +30,7 @@ import psutil
 from conformance.engine.backends import SimBackend
 from simulators import pool
 from simulators.flight_recorder import DEBUG_ENV
+from simulators.fork_root import FORK_ROOT_ENV
 from simulators.topology import LOOPBACK, World
 from tests.conformance.fixture_cases import faults as cases
 
@@ -131,10 +133,17 @@ def _descendants() -> set[psutil.Process]:
     return {child for child in psutil.Process().children(recursive=True) if child.is_running()}
 
 
+def _kept_servers() -> set[psutil.Process]:
+    """The root fork server this driver owns, if any, and its bases (one per torch environment, kept for the
+    driver's life: a fault that asks for a new environment starts one, and leaves nothing behind by it)."""
+    roots = {child for child in psutil.Process().children() if "simulators._fork_root" in child.cmdline()}
+    return roots | {base for root in roots for base in root.children()}
+
+
 def _leftovers(before: set[psutil.Process]) -> set[psutil.Process]:
     """Descendants that still run and did not before a fault: what it left (not, say, the fork server that
     ``simulators.run`` keeps between calls, which an earlier test in this process may have started)."""
-    return _descendants() - before
+    return _descendants() - before - _kept_servers()
 
 
 def run_fault(fault: Fault) -> Verdict:
@@ -173,7 +182,9 @@ def run_driver_killed(timeout: float = 60.0) -> Verdict:
     """SIGKILL a driver whose ranks are up; every process it started must be gone within 5 s."""
     started = time.monotonic()
     before = _descendants()
-    driver = subprocess.Popen([sys.executable, "-c", _DRIVER], stdout=subprocess.PIPE, text=True)
+    # Spawned, not forked from a root fork server, its fork server is its child: the whole tree is seen here.
+    env = {name: value for name, value in os.environ.items() if name != FORK_ROOT_ENV}
+    driver = subprocess.Popen([sys.executable, "-c", _DRIVER], stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert driver.stdout.readline().strip() == "running"
         tree = psutil.Process(driver.pid)

@@ -1,0 +1,35 @@
+"""``python -m tests.simulators.process_probe CODE [SLEEP_S]``: prints, as one JSON line, what a process can observe
+of how it was started, then exits with CODE (after sleeping SLEEP_S seconds). Holds no tests."""
+import json
+import os
+import sys
+import tempfile
+
+import numpy
+import torch
+
+
+def observed() -> dict:
+    return {
+        "argv": sys.argv[1:],
+        "path": sys.path,
+        "cwd": os.getcwd(),
+        "env": dict(os.environ),
+        "streams": [(type(stream.buffer).__name__, stream.line_buffering, stream.write_through, stream.encoding,
+                     stream.errors) for stream in (sys.stdin, sys.stdout, sys.stderr)],
+        "tempdir": tempfile.gettempdir(),
+        "numpy_draw": float(numpy.random.random()),
+        "torch_threads": torch.get_num_threads(),
+        "session_leader": os.getsid(0) == os.getpid(),
+        "parent": os.getppid(),
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(observed()))
+    print("to stderr", file=sys.stderr)
+    if len(sys.argv) > 2:
+        import time
+
+        time.sleep(float(sys.argv[2]))
+    sys.exit(int(sys.argv[1]))

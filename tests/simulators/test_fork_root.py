@@ -1,0 +1,122 @@
+"""The root fork server: a process forked from it observes what a spawned one observes; it forks only where a fresh
+interpreter would import the same files and read the same settings; nothing it forks outlives its asker."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from simulators._fork_root import shadowed
+from simulators.fork_root import FORK_ROOT_ENV, ForkRoot, RootChild, start_module
+from tests.processes import still_running
+
+REPO = Path(__file__).resolve().parents[2]
+PROBE = "tests.simulators.process_probe"
+
+
+@pytest.fixture
+def root():
+    with ForkRoot() as owned:
+        yield owned
+
+
+def start_probe(env: dict, folder: Path, code: int = 0, *extra: str, cwd: Path = REPO):
+    """The probe started with ``env`` (from the root it names, if any), its stdout and stderr in ``folder``."""
+    out, err = folder / "out", folder / "err"
+    with open(os.devnull, "rb") as stdin, open(out, "wb") as stdout, open(err, "wb") as stderr:
+        process = start_module(PROBE, [str(code), *extra], env, stdin=stdin.fileno(), stdout=stdout.fileno(),
+                               stderr=stderr.fileno(), cwd=str(cwd))
+    return process, out, err
+
+
+def probe(env: dict, folder: Path, code: int = 0) -> tuple[object, int, dict, str]:
+    folder.mkdir()
+    process, out, err = start_probe(env, folder, code)
+    returncode = process.wait(60)
+    return process, returncode, json.loads(out.read_text()), err.read_text()
+
+
+def test_a_module_forked_from_the_root_observes_what_a_spawned_one_does(root, tmp_path):
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}/extra{os.pathsep}relative", "OMP_NUM_THREADS": "1",
+           FORK_ROOT_ENV: root.socket_path}
+    spawned_env = {name: value for name, value in env.items() if name != FORK_ROOT_ENV}
+    spawned, spawned_code, expected, spawned_err = probe(spawned_env, tmp_path / "spawned", code=3)
+    forked, forked_code, seen, forked_err = probe(env, tmp_path / "forked", code=3)
+    assert isinstance(spawned, subprocess.Popen) and isinstance(forked, RootChild), (spawned, forked)
+    assert seen["parent"] not in (os.getpid(), root.pid), "forked from a base, not spawned by this process"
+    assert forked_code == spawned_code == 3
+    assert forked_err == spawned_err == "to stderr\n"
+    assert seen["env"] == {**expected["env"], FORK_ROOT_ENV: root.socket_path}
+    for key in ("argv", "path", "cwd", "streams", "tempdir", "torch_threads",
+                "session_leader"):
+        assert seen[key] == expected[key], f"{key}: forked {seen[key]!r}, spawned {expected[key]!r}"
+    _, _, again, _ = probe(env, tmp_path / "again")
+    assert again["numpy_draw"] != seen["numpy_draw"], "each forked process draws its own numpy random stream"
+    assert again["parent"] == seen["parent"], "one base serves one torch environment"
+
+
+def test_another_torch_environment_gets_its_own_base(root, tmp_path):
+    env = {**os.environ, FORK_ROOT_ENV: root.socket_path}
+    _, _, one_thread, _ = probe({**env, "OMP_NUM_THREADS": "1"}, tmp_path / "one")
+    _, _, two_threads, _ = probe({**env, "OMP_NUM_THREADS": "2"}, tmp_path / "two")
+    assert (one_thread["torch_threads"], two_threads["torch_threads"]) == (1, 2)
+    assert one_thread["parent"] != two_threads["parent"], "torch read OMP_NUM_THREADS at import: another base"
+
+
+@pytest.mark.parametrize("change", ["another interpreter setting", "a module shadowed"])
+def test_a_request_the_root_cannot_serve_is_spawned(root, tmp_path, change):
+    env = {**os.environ, FORK_ROOT_ENV: root.socket_path}
+    if change == "another interpreter setting":
+        env["PYTHONHASHSEED"] = "7"
+    else:  # a folder first on the path with its own numpy, which the base imported with torch
+        (tmp_path / "shadow").mkdir()
+        (tmp_path / "shadow" / "numpy.py").write_text("random = None\n")
+        env["PYTHONPATH"] = str(tmp_path / "shadow")
+    process, out, _ = start_probe(env, tmp_path)
+    assert isinstance(process, subprocess.Popen), f"{change}: the root should have refused"
+    process.wait(60)
+
+
+def test_shadowed_names_the_module_a_fresh_interpreter_would_import_from_elsewhere(tmp_path):
+    (tmp_path / "json").mkdir()
+    (tmp_path / "json" / "__init__.py").write_text("")
+    (tmp_path / "not_a_package").mkdir()
+    import json as imported
+
+    assert shadowed([str(tmp_path)], {"json": imported}) == (
+        f"json would be imported from {tmp_path}, not {Path(imported.__file__).parents[1]}")
+    assert shadowed([str(Path(imported.__file__).parents[1])], {"json": imported}) is None, "the same file"
+    assert shadowed([str(tmp_path / "not_a_package")], {"json": imported}) is None
+
+
+def test_a_forked_process_dies_with_the_process_that_asked_for_it(root, tmp_path):
+    """The asker SIGKILLed: its connection closes and the base kills what it forked."""
+    asker = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        import os, sys, time
+        from tests.simulators.test_fork_root import start_probe
+        from pathlib import Path
+        child, _, _ = start_probe(dict(os.environ), Path({str(tmp_path)!r}), 0, "600")
+        print(type(child).__name__, child.pid, flush=True)
+        os.kill(os.getpid(), 9)
+        """)], env={**os.environ, FORK_ROOT_ENV: root.socket_path}, cwd=REPO, capture_output=True, text=True,
+        timeout=60)
+    kind, pid = asker.stdout.split()
+    assert kind == "RootChild", asker.stderr
+    assert still_running([int(pid)], timeout=10) == [], "the forked probe outlived its asker"
+
+
+def test_closing_the_root_ends_its_bases_and_what_they_forked(tmp_path):
+    root = ForkRoot()
+    try:
+        child, _, _ = start_probe({**os.environ, FORK_ROOT_ENV: root.socket_path}, tmp_path, 0, "600")
+        assert isinstance(child, RootChild)
+        base = int(Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[2])
+    finally:
+        root.close()
+    assert still_running([root.pid, base, child.pid], timeout=10) == []
+    assert child.wait(10) == -signal.SIGKILL
+    assert os.environ.get(FORK_ROOT_ENV) != root.socket_path, "a closed root is no longer named"
