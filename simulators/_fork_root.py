@@ -170,10 +170,11 @@ class _Base:
     def _abandoned(self, pidfd: int) -> None:
         """The asker closed its connection before the child ended: end the child (and its group)."""
         pid, conn, session = self.children[pidfd]
-        try:
-            os.killpg(pid, signal.SIGKILL) if session else os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        for kill in (os.killpg, os.kill) if session else (os.kill,):  # the group it leads, once its setsid ran
+            try:
+                kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         conn.close()
         self.children[pidfd] = (pid, None, session)
 
@@ -196,8 +197,7 @@ def _become(request: dict, streams: list[int], interpreter_path: list[str], inhe
         if request.get("new_session"):
             os.setsid()
         _die_with_parent()
-        for item in inherited:
-            item.close() if isinstance(item, socket.socket) else os.close(item)
+        _close(inherited)
         for target, fd in zip((0, 1, 2), streams):
             os.dup2(fd, target)
             os.close(fd)
@@ -223,6 +223,12 @@ def _become(request: dict, streams: list[int], interpreter_path: list[str], inhe
         traceback.print_exc()  # as Python reports an uncaught exception
         raise SystemExit(1)
     raise SystemExit(0)
+
+
+def _close(items: Iterable[socket.socket | int]) -> None:
+    """Close sockets (through their objects, which then never close their number again) and descriptors."""
+    for item in items:
+        item.close() if isinstance(item, socket.socket) else os.close(item)
 
 
 def _fresh_streams() -> None:
@@ -270,7 +276,8 @@ def main(path: str) -> int:
             else:
                 key = torch_environment(request["env"])
                 if key not in bases:
-                    bases[key] = _fork_base(request["env"], interpreter_path, [listener, *(c for *_, c in bases.values())])
+                    held = [listener, conn, *fds, *(channel for *_, channel in bases.values())]
+                    bases[key] = _fork_base(request["env"], interpreter_path, held)
                 socket.send_fds(bases[key][2], [message], [conn.fileno(), *fds])
             conn.close()
             for fd in fds:
@@ -278,15 +285,18 @@ def main(path: str) -> int:
 
 
 def _fork_base(env: Mapping[str, str], interpreter_path: list[str],
-               inherited: list[socket.socket]) -> tuple[int, int, socket.socket]:
+               held: list[socket.socket | int]) -> tuple[int, int, socket.socket]:
+    """Fork the base for ``env``; in it, close what the root ``held`` (its listener and channels, and the request
+    being served with its streams: a base that kept a request's stdout would keep its reader from ever seeing the
+    end of it)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid == 0:
         try:
             _die_with_parent()
-            for sock in [*inherited, ours]:
-                sock.close()
+            _close([*held, ours])
             os.close(0)
+            os.dup2(2, 1)  # stray prints go to the root's log, not to its owner's pipe
             _Base(theirs, env, interpreter_path).serve()
         except Exception:
             traceback.print_exc()

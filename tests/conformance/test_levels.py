@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import io
 import json
-import subprocess
 import sys
 import xml.etree.ElementTree as ET
 
 import pytest
 
+from tests.processes import run_module
 from conformance import catalog
 from conformance.engine import levels, report, statement
 from conformance.engine.case import all_cases
@@ -85,7 +85,7 @@ def test_a_case_spells_the_api_as_its_level_does():
 
 
 def test_an_unknown_level_is_one_line_and_exit_2():
-    done = subprocess.run([sys.executable, "-m", "conformance", "run", "-k", "nothing"], capture_output=True, text=True,
-                          timeout=120, env={**__import__("os").environ, levels.LEVEL_ENV: "docs-2"})
+    done = run_module("conformance", "run", "-k", "nothing", timeout=120,
+                      env={**__import__("os").environ, levels.LEVEL_ENV: "docs-2"})
     assert done.returncode == 2 and done.stderr.strip().splitlines() == [
         "conformance: error: --level: unknown conformance level 'docs-2': choose one of docs-0.27, docs-1.x, hf-1.15"]

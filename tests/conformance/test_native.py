@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.processes import run_module
 from conformance.engine.native import (
     Identity,
     NativeBackend,
@@ -44,8 +45,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def _conformance(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "conformance", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    return run_module("conformance", *args, timeout=timeout, cwd=ROOT,
+                      env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
 
 
 def _torchrun(nproc: int, *args: str, env: dict[str, str] | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
@@ -60,8 +61,8 @@ def _torchrun(nproc: int, *args: str, env: dict[str, str] | None = None, timeout
 def test_impl_reaches_the_worker_and_the_header_names_what_rank_0_imported():
     """The issue's reproduction: without ACCELERATE_IMPL, ``--impl accelerate`` tested accelerate_ref."""
     env = {key: value for key, value in os.environ.items() if key != "ACCELERATE_IMPL"}
-    done = subprocess.run([sys.executable, "-m", "conformance", "run", "--backend", "native", "--impl", "accelerate",
-                           "-k", "enums*"], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    done = run_module("conformance", "run", "--backend", "native", "--impl", "accelerate", "-k", "enums*",
+                      timeout=120, cwd=ROOT, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "XFAIL enums.values" in done.stdout and "UNEXPECTED PASS" not in done.stdout, done.stdout
     imported = next(line for line in done.stdout.splitlines() if line.startswith("imported: "))
@@ -115,8 +116,7 @@ def test_native_statuses_equal_the_simulators_on_the_whole_suite(impl, world):
 def test_several_ranks_without_the_launchers_rendezvous_is_one_line():
     env = {key: value for key, value in os.environ.items() if key not in ("MASTER_ADDR", "MASTER_PORT")}
     env.update(WORLD_SIZE="2", RANK="0", LOCAL_WORLD_SIZE="2")
-    done = subprocess.run([sys.executable, "-m", "conformance", "run", "--backend", "native", "-k", "enums*"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
+    done = run_module("conformance", "run", "--backend", "native", "-k", "enums*", timeout=60, cwd=ROOT, env=env)
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.strip().count("\n") == 0 and "MASTER_ADDR and MASTER_PORT" in done.stderr, done.stderr
 

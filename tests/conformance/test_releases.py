@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from conformance.engine.manifest import Manifest
+from tests.processes import run_module
 
 from .test_full import HF_FAST_SKIPPED_AREAS, case_ids
 
@@ -55,9 +55,8 @@ def test_a_release_conforms_to_its_level_but_for_its_manifest(version, worlds, t
     env = {**os.environ, "PYTHONPATH": str(release)}
     whole = worlds != "2"
     patterns = [] if whole else [pattern for id_ in case_ids(HF_FAST_SKIPPED_AREAS, inside=False) for pattern in ("-k", id_)]
-    command = [sys.executable, "-m", "conformance", "run", "--impl", "accelerate", "--level", LEVELS[version],
-               "--worlds", worlds, "--strict", "--json", str(report), *patterns]
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1700)
+    done = run_module("conformance", "run", "--impl", "accelerate", "--level", LEVELS[version], "--worlds", worlds,
+                      "--strict", "--json", str(report), *patterns, cwd=ROOT, env=env, timeout=1700)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     run = json.loads(report.read_text())
     meta = run["metadata"]

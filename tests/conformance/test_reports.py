@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
 import pytest
 
+from tests.processes import run_module
 from conformance import catalog
 from conformance.__main__ import main
 from conformance.engine import report
@@ -163,11 +162,8 @@ def test_list_names_every_catalog_id(capsys):
 @pytest.mark.slow
 def test_cli_run_writes_reports_and_echoes_the_implementation(tmp_path):
     out = tmp_path / "run.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "conformance", "run", "-k", "process.is_main", "--worlds", "1,2",
-         "--json", str(out), "--markdown", str(tmp_path / "m.md")],
-        capture_output=True, text=True, timeout=300,
-    )
+    proc = run_module("conformance", "run", "-k", "process.is_main", "--worlds", "1,2", "--json", str(out),
+                      "--markdown", str(tmp_path / "m.md"), timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "impl=accelerate_ref 0.1.0" in proc.stdout and "backend=sim" in proc.stdout
     data = json.loads(out.read_text())
@@ -178,20 +174,14 @@ def test_cli_run_writes_reports_and_echoes_the_implementation(tmp_path):
 
 
 def test_cli_run_with_an_unknown_implementation_says_so():
-    proc = subprocess.run(
-        [sys.executable, "-m", "conformance", "run", "--impl", "no_such_impl_module"],
-        capture_output=True, text=True, timeout=120,
-    )
+    proc = run_module("conformance", "run", "--impl", "no_such_impl_module", timeout=120)
     assert proc.returncode == 2
     assert "cannot import the implementation under test 'no_such_impl_module'" in proc.stderr
 
 
 @pytest.mark.slow
 def test_pytest_plugin_runs_cases_as_items():
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "--pyargs", "conformance", "--impl", "accelerate_ref",
-         "--conformance-worlds", "1,2", "-k", "is_main", "-q", "-p", "no:cacheprovider"],
-        capture_output=True, text=True, timeout=300,
-    )
+    proc = run_module("pytest", "--pyargs", "conformance", "--impl", "accelerate_ref", "--conformance-worlds", "1,2",
+                      "-k", "is_main", "-q", "-p", "no:cacheprovider", timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "2 passed" in proc.stdout, proc.stdout

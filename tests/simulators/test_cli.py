@@ -1,10 +1,9 @@
 """``python -m simulators launch`` and ``simulators.__main__.main``."""
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
+from tests.processes import run_module
 from simulators.__main__ import main
 
 pytestmark = pytest.mark.slow
@@ -28,8 +27,7 @@ def script(tmp_path):
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, "-m", "simulators", *map(str, args)],
-                          capture_output=True, text=True, timeout=120)
+    return run_module("simulators", *map(str, args), timeout=120)
 
 
 def test_launch_runs_the_script_on_every_rank(script):

@@ -12,7 +12,7 @@ import pytest
 
 from simulators._fork_root import shadowed
 from simulators.fork_root import FORK_ROOT_ENV, ForkRoot, RootChild, start_module
-from tests.processes import still_running
+from tests.processes import run_module, still_running
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = "tests.simulators.process_probe"
@@ -120,3 +120,11 @@ def test_closing_the_root_ends_its_bases_and_what_they_forked(tmp_path):
     assert still_running([root.pid, base, child.pid], timeout=10) == []
     assert child.wait(10) == -signal.SIGKILL
     assert os.environ.get(FORK_ROOT_ENV) != root.socket_path, "a closed root is no longer named"
+
+
+def test_the_output_of_a_process_that_started_a_base_ends_with_it(root):
+    """A base forked for a request must not keep that request's streams: the reader of its stdout would never see
+    the end of it (a run that finished would seem to hang)."""
+    env = {**os.environ, FORK_ROOT_ENV: root.socket_path}  # a root of its own: this request forks its first base
+    done = run_module(PROBE, "0", env=env, cwd=REPO, timeout=60)
+    assert done.returncode == 0 and json.loads(done.stdout)["parent"] != root.pid, done.stderr

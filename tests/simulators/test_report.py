@@ -10,12 +10,12 @@ import pickle
 import re
 import shutil
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from tests.processes import run_module
 from tests.simulators.devices.test_history import replay
 
 HAS_PLOTLY = importlib.util.find_spec("plotly") is not None
@@ -44,12 +44,10 @@ def dry_run(tmp_path_factory):
     JSON, process)."""
     folder = tmp_path_factory.mktemp("report")
     (folder / "train.py").write_text(FSDP2_TRAIN)
-    done = subprocess.run(
-        [sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", "launch", "--simulate", "cuda", "--num_processes", "2",
-         "--gpu", "l4-24gb", "--summary-json", "summary.json", *(["--report", "out/report.html"] if HAS_PLOTLY else []),
-         "--memory-snapshot", "snapshots", "--timeout", "240", "train.py"],
-        capture_output=True, text=True, timeout=300, cwd=folder,
-    )
+    done = run_module("accelerate_ref.commands.accelerate_cli", "launch", "--simulate", "cuda", "--num_processes", "2",
+                      "--gpu", "l4-24gb", "--summary-json", "summary.json",
+                      *(["--report", "out/report.html"] if HAS_PLOTLY else []), "--memory-snapshot", "snapshots",
+                      "--timeout", "240", "train.py", timeout=300, cwd=folder)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return folder, json.loads((folder / "summary.json").read_text()), done
 
@@ -79,8 +77,8 @@ def test_the_snapshots_open_in_torchs_memory_viz_and_peak_where_the_summary_does
         assert any(frame["filename"].endswith("train.py") for event in trace for frame in event["frames"])
         most, reserved = replay(snapshot, device)  # consistent as MemoryViz replays it, from the run's first allocation
         assert most == memory["peak"] and reserved == memory["reserved"], (most, reserved, memory)
-    out = subprocess.run([sys.executable, "-m", "torch.cuda._memory_viz", "trace_plot", str(folder / "snapshots" / "rank0.pickle"),
-                          "-o", str(folder / "trace.html")], capture_output=True, text=True, timeout=120)
+    out = run_module("torch.cuda._memory_viz", "trace_plot", str(folder / "snapshots" / "rank0.pickle"), "-o",
+                     str(folder / "trace.html"), timeout=120)
     assert out.returncode == 0 and (folder / "trace.html").stat().st_size > 1000, out.stderr[-2000:]
 
 

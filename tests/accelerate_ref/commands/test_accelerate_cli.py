@@ -15,6 +15,7 @@ import time
 import pytest
 import yaml
 
+from tests.processes import run_module
 from accelerate_ref.commands.accelerate_cli import run as main
 from accelerate_ref.commands.config.config_args import ClusterConfig, load_config_from_file
 from accelerate_ref.commands.config.config_args import current_default_config_file as default_config_file
@@ -148,8 +149,8 @@ def test_hang_past_timeout_stops_every_rank(tmp_path, hf_home):
     sleeper = tmp_path / "sleep.py"
     sleeper.write_text(f"import os, time\nopen(os.path.join({str(pids)!r}, str(os.getpid())), 'w').close()\ntime.sleep(300)\n")
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", "launch", "--cpu", "-n", "2", "--timeout", "8", str(sleeper)],
-                          capture_output=True, text=True, timeout=200)
+    done = run_module("accelerate_ref.commands.accelerate_cli", "launch", "--cpu", "-n", "2", "--timeout", "8",
+                      str(sleeper), timeout=200)
     assert done.returncode == 1, done.stderr
     assert "--timeout" in done.stderr.strip().splitlines()[-1]
     assert time.monotonic() - started < 150

@@ -6,11 +6,11 @@ import importlib.util
 import json
 import os
 import subprocess
-import sys
 import textwrap
 
 import pytest
 
+from tests.processes import run_module
 from simulators.devices.families import gpus, machine
 from simulators.dryrun import summary
 from simulators.launcher import LaunchResult
@@ -51,16 +51,12 @@ def test_summary_names_rank_states_mixing_site_and_stacks():
 def test_xla_dry_run_reports_the_misplaced_tensor_line(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
-    done = subprocess.run(
-        [sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", "launch", "--simulate", "xla", "--num_processes", "2", str(script), "--misplace"],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
-    )
+    done = run_module("accelerate_ref.commands.accelerate_cli", "launch", "--simulate", "xla", "--num_processes", "2",
+                      str(script), "--misplace", timeout=300, cwd=tmp_path)
     assert done.returncode != 0
     assert f"device mixing at {script}:13" in done.stdout, done.stdout[-2000:]
-    clean = subprocess.run(
-        [sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", "launch", "--simulate", "xla", "--num_processes", "2", str(script)],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
-    )
+    clean = run_module("accelerate_ref.commands.accelerate_cli", "launch", "--simulate", "xla", "--num_processes",
+                       "2", str(script), timeout=300, cwd=tmp_path)
     assert clean.returncode == 0, clean.stdout[-2000:] + clean.stderr[-2000:]
     assert "rank 0: exit 0" in clean.stdout and "rank 1: exit 0" in clean.stdout
 
@@ -91,11 +87,8 @@ GPU_TRAIN = textwrap.dedent("""\
 def _dry_run_gpu_script(tmp_path, package: str, *script_args: str) -> tuple[str, subprocess.CompletedProcess]:
     script = tmp_path / "train.py"
     script.write_text(GPU_TRAIN.format(package=package))
-    done = subprocess.run(
-        [sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", "launch", "--simulate", "cuda", "--num_processes", "2",
-         "--timeout", "240", str(script), *script_args],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
-    )
+    done = run_module("accelerate_ref.commands.accelerate_cli", "launch", "--simulate", "cuda", "--num_processes",
+                      "2", "--timeout", "240", str(script), *script_args, timeout=300, cwd=tmp_path)
     return str(script), done
 
 
@@ -143,19 +136,16 @@ def test_cuda_dry_run_shards_with_fsdp2(tmp_path, package="accelerate_ref"):
     accelerator a CUDA build reports), parameters move onto the device (``tensor.data = ...`` across types)."""
     script = tmp_path / "train.py"
     script.write_text(FSDP2_TRAIN.format(package=package))
-    done = subprocess.run(
-        [sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", "launch", "--simulate", "cuda", "--num_processes", "2",
-         "--timeout", "240", str(script)],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
-    )
+    done = run_module("accelerate_ref.commands.accelerate_cli", "launch", "--simulate", "cuda", "--num_processes",
+                      "2", "--timeout", "240", str(script), timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for rank in (0, 1):
         assert f"[rank {rank}] shard (8, 8) of (16, 8) mesh cuda" in done.stdout, done.stdout[-3000:]
 
 
 def _launch(tmp_path, *argv: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", "launch", *argv],
-                          capture_output=True, text=True, timeout=timeout, cwd=tmp_path, env={**os.environ, **(env or {})})
+    return run_module("accelerate_ref.commands.accelerate_cli", "launch", *argv, timeout=timeout, cwd=tmp_path,
+                      env={**os.environ, **(env or {})})
 
 
 def test_cuda_dry_run_reports_each_ranks_peak_its_parts_and_the_verdict(tmp_path):

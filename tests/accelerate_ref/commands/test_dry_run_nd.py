@@ -35,6 +35,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.processes import run_module
 from accelerate_ref.commands.accelerate_cli import run
 
 from .nd_scripts import LLAMA, LLAMA_70B, QWEN, SAVE_LLAMA, SCRIPT, SP_SCRIPT, SPARSE_LLAMA, WORDS
@@ -235,8 +236,8 @@ def dry_run(tmp_path, folder, layout: Layout, env: dict[str, str]) -> tuple[int,
     argv = ["launch", "--simulate", "cuda", *(["--no-compute"] if layout.no_compute else []), "--num_processes",
             str(layout.ranks), "--num_machines", str(layout.machines), "--timeout", str(layout.timeout), "--summary-json",
             "summary.json", "nd.py", str(folder), *arguments]
-    done = subprocess.run([sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", *argv], cwd=tmp_path, text=True,
-                          capture_output=True, timeout=layout.timeout + 300, env={**env, "HF_HOME": str(tmp_path / "hf_home")})
+    done = run_module("accelerate_ref.commands.accelerate_cli", *argv, timeout=layout.timeout + 300, cwd=tmp_path,
+                      env={**env, "HF_HOME": str(tmp_path / "hf_home")})
     summary = json.loads((tmp_path / "summary.json").read_text()) if (tmp_path / "summary.json").exists() else {}
     return done.returncode, done.stdout + done.stderr, summary
 
@@ -515,8 +516,8 @@ def test_hfs_nd_examples_dry_run_unmodified_with_each_ranks_model_states_as_the_
     offline = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
                "HF_HOME": str(tmp_path / "hf_home"), "MLFLOW_TRACKING_URI": (tmp_path / "mlruns").as_uri(),
                "MLFLOW_ALLOW_FILE_STORE": "true"}  # the Trainer reports to every tracker installed
-    done = subprocess.run([sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", *argv], cwd=tmp_path,
-                          text=True, capture_output=True, timeout=900, env={**env, **offline})
+    done = run_module("accelerate_ref.commands.accelerate_cli", *argv, timeout=900, cwd=tmp_path,
+                      env={**env, **offline})
     output = done.stdout + done.stderr
     assert done.returncode == 0, f"{name}:\n{output[-4000:]}"
     expected = run.layout.model_states(sizes, tp_plan, run.value_bytes, run.optimizer_values)

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
+from tests.processes import run_module
 from accelerate_ref.commands.accelerate_cli import run
 
 MODELS = os.path.join(os.path.dirname(__file__), "..", "..", "..", "benchmarks", "preflight_models.py")
@@ -34,10 +33,9 @@ SETUPS = {
 def _peaks(tmp_path, ranks: int, arguments: list[str], no_compute: bool) -> list[int]:
     """Every rank's peak in a dry run of ``preflight_models.py transformer arguments``."""
     summary = tmp_path / f"summary-{no_compute}.json"
-    done = subprocess.run([sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", "launch", "--simulate", "cuda",
-                           *(["--no-compute"] if no_compute else []), "--num_processes", str(ranks), "--timeout", "300",
-                           "--summary-json", str(summary), MODELS, "transformer", "--batch", "4", *arguments],
-                          capture_output=True, text=True, timeout=600)
+    done = run_module("accelerate_ref.commands.accelerate_cli", "launch", "--simulate", "cuda",
+                      *(["--no-compute"] if no_compute else []), "--num_processes", str(ranks), "--timeout", "300",
+                      "--summary-json", str(summary), MODELS, "transformer", "--batch", "4", *arguments, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     found = json.loads(summary.read_text())
     return [max(device["peak"] for device in rank["memory"].values()) for rank in found["ranks"]]

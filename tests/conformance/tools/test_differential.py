@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.processes import run_module
 from conformance.tools.differential import deviations
 from conformance.tools.differential.observe import ClassIndex, Normaliser
 from conformance.tools.differential.probe import Api, Probe, Subject, run_probe
@@ -30,8 +31,7 @@ FINDING_HEADER = re.compile(r"^\S+ \[(cpu|cuda)/\d+ rank \d+\] ")
 
 
 def _cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "conformance", "differential", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=ROOT)
+    return run_module("conformance", "differential", *args, timeout=timeout, cwd=ROOT)
 
 
 @pytest.mark.slow

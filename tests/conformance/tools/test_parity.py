@@ -6,7 +6,6 @@ stale exclusion are each reported, and bad input is one line with exit status 2.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 
 pytest.importorskip("accelerate")
 
+from tests.processes import run_module
 from conformance.tools import parity  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -113,8 +113,7 @@ def test_an_exclusion_group_gives_its_reason_to_each_name(tmp_path) -> None:
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], says: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "conformance", "parity", *args],
-                          capture_output=True, text=True, timeout=120)
+    done = run_module("conformance", "parity", *args, timeout=120)
     assert done.returncode == 2, done
     assert says in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
 

@@ -10,9 +10,9 @@ checkpoint's input is kept; under ``torch.no_grad()`` nothing is.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
+
+from tests.processes import run_module
 
 B, D, H = 64, 256, 4096
 #: Rank 0 keeps the graph, rank 1 checkpoints the model (and takes a ``torch.func`` gradient, which refuses to run
@@ -43,9 +43,8 @@ SCRIPT = textwrap.dedent(f"""\
 
 def test_activations_are_what_autograd_saves_checkpointed_or_not(tmp_path):
     (tmp_path / "train.py").write_text(SCRIPT)
-    done = subprocess.run([sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", "launch", "--simulate", "cuda",
-                           "--num_processes", "3", "--gpu", "a100-40gb", "--summary-json", "summary.json", "--timeout", "240",
-                           "train.py"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    done = run_module("accelerate_ref.commands.accelerate_cli", "launch", "--simulate", "cuda", "--num_processes",
+                      "3", "--gpu", "a100-40gb", "--summary-json", "summary.json", "--timeout", "240", "train.py", timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     ranks = json.loads((tmp_path / "summary.json").read_text())["ranks"]
     parts = [next(iter(rank["memory"].values()))["parts"] for rank in ranks]

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
-import sys
 
 import pytest
 
+from tests.processes import run_module
 from tests.simulators.devices.worlds import device_world
 
 pytestmark = pytest.mark.timeout(240)
@@ -352,10 +351,8 @@ for step in range(2):
 def _dry_run(tmp_path, no_compute: bool, *arguments: str) -> tuple[list[dict], str]:
     script, summary = tmp_path / "train.py", tmp_path / f"summary-{no_compute}.json"
     script.write_text(SCRIPT)
-    done = subprocess.run([sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", "launch", "--simulate", "cuda",
-                           *(["--no-compute"] if no_compute else []), "--num_processes", "2", "--timeout", "300",
-                           "--summary-json", str(summary), str(script), *arguments],
-                          capture_output=True, text=True, timeout=600)
+    done = run_module("accelerate_ref.commands.accelerate_cli", "launch", "--simulate", "cuda",
+                      *(["--no-compute"] if no_compute else []), "--num_processes", "2", "--timeout", "300", "--summary-json", str(summary), str(script), *arguments, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     return [rank["memory"] for rank in json.loads(summary.read_text())["ranks"]], done.stdout
 
