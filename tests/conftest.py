@@ -1,22 +1,29 @@
 """Shared fixtures of the project's own tests."""
 import os
+import warnings
 
 import pytest
 
-from simulators.fork_root import FORK_ROOT_ENV, ForkRoot
+from simulators.fork_root import FORK_ROOT_ENV, ForkRoot, ForkRootError
 from tests.processes import still_running
 
 
 @pytest.fixture(scope="session", autouse=True)
 def fork_root():
-    """One root fork server per test process: the fork servers its tests start, in-process or under a CLI they run,
-    fork from it instead of importing torch again (see :mod:`simulators.fork_root`). ``SIMULATORS_FORK_ROOT=off``
-    runs the tests without one (every fork server then starts as a spawned process)."""
+    """One root fork server per test process: the fork servers its tests start, in-process or under a command they
+    run, and the commands run through :func:`tests.processes.run_module`, fork from it instead of importing torch
+    again (see :mod:`simulators.fork_root`). ``SIMULATORS_FORK_ROOT=off`` runs the tests without one."""
     if os.environ.get(FORK_ROOT_ENV) == "off":
         del os.environ[FORK_ROOT_ENV]
         yield None
         return
-    with ForkRoot() as root:
+    try:
+        root = ForkRoot()
+    except ForkRootError as error:  # the tests still run, each fork server spawned; test_fork_root fails on it
+        warnings.warn(f"no root fork server: {error}", RuntimeWarning)
+        yield None
+        return
+    with root:
         yield root
 
 

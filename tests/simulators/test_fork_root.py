@@ -96,10 +96,9 @@ def test_shadowed_names_the_module_a_fresh_interpreter_would_import_from_elsewhe
 def test_a_forked_process_dies_with_the_process_that_asked_for_it(root, tmp_path):
     """The asker SIGKILLed: its connection closes and the base kills what it forked."""
     asker = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
-        import os, sys, time
-        from tests.simulators.test_fork_root import start_probe
-        from pathlib import Path
-        child, _, _ = start_probe(dict(os.environ), Path({str(tmp_path)!r}), 0, "600")
+        import os
+        from simulators.fork_root import start_module
+        child = start_module({PROBE!r}, ["0", "600"], dict(os.environ), stdin=0, stdout=2, stderr=2)
         print(type(child).__name__, child.pid, flush=True)
         os.kill(os.getpid(), 9)
         """)], env={**os.environ, FORK_ROOT_ENV: root.socket_path}, cwd=REPO, capture_output=True, text=True,
