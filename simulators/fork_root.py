@@ -5,7 +5,8 @@ everything that inherits its environment; :func:`start_module` starts ``python -
 when there is one and it accepts the request, and as a spawned process otherwise, with the same environment,
 working directory, streams, session and death rules either way. The simulator starts its fork servers
 (:class:`simulators.forking.Zygote`) this way: a test suite that owns a root pays for torch's import once per
-torch environment instead of once per fork server (the project's ``make test`` starts about 200).
+torch environment instead of once per fork server (a run of the project's ``make test`` started about 340 Python
+processes without one, 216 with one, before its tests also ran their commands through it).
 """
 from __future__ import annotations
 
