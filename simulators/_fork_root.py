@@ -27,7 +27,6 @@ spawned process ends: atexit handlers, then the interpreter's teardown.
 """
 from __future__ import annotations
 
-import ctypes
 import gc
 import importlib
 import importlib.machinery
@@ -43,6 +42,9 @@ import tempfile
 import traceback
 from collections.abc import Iterable, Mapping
 
+from simulators._zygote import reseed_numpy
+from simulators.spawn import die_with_parent
+
 #: Prefixes of the variables Python's start-up reads (flags, encodings, the locale): a request's values of these
 #: must equal the root's own, since its children keep the interpreter the root started.
 READ_BY_PYTHON = ("PYTHON", "LC_", "LANG")
@@ -54,8 +56,6 @@ READ_AT_IMPORT = ("TORCH", "PYTORCH", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS
 APPLIED_BY_CHILD = ("PYTHONPATH", "TORCH_DEVICE_BACKEND_AUTOLOAD")
 #: Largest request message (an environment of a few kilobytes, a command line).
 MESSAGE_BYTES = 1 << 20
-_PR_SET_PDEATHSIG = 1
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def _read(env: Mapping[str, str], prefixes: tuple[str, ...]) -> dict[str, str]:
@@ -75,13 +75,6 @@ def refusal(request: Mapping) -> str | None:
     if theirs != ours:
         return f"Python's start-up settings differ: {sorted(set(theirs.items()) ^ set(ours.items()))}"
     return None
-
-
-def _die_with_parent() -> None:
-    parent = os.getppid()
-    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:
-        os._exit(1)
 
 
 def _request_path(request: Mapping) -> list[str]:
@@ -196,7 +189,7 @@ def _become(request: dict, streams: list[int], interpreter_path: list[str], inhe
     try:
         if request.get("new_session"):
             os.setsid()
-        _die_with_parent()
+        die_with_parent(os.getppid())
         _close(inherited)
         for target, fd in zip((0, 1, 2), streams):
             os.dup2(fd, target)
@@ -212,9 +205,7 @@ def _become(request: dict, streams: list[int], interpreter_path: list[str], inhe
         torch = sys.modules["torch"]
         if torch._is_device_backend_autoload_enabled():
             torch._import_device_backends()
-        numpy_random = sys.modules.get("numpy.random")
-        if numpy_random is not None:
-            numpy_random.seed()  # as its import seeds it in a fresh process (see simulators._zygote)
+        reseed_numpy()
         sys.argv = [request["module"], *request["args"]]
         runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
     except SystemExit:
@@ -293,7 +284,7 @@ def _fork_base(env: Mapping[str, str], interpreter_path: list[str],
     pid = os.fork()
     if pid == 0:
         try:
-            _die_with_parent()
+            die_with_parent(os.getppid())
             _close([*held, ours])
             os.close(0)
             os.dup2(2, 1)  # stray prints go to the root's log, not to its owner's pipe

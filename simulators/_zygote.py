@@ -73,7 +73,7 @@ def _become_rank(request: dict, zygote_pid: int, keep_closed: list[int]) -> None
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         install_stack_dumper()
         _apply_torch_env()
-        _reseed_numpy()
+        reseed_numpy()
         sys.argv = [request["module"], *request.get("args", ())]
         sys.modules.pop(request["module"], None)  # preloaded for its imports; runs afresh as __main__
         runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
@@ -103,7 +103,7 @@ def _apply_torch_env() -> None:
         distributed.set_debug_level_from_env()  # TORCH_DISTRIBUTED_DEBUG
 
 
-def _reseed_numpy() -> None:
+def reseed_numpy() -> None:
     """Seed numpy's global random state afresh from the OS, as importing numpy.random seeds it in a spawned process
     (numpy/random/mtrand.pyx: ``_rand = RandomState()``); forked, every rank would share the zygote's stream.
     Python's ``random`` reseeds itself after a fork (``os.register_at_fork``); torch's default generator starts

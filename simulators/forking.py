@@ -44,14 +44,15 @@ class Zygote:
     def __init__(self, env: Mapping[str, str], log_file: Path, preload: Sequence[str] = ()) -> None:
         self.log_file = log_file
         modules = ",".join(dict.fromkeys([*BASE_PRELOAD, *preload]))
-        requests, self._requests = os.pipe()
+        requests, requests_end = os.pipe()
         self._replies, replies = os.pipe()
+        self._requests = os.fdopen(requests_end, "wb")
         try:
             with open(log_file, "ab") as log:
                 self._proc = start_module(_ZYGOTE, (), {**env, PRELOAD_ENV: modules}, stdin=requests, stdout=replies,
                                           stderr=log.fileno())
         except BaseException:
-            os.close(self._requests)
+            self._requests.close()
             os.close(self._replies)
             raise
         finally:
@@ -77,9 +78,8 @@ class Zygote:
         request = json.dumps({"module": module, "args": list(args), "env": dict(env), "log": str(log_file),
                               "errors": str(error_file) if error_file else None, "cwd": cwd, "finalize": finalize})
         try:
-            data = memoryview(request.encode() + b"\n")
-            while data:
-                data = data[os.write(self._requests, data):]
+            self._requests.write(request.encode() + b"\n")
+            self._requests.flush()
         except BrokenPipeError:
             raise self._error("the fork server is gone") from None
         deadline = time.monotonic() + timeout
@@ -117,8 +117,8 @@ class Zygote:
             pass
         self._proc.kill()
         self._proc.wait(timeout)
-        for fd in (self._requests, self._replies):
-            os.close(fd)
+        self._requests.close()
+        os.close(self._replies)
 
     def _error(self, reason: str) -> ZygoteError:
         tail = self.log_file.read_text(errors="replace")[-4000:] if self.log_file.exists() else ""
