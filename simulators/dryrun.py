@@ -45,11 +45,13 @@ FINGERPRINT = re.compile(r"SequenceNumber=(\d+), OpType=(\w+)(?:, TensorShape=(\
 FORK_SAFE = {
     "torch": ("torch", "torch.distributed", "torch.distributed.fsdp", "torch.distributed.tensor"),
     "transformers": ("transformers", "transformers.modeling_utils"),
-    # prepare() imports lomo_optim, where installed, to tell a LOMO optimizer (HF 1.15's accelerator.py,
-    # prepare_optimizer; accelerate_ref/_accelerator/lomo.py), and lomo_optim imports transformers.
+    # HF's prepare() imports lomo_optim, where installed, to tell a LOMO optimizer (HF 1.15's accelerator.py,
+    # prepare_optimizer), and lomo_optim imports transformers; accelerate_ref's reads it only where it is imported.
     "accelerate": ("accelerate", "lomo_optim"),
-    "accelerate_ref": ("accelerate_ref.accelerator", "lomo_optim"),
+    "accelerate_ref": ("accelerate_ref.accelerator",),
     "safetensors": ("safetensors.torch",),
+    "peft": ("peft",),
+    "trl": ("trl",),
 }
 #: What each rank of a world of more than one imports when the script imports one of these libraries: DDP's
 #: constructor reads torch._dynamo's optimize-DDP mode (torch/nn/parallel/distributed.py) and FSDP2 disables dynamo
@@ -68,8 +70,9 @@ DISTRIBUTED = {
 #: DeepSpeed's modules, imported once where the run trains with DeepSpeed (a DeepSpeed launch, or a script that asks
 #: for DeepSpeed): about 4 s of imports in each rank. Its import picks its accelerator
 #: (deepspeed/accelerator/real_accelerator.py) from the environment every rank has too, and leaves the same jemalloc
-#: thread running as datasets (``DISTRIBUTED``).
-DEEPSPEED = ("deepspeed",)
+#: thread running as datasets (``DISTRIBUTED``). Its engine imports its Muon optimizer module when it checks the
+#: optimizer (deepspeed/runtime/zero/utils.py: ``is_zero_supported_optimizer``), about 1 s more in each rank.
+DEEPSPEED = ("deepspeed", "deepspeed.runtime.zero.muon.muon_optimizer")
 #: Libraries whose workspaces the GPU picks at run time, which no source gives a rule for: the smallest ratio of a dry
 #: run's reserved peak to a real GPU's among the runs that used one, and why. cuDNN's convolutions: 0.616 (conv) and
 #: 0.782 (conv_bf16) of a real H200's (../shared/gpu/summary.json, torch 2.11).

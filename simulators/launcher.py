@@ -40,8 +40,9 @@ from simulators.watchdog import dump_flight_records, dump_stacks
 TIMEOUT_STATUS = 124
 #: What the fork server of :func:`run`'s ranks imports: torch, which every rank function here reaches and which
 #: reads nothing of a rank's own environment at import (its threads are set in each rank, see
-#: :mod:`simulators._zygote`).
-RUN_PRELOAD = ("torch",)
+#: :mod:`simulators._zygote`), and torch._dynamo, which DDP's constructor and every optimizer step import
+#: (torch/nn/parallel/distributed.py; torch/_compile.py, ``_disable_dynamo``): about 1.5 s in each rank.
+RUN_PRELOAD = ("torch", "torch._dynamo")
 #: Seconds a rank whose script has returned gets to finish exiting after another rank failed.
 EXITING_GRACE_S = 5.0
 _BOOTSTRAP = (sys.executable, "-m", "simulators._bootstrap")

@@ -36,9 +36,11 @@ from .results import CaseResult, Emit, Status
 RENDEZVOUS_S_PER_RANK = 0.5
 #: A HANG's second run, alone in fresh ranks, gets this many times the case's timeout.
 CONFIRM_TIMEOUT_FACTOR = 2.0
-#: What the fork server of a backend's ranks imports besides the worker, the implementation and the modules the
-#: run's cases declare (:attr:`.case.Case.imports`).
-RANK_PRELOAD = ("torch", "torch.distributed")
+#: What the fork server of a backend's ranks imports besides the worker, the implementation (and its ``Accelerator``,
+#: which a package may load lazily) and the modules the run's cases declare (:attr:`.case.Case.imports`):
+#: torch._dynamo too, which DDP's constructor and every optimizer step import (torch/nn/parallel/distributed.py;
+#: torch/_compile.py, ``_disable_dynamo``), about 1.5 s in each rank otherwise.
+RANK_PRELOAD = ("torch", "torch.distributed", "torch._dynamo")
 
 
 class SimBackend:
@@ -173,7 +175,7 @@ class SimBackend:
     def _pool(self, world: World) -> RankPool:
         if world not in self._pools:
             self.close_pools()
-            preload = [*RANK_PRELOAD, *self._imports, "conformance.engine.worker", self.impl]
+            preload = [*RANK_PRELOAD, *self._imports, "conformance.engine.worker", self.impl, f"{self.impl}:Accelerator"]
             if self._fork_server is None or self._fork_server.preload != tuple(preload):
                 self._close_fork_server()
                 self._fork_server = KeptZygote(preload)

@@ -7,6 +7,7 @@ backend (dynamo traces, nothing is generated), so each costs well under a second
 
 from __future__ import annotations
 
+import sys
 import warnings
 from types import MethodType
 
@@ -322,6 +323,20 @@ def test_lomo_backward_refusals_match_hf(fresh_states) -> None:
         lomo_backward([plain], loss, None)
     with pytest.raises(ValueError, match="Are you sure you passed a LOMO optimizer"):
         lomo_backward([plain], loss, 0.1)
+
+
+def test_telling_a_lomo_optimizer_imports_nothing(monkeypatch, lomo_class: type) -> None:
+    """An optimizer can be a Lomo only once lomo_optim is imported: before that the check answers no without
+    importing it (and Transformers with it); after, it tells a Lomo from a plain optimizer."""
+    from accelerate_ref._accelerator.lomo import is_lomo_optimizer
+
+    model = torch.nn.Linear(2, 1)
+    lomo = lomo_class(model, lr=1e-2)
+    plain = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert (is_lomo_optimizer(lomo), is_lomo_optimizer(plain)) == (True, False)
+    monkeypatch.delitem(sys.modules, "lomo_optim")
+    assert not is_lomo_optimizer(plain)
+    assert "lomo_optim" not in sys.modules, "telling a plain optimizer imported lomo_optim"
 
 
 @pytest.mark.skipif(not hasattr(accelerate_ref.Accelerator, "lomo_backward"), reason="Accelerator delegates at merge")

@@ -226,7 +226,8 @@ def _on_ranks(candidate: str, reference: str, setting: str, probes: list[Probe],
         setup="conformance.tools.differential.rank:setup",
         env={**(devices.env if devices else _CPU_ENV), rank.REFERENCE_ENV: reference, rank.CANDIDATE_ENV: candidate},
         pythonpath=[*(devices.pythonpath if devices else ()), *sys.path],
-        preload=["torch", "torch.distributed", "conformance.tools.differential.rank", reference, candidate],
+        preload=["torch", "torch.distributed", "torch._dynamo", "conformance.tools.differential.rank", reference, candidate,
+                 "conformance.tools.differential.fork_server"],
     )
     scratch = Path(tempfile.mkdtemp(prefix="differential-"))
     try:
