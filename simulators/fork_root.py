@@ -109,8 +109,13 @@ class RootChild:
         return self.returncode
 
     def send_signal(self, signum: int) -> None:
+        """Signal the child, unless it has ended: its base may have reaped it before its exit report arrived here,
+        and then there is nothing left to signal (as ``subprocess.Popen.send_signal`` takes it)."""
         if self.poll() is None:
-            os.kill(self.pid, signum)
+            try:
+                os.kill(self.pid, signum)
+            except ProcessLookupError:
+                pass
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)

@@ -3,6 +3,7 @@ interpreter would import the same files and read the same settings; nothing it f
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -106,6 +107,19 @@ def test_a_forked_process_dies_with_the_process_that_asked_for_it(root, tmp_path
     kind, pid = asker.stdout.split()
     assert kind == "RootChild", asker.stderr
     assert still_running([int(pid)], timeout=10) == [], "the forked probe outlived its asker"
+
+
+def test_killing_a_child_that_ended_before_its_exit_report_arrived_does_nothing():
+    """Its base reaped it, its "exit" reply is not read yet: there is nothing left to signal (as with Popen)."""
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait(30)  # reaped: its pid names no process now
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with ours, theirs:
+        child = RootChild(ours, ended.pid)
+        child.kill()
+        assert child.poll() is None, "no report has arrived"
+        theirs.send(b"exit -9")
+        assert child.wait(10) == -signal.SIGKILL
 
 
 def test_closing_the_root_ends_its_bases_and_what_they_forked(tmp_path):
