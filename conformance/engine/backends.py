@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from simulators.devices import world_settings
 from simulators.forking import KeptZygote
+from simulators.launcher import RUN_PRELOAD
 from simulators.outcome import RankOutcome
 from simulators.pool import PoolResult, PoolStartError, RankPool
 from simulators.spawn import describe_exit
@@ -37,10 +38,9 @@ RENDEZVOUS_S_PER_RANK = 0.5
 #: A HANG's second run, alone in fresh ranks, gets this many times the case's timeout.
 CONFIRM_TIMEOUT_FACTOR = 2.0
 #: What the fork server of a backend's ranks imports besides the worker, the implementation (and its ``Accelerator``,
-#: which a package may load lazily) and the modules the run's cases declare (:attr:`.case.Case.imports`):
-#: torch._dynamo too, which DDP's constructor and every optimizer step import (torch/nn/parallel/distributed.py;
-#: torch/_compile.py, ``_disable_dynamo``), about 1.5 s in each rank otherwise.
-RANK_PRELOAD = ("torch", "torch.distributed", "torch._dynamo")
+#: which a package may load lazily) and the modules the run's cases declare (:attr:`.case.Case.imports`): what
+#: every rank of :func:`simulators.launcher.run` reaches, and torch.distributed.
+RANK_PRELOAD = (*RUN_PRELOAD, "torch.distributed")
 
 
 class SimBackend:

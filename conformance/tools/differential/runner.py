@@ -32,6 +32,7 @@ from simulators.devices import world_settings
 from simulators.pool import PoolStartError, RankPool
 from simulators.topology import World
 
+from ...engine.backends import RANK_PRELOAD
 from . import rank
 from .coverage import CodeKey, Coverage, Recorder, report
 from .deviations import Deviation
@@ -226,7 +227,7 @@ def _on_ranks(candidate: str, reference: str, setting: str, probes: list[Probe],
         setup="conformance.tools.differential.rank:setup",
         env={**(devices.env if devices else _CPU_ENV), rank.REFERENCE_ENV: reference, rank.CANDIDATE_ENV: candidate},
         pythonpath=[*(devices.pythonpath if devices else ()), *sys.path],
-        preload=["torch", "torch.distributed", "torch._dynamo", "conformance.tools.differential.rank", reference, candidate,
+        preload=[*RANK_PRELOAD, "conformance.tools.differential.rank", reference, candidate,
                  "conformance.tools.differential.fork_server"],
     )
     scratch = Path(tempfile.mkdtemp(prefix="differential-"))
