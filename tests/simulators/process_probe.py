@@ -1,5 +1,7 @@
 """``python -m tests.simulators.process_probe CODE [SLEEP_S]``: prints, as one JSON line, what a process can observe
-of how it was started, then exits with CODE (after sleeping SLEEP_S seconds). Holds no tests."""
+of how it was started, then exits with CODE (after sleeping SLEEP_S seconds). With ``PROBE_CUDA`` set, also what
+``torch.cuda`` and torch._dynamo's CUDA device interface (which captures ``torch.cuda``'s functions when it is
+imported) report. Holds no tests."""
 import json
 import os
 import sys
@@ -22,7 +24,16 @@ def observed() -> dict:
         "torch_threads": torch.get_num_threads(),
         "session_leader": os.getsid(0) == os.getpid(),
         "parent": os.getppid(),
+        "cuda": _cuda() if os.environ.get("PROBE_CUDA") else None,
     }
+
+
+def _cuda() -> dict:
+    from torch._dynamo.device_interface import get_interface_for_device
+
+    dynamo = get_interface_for_device("cuda")
+    return {"available": torch.cuda.is_available(), "devices": torch.cuda.device_count(),
+            "dynamo_available": dynamo.is_available(), "dynamo_devices": dynamo.device_count()}
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from simulators._fork_root import shadowed
+from simulators.devices import world_settings
 from simulators.fork_root import FORK_ROOT_ENV, ForkRoot, RootChild, start_module
 from tests.processes import run_module, still_running
 
@@ -66,6 +67,23 @@ def test_another_torch_environment_gets_its_own_base(root, tmp_path):
     _, _, two_threads, _ = probe({**env, "OMP_NUM_THREADS": "2"}, tmp_path / "two")
     assert (one_thread["torch_threads"], two_threads["torch_threads"]) == (1, 2)
     assert one_thread["parent"] != two_threads["parent"], "torch read OMP_NUM_THREADS at import: another base"
+
+
+def test_a_mock_gpu_on_the_path_is_loaded_before_the_modules_the_base_imports_as_import_torch_loads_it(root, tmp_path):
+    """torch loads a ``torch.backends`` entry point (the mock GPU's site) at ``import torch``, before any module
+    can capture ``torch.cuda``'s functions; torch._dynamo's device interface captures them when imported. A child
+    of the base that imported torch._dynamo sees the mock through it, as a spawned process does."""
+    settings = world_settings("cuda")
+    env = {**os.environ, **settings.env, "PYTHONPATH": os.pathsep.join(settings.pythonpath), "PROBE_CUDA": "1",
+           FORK_ROOT_ENV: root.socket_path}
+    spawned_env = {name: value for name, value in env.items() if name != FORK_ROOT_ENV}
+    spawned, _, expected, _ = probe(spawned_env, tmp_path / "spawned")
+    forked, _, seen, _ = probe(env, tmp_path / "forked")
+    assert isinstance(spawned, subprocess.Popen) and isinstance(forked, RootChild), (spawned, forked)
+    assert expected["cuda"]["dynamo_devices"] == expected["cuda"]["devices"] > 0, expected["cuda"]
+    assert seen["cuda"] == expected["cuda"], f"forked {seen['cuda']}, spawned {expected['cuda']}"
+    _, _, plain, _ = probe({**os.environ, "PROBE_CUDA": "1", FORK_ROOT_ENV: root.socket_path}, tmp_path / "plain")
+    assert plain["cuda"]["devices"] == 0 and plain["parent"] != seen["parent"], "another set of backends: another base"
 
 
 @pytest.mark.parametrize("change", ["another interpreter setting", "a module shadowed"])
