@@ -7,10 +7,10 @@ torch once and forks the processes asked of it from there, as if each had been s
 
 - The root itself imports nothing heavy. It listens on ``SOCKET`` (``AF_UNIX``, ``SOCK_SEQPACKET``: one message is
   one request, with its three stream descriptors attached) and hands each request, with the connection it came
-  on, to the *base* for the request's torch environment (:func:`torch_environment`) and device backends
-  (:func:`device_backends`), forking that base first when there is none: the base takes the request's
-  environment, imports torch, loads those backends as ``import torch`` would, imports :data:`WITH_TORCH`, and
-  serves from then on.
+  on, to the *base* for the request's torch environment (:func:`torch_environment`) and for whether its path
+  provides device backends (:func:`device_backends`), forking that base first when there is none: the base takes
+  the request's environment, imports torch and, where the path provides none, :data:`WITH_TORCH`, and serves from
+  then on.
 - A base forks one child per request and answers on the request's connection: ``started PID``, then
   ``exit CODE`` when the child ends (CODE negative: the signal), or ``refused REASON`` without forking when the
   child would not import what the base imported (:func:`shadowed`). A connection that closes before its child
@@ -20,13 +20,16 @@ torch once and forks the processes asked of it from there, as if each had been s
 
 A forked child is a fresh process in every rule its code can observe: its environment, ``sys.argv``, working
 directory, ``sys.path`` (its working directory, then its ``PYTHONPATH``, then the interpreter's own entries, as
-Python builds it), standard streams, temporary folder and numpy's random stream. What it cannot change is checked
-instead: the interpreter and what Python's start-up read from the environment must be the root's
-(:func:`refusal`); what torch and its libraries read at import, and the device backends torch loads from
-``torch.backends`` entry points at ``import torch`` (a mock GPU's, which patches ``torch.cuda`` before any other
-module can capture it), the base's (:func:`torch_environment` and :func:`device_backends` key the bases); the
-modules the base imported, the files the child's own ``sys.path`` would import them from (:func:`shadowed`). It ends
-as a spawned process ends: atexit handlers, then the interpreter's teardown.
+Python builds it), standard streams, temporary folder, numpy's random stream, and the device backends torch
+autoloads from entry points (``torch._import_device_backends``, torch/__init__.py, run for the child's
+``sys.path``; the base imports torch with autoloading off). A backend must load before any module that captures
+what it patches: a mock GPU patches ``torch.cuda``'s functions, which torch._dynamo's device interface captures at
+import, and installs itself according to its launch's environment; so a child whose path provides one is forked
+from a base that imported torch alone. What a child cannot change is checked instead: the interpreter and what
+Python's start-up read from the environment must be the root's (:func:`refusal`); what torch and its libraries read
+at import, the base's (:func:`torch_environment` keys the bases on it); the modules the base imported, the files
+the child's own ``sys.path`` would import them from (:func:`shadowed`). It ends as a spawned process ends: atexit
+handlers, then the interpreter's teardown.
 """
 from __future__ import annotations
 
@@ -60,10 +63,10 @@ READ_AT_IMPORT = ("TORCH", "PYTORCH", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS
 APPLIED_BY_CHILD = ("PYTHONPATH", "TORCH_DEVICE_BACKEND_AUTOLOAD")
 #: Largest request message (an environment of a few kilobytes, a command line).
 MESSAGE_BYTES = 1 << 20
-#: What a base imports after torch and its device backends, once for all its children: the modules nearly every
-#: fork server the simulator starts imports, about 1.3 s each time. DDP's constructor and every optimizer step
-#: import torch._dynamo (torch/nn/parallel/distributed.py, torch/_compile.py); FSDP2 and DTensor are the sharded
-#: runs'. They read only ``TORCH``-prefixed variables at import (in :data:`READ_AT_IMPORT`).
+#: What a base imports after torch, once for all its children, where their path provides no device backend: the
+#: modules nearly every fork server the simulator starts imports, about 1.3 s each time. DDP's constructor and every
+#: optimizer step import torch._dynamo (torch/nn/parallel/distributed.py, torch/_compile.py); FSDP2 and DTensor are
+#: the sharded runs'. They read only ``TORCH``-prefixed variables at import (in :data:`READ_AT_IMPORT`).
 WITH_TORCH = ("torch._dynamo", "torch.distributed.fsdp", "torch.distributed.tensor")
 #: The entry-point group torch loads device backends from at ``import torch`` (torch/__init__.py,
 #: ``_import_device_backends``), unless ``TORCH_DEVICE_BACKEND_AUTOLOAD`` is other than ``1``.
@@ -79,15 +82,14 @@ def torch_environment(env: Mapping[str, str]) -> str:
     return json.dumps(sorted(_read(env, READ_AT_IMPORT).items()))
 
 
-def device_backends(request: Mapping) -> list[str] | None:
-    """The folders of the request's own ``sys.path`` entries that hold a distribution with a ``torch.backends``
-    entry point, which ``import torch`` would load in the child (None: the request turns autoloading off,
+def device_backends(request: Mapping) -> bool:
+    """Whether the request's own ``sys.path`` entries hold a distribution with a ``torch.backends`` entry point,
+    which ``import torch`` would load in the child (not where the request turns autoloading off:
     ``_is_device_backend_autoload_enabled`` in torch/__init__.py). The interpreter's own entries are the root's."""
     if request["env"].get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") != "1":
-        return None
-    return [folder for folder in _request_path(request)
-            if any(entry.group == BACKENDS_GROUP for dist in importlib.metadata.distributions(path=[folder])
-                   for entry in dist.entry_points)]
+        return False
+    return any(entry.group == BACKENDS_GROUP for folder in _request_path(request)
+               for dist in importlib.metadata.distributions(path=[folder]) for entry in dist.entry_points)
 
 
 def refusal(request: Mapping) -> str | None:
@@ -141,23 +143,20 @@ def shadowed(prefix: Iterable[str], modules: Mapping[str, object]) -> str | None
 
 
 class _Base:
-    """A process with torch imported under one torch environment and with one set of device backends (``None``:
-    none loaded, as autoloading is off), forking children for the root's requests."""
+    """A process with torch imported under one torch environment (and :data:`WITH_TORCH`, for children whose path
+    provides no device backend), forking children for the root's requests."""
 
     def __init__(self, channel: socket.socket, env: Mapping[str, str], interpreter_path: list[str],
-                 backends: list[str] | None) -> None:
+                 backends: bool) -> None:
         self.channel = channel
         self.interpreter_path = interpreter_path
         self.children: dict[int, tuple[int, socket.socket | None, bool]] = {}  # pidfd -> pid, connection, session
         os.environ.clear()
         os.environ.update({name: value for name, value in env.items() if name != "PYTHONPATH"})
-        os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"  # the backends the key names, loaded below
-        import torch  # (what every child would import first)
+        os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"  # each child loads the backends its sys.path has
+        import torch  # noqa: F401  (what every child would import first)
 
-        if backends is not None:
-            sys.path[:0] = backends
-            torch._import_device_backends()
-        for module in WITH_TORCH:
+        for module in () if backends else WITH_TORCH:
             try:
                 importlib.import_module(module)
             except Exception:  # a child that needs it meets the error itself
@@ -235,7 +234,10 @@ def _become(request: dict, streams: list[int], interpreter_path: list[str], inhe
         sys.path[:] = list(dict.fromkeys([*_request_path(request), *interpreter_path]))
         sys.path_importer_cache.clear()
         importlib.invalidate_caches()
-        tempfile.tempdir = None  # the device backends its path provides: loaded by the base (its key)
+        tempfile.tempdir = None
+        torch = sys.modules["torch"]
+        if torch._is_device_backend_autoload_enabled():
+            torch._import_device_backends()
         reseed_numpy()
         sys.argv = [request["module"], *request["args"]]
         runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
@@ -308,8 +310,8 @@ def main(path: str) -> int:
 
 
 def _fork_base(env: Mapping[str, str], interpreter_path: list[str], held: list[socket.socket | int],
-               backends: list[str] | None) -> tuple[int, int, socket.socket]:
-    """Fork the base for ``env`` and ``backends``; in it, close what the root ``held`` (its listener and channels, and the request
+               backends: bool) -> tuple[int, int, socket.socket]:
+    """Fork the base for ``env`` and children with or without device ``backends``; in it, close what the root ``held`` (its listener and channels, and the request
     being served with its streams: a base that kept a request's stdout would keep its reader from ever seeing the
     end of it)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)

@@ -69,10 +69,10 @@ def test_another_torch_environment_gets_its_own_base(root, tmp_path):
     assert one_thread["parent"] != two_threads["parent"], "torch read OMP_NUM_THREADS at import: another base"
 
 
-def test_a_mock_gpu_on_the_path_is_loaded_before_the_modules_the_base_imports_as_import_torch_loads_it(root, tmp_path):
+def test_a_process_with_a_mock_gpu_on_its_path_loads_it_before_the_modules_other_bases_import(root, tmp_path):
     """torch loads a ``torch.backends`` entry point (the mock GPU's site) at ``import torch``, before any module
     can capture ``torch.cuda``'s functions; torch._dynamo's device interface captures them when imported. A child
-    of the base that imported torch._dynamo sees the mock through it, as a spawned process does."""
+    with the mock on its path sees it through dynamo, as a spawned process does: its base did not import dynamo."""
     settings = world_settings("cuda")
     env = {**os.environ, **settings.env, "PYTHONPATH": os.pathsep.join(settings.pythonpath), "PROBE_CUDA": "1",
            FORK_ROOT_ENV: root.socket_path}
