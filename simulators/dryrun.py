@@ -73,6 +73,17 @@ DISTRIBUTED = {
 #: thread running as datasets (``DISTRIBUTED``). Its engine imports its Muon optimizer module when it checks the
 #: optimizer (deepspeed/runtime/zero/utils.py: ``is_zero_supported_optimizer``), about 1 s more in each rank.
 DEEPSPEED = ("deepspeed", "deepspeed.runtime.zero.muon.muon_optimizer")
+#: HF accelerate's ``extract_model_from_parallel`` imports DeepSpeed wherever it is installed, whatever the run
+#: (accelerate/utils/other.py: ``from deepspeed import DeepSpeedEngine``), and a rank reaches it when HF's
+#: ``prepare`` shards a model (FSDP and tensor parallelism map the optimizer's parameters through
+#: ``_get_named_parameters``) and in ``unwrap_model``, ``get_state_dict`` and ``save_model``: about 3.6 s of
+#: imports in each rank of a script of one of these libraries ...
+WRAPPED_BY_HF = ("accelerate", "transformers", "trl")
+#: ... that calls one of these (a plugin or configuration that shards the model, or a method that unwraps it) ...
+UNWRAPPING_CALLS = frozenset({"FullyShardedDataParallelPlugin", "ParallelismConfig", "unwrap_model", "get_state_dict",
+                              "save_model"})
+#: ... or passes one of these arguments (the Accelerator's and the Trainer's ways to ask for FSDP or a layout).
+SHARDING_ARGUMENTS = frozenset({"fsdp_plugin", "parallelism_config", "fsdp", "fsdp_config"})
 #: Libraries whose workspaces the GPU picks at run time, which no source gives a rule for: the smallest ratio of a dry
 #: run's reserved peak to a real GPU's among the runs that used one, and why. cuDNN's convolutions: 0.616 (conv) and
 #: 0.782 (conv_bf16) of a real H200's (../shared/gpu/summary.json, torch 2.11).
@@ -136,20 +147,23 @@ def missing_engines(script: str) -> list[str]:
             for package, how in ENGINE_EXTRAS.items() if package in imported and importlib.util.find_spec(package) is None]
 
 
-def preload(script: str, ranks: int = 1, deepspeed: bool = False) -> list[str]:
+def preload(script: str, ranks: int = 1, deepspeed: bool = False, sharded: bool = False) -> list[str]:
     """The modules a dry run's ranks are forked with, imported once (``simulators.launcher.launch``'s
     ``preload``): torch's, those of the ``FORK_SAFE`` libraries the script imports, and the names it imports from
     them (``"transformers:LlamaForCausalLM"``: the fork server looks the name up, which imports the module a lazy
     package defines it in); at more than one rank, what ``DISTRIBUTED`` wrapping imports; DeepSpeed's where the
-    launch is a ``deepspeed`` one or the script asks for it (``DEEPSPEED``). A module that is not installed is left out. A script
-    that does not parse gets torch's only (its ranks report the error)."""
+    launch is a ``deepspeed`` one or the script asks for it (``DEEPSPEED``), and, at more than one rank, where HF
+    unwraps the model (``WRAPPED_BY_HF``): the launch shards it (``sharded``: FSDP or a parallelism layout) or the
+    script's calls or arguments do. A module that is not installed is left out. A script that does not parse gets
+    torch's only (its ranks report the error)."""
     tree = _parse(script)
     imported, froms = _imports(tree)
     from_safe = [node for node in froms if node.module.split(".")[0] in FORK_SAFE]
     modules = [module for library in ["torch", *sorted(imported & FORK_SAFE.keys() - {"torch"})] for module in FORK_SAFE[library]]
     if ranks > 1:
         modules += [module for library in sorted(imported & DISTRIBUTED.keys()) for module in DISTRIBUTED[library]]
-    if imported and (deepspeed or "deepspeed" in imported or _asks_for_deepspeed(tree)):
+    unwrapped_by_hf = ranks > 1 and bool(imported & set(WRAPPED_BY_HF)) and (sharded or _unwraps(tree))
+    if imported and (deepspeed or "deepspeed" in imported or _asks_for_deepspeed(tree) or unwrapped_by_hf):
         modules += DEEPSPEED
     names = [f"{node.module}:{alias.name}" for node in from_safe for alias in node.names if alias.name != "*"]
     return [module for module in dict.fromkeys(modules) if _installed(module)] + names
@@ -162,6 +176,17 @@ def _asks_for_deepspeed(tree: ast.Module) -> bool:
         if isinstance(node, ast.Call):
             called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
             if called == "DeepSpeedPlugin" or any((keyword.arg or "").startswith("deepspeed") for keyword in node.keywords):
+                return True
+    return False
+
+
+def _unwraps(tree: ast.Module) -> bool:
+    """Whether a script calls one of ``UNWRAPPING_CALLS`` (a name or a method) or passes one of
+    ``SHARDING_ARGUMENTS``."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if called in UNWRAPPING_CALLS or any(keyword.arg in SHARDING_ARGUMENTS for keyword in node.keywords):
                 return True
     return False
 

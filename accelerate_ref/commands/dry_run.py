@@ -139,7 +139,8 @@ def dry_run(args: argparse.Namespace) -> int:
            **({SNAPSHOT_ENV: snapshots} if snapshots else {})}
     result = launch([args.training_script, *args.training_script_args], world,
                     timeout=args.timeout or DEFAULT_TIMEOUT, env=env, watch=watch_interval(),
-                    preload=preload(args.training_script, world.size, deepspeed=bool(args.use_deepspeed)))
+                    preload=preload(args.training_script, world.size, deepspeed=bool(args.use_deepspeed),
+                                    sharded=args.use_fsdp or args.use_parallelism_config))
     budget, held = parse_size(memory) if memory else None, runtime_held(world.size) if preset else {}
     text = summary(result, world, args.training_script, budget, preset, held)
     print(text, flush=True)

@@ -43,6 +43,27 @@ def test_a_distributed_or_deepspeed_run_preloads_what_its_ranks_import_when_they
     assert preload(str(script), 2) == TORCH
 
 
+def test_a_run_where_hf_unwraps_the_model_preloads_deepspeed_at_more_than_one_rank(tmp_path):
+    """HF's ``extract_model_from_parallel`` imports DeepSpeed wherever it is installed: its FSDP and
+    tensor-parallel prepare and its unwrapping methods reach it, so each rank would import DeepSpeed."""
+    script = tmp_path / "train.py"
+
+    def deepspeed_preloaded(code: str, ranks: int = 2, sharded: bool = False) -> bool:
+        script.write_text(f"from accelerate import Accelerator\naccelerator = Accelerator()\n{code}\n")
+        return set(DEEPSPEED) <= set(preload(str(script), ranks, sharded=sharded))
+
+    for code in ("accelerator.unwrap_model(model).save_pretrained('out')", "accelerator.save_model(model, 'out')",
+                 "accelerator.get_state_dict(model)", "Accelerator(fsdp_plugin=plugin)",
+                 "FullyShardedDataParallelPlugin(fsdp_version=2)", "ParallelismConfig(tp_size=2)",
+                 "TrainingArguments('out', fsdp='full_shard')"):
+        assert deepspeed_preloaded(code), code
+        assert not deepspeed_preloaded(code, ranks=1), f"{code}: the one rank would import it, not several"
+    assert deepspeed_preloaded("model = accelerator.prepare(model)", sharded=True), "a launch with --use_fsdp"
+    assert not deepspeed_preloaded("model = accelerator.prepare(model)"), "DDP's prepare does not unwrap"
+    script.write_text("from accelerate_ref import Accelerator\naccelerator.unwrap_model(model)\n")
+    assert not set(DEEPSPEED) & set(preload(str(script), 2)), "accelerate_ref's unwrap_model imports no DeepSpeed"
+
+
 def test_a_module_that_is_not_installed_is_not_preloaded(tmp_path, monkeypatch):
     script = tmp_path / "train.py"
     script.write_text("from accelerate import Accelerator\n")
