@@ -8,7 +8,7 @@ torch once and forks the processes asked of it from there, as if each had been s
 - The root itself imports nothing heavy. It listens on ``SOCKET`` (``AF_UNIX``, ``SOCK_SEQPACKET``: one message is
   one request, with its three stream descriptors attached) and hands each request, with the connection it came
   on, to the *base* for the request's torch environment (:func:`torch_environment`) and for whether its path
-  provides device backends (:func:`device_backends`), forking that base first when there is none: the base takes
+  provides a device backend (:func:`provides_device_backend`), forking that base first when there is none: the base takes
   the request's environment, imports torch and, where the path provides none, :data:`WITH_TORCH`, and serves from
   then on.
 - A base forks one child per request and answers on the request's connection: ``started PID``, then
@@ -66,8 +66,15 @@ MESSAGE_BYTES = 1 << 20
 #: What a base imports after torch, once for all its children, where their path provides no device backend: the
 #: modules nearly every fork server the simulator starts imports, about 1.3 s each time. DDP's constructor and every
 #: optimizer step import torch._dynamo (torch/nn/parallel/distributed.py, torch/_compile.py); FSDP2 and DTensor are
-#: the sharded runs'. They read only ``TORCH``-prefixed variables at import (in :data:`READ_AT_IMPORT`).
+#: the sharded runs'.
 WITH_TORCH = ("torch._dynamo", "torch.distributed.fsdp", "torch.distributed.tensor")
+#: ... and the prefixes of the variables they read at import beyond :data:`READ_AT_IMPORT`'s (torch._inductor's and
+#: functorch's configuration, sympy's and mpmath's settings, the user name a cache folder is named after; recorded
+#: while importing them, torch 2.13: ``tests/simulators/test_fork_root.py`` checks the list): a base serves only
+#: requests whose values of these equal its own too.
+READ_WITH_TORCH = ("AOT", "INDUCTOR", "CUTEDSL", "CUTLASS", "CXX", "CI", "DUMP_", "ENABLE_", "FAKE_", "HOME",
+                   "LNAME", "LOGNAME", "LOG_", "MPMATH_", "PARTITIONER_", "PT2_", "SAGE_ROOT", "SYMPY_", "UNSAFE_",
+                   "USER", "_PYTHON_")
 #: The entry-point group torch loads device backends from at ``import torch`` (torch/__init__.py,
 #: ``_import_device_backends``), unless ``TORCH_DEVICE_BACKEND_AUTOLOAD`` is other than ``1``.
 BACKENDS_GROUP = "torch.backends"
@@ -78,11 +85,12 @@ def _read(env: Mapping[str, str], prefixes: tuple[str, ...]) -> dict[str, str]:
 
 
 def torch_environment(env: Mapping[str, str]) -> str:
-    """The key of the base that may serve a request: the variables torch and its libraries read at import."""
-    return json.dumps(sorted(_read(env, READ_AT_IMPORT).items()))
+    """The key of the base that may serve a request: the variables torch, its libraries and :data:`WITH_TORCH`
+    read at import."""
+    return json.dumps(sorted(_read(env, (*READ_AT_IMPORT, *READ_WITH_TORCH)).items()))
 
 
-def device_backends(request: Mapping) -> bool:
+def provides_device_backend(request: Mapping) -> bool:
     """Whether the request's own ``sys.path`` entries hold a distribution with a ``torch.backends`` entry point,
     which ``import torch`` would load in the child (not where the request turns autoloading off:
     ``_is_device_backend_autoload_enabled`` in torch/__init__.py). The interpreter's own entries are the root's."""
@@ -156,11 +164,12 @@ class _Base:
         os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"  # each child loads the backends its sys.path has
         import torch  # noqa: F401  (what every child would import first)
 
-        for module in () if backends else WITH_TORCH:
-            try:
-                importlib.import_module(module)
-            except Exception:  # a child that needs it meets the error itself
-                traceback.print_exc()
+        if not backends:
+            for module in WITH_TORCH:
+                try:
+                    importlib.import_module(module)
+                except Exception:  # a child that needs it meets the error itself
+                    traceback.print_exc()
         gc.collect()
         gc.freeze()  # the children never walk these objects in their collections (see simulators._zygote)
 
@@ -298,7 +307,7 @@ def main(path: str) -> int:
             if (reason := refusal(request)) is not None:
                 conn.send(f"refused {reason}".encode())
             else:
-                backends = device_backends(request)
+                backends = provides_device_backend(request)
                 key = json.dumps([torch_environment(request["env"]), backends])
                 if key not in bases:
                     held = [listener, conn, *fds, *(channel for *_, channel in bases.values())]
@@ -311,9 +320,9 @@ def main(path: str) -> int:
 
 def _fork_base(env: Mapping[str, str], interpreter_path: list[str], held: list[socket.socket | int],
                backends: bool) -> tuple[int, int, socket.socket]:
-    """Fork the base for ``env`` and children with or without device ``backends``; in it, close what the root ``held`` (its listener and channels, and the request
-    being served with its streams: a base that kept a request's stdout would keep its reader from ever seeing the
-    end of it)."""
+    """Fork the base for ``env`` and for children with or without device ``backends``; in it, close what the root
+    ``held`` (its listener and channels, and the request being served with its streams: a base that kept a request's
+    stdout would keep its reader from ever seeing the end of it)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid == 0:

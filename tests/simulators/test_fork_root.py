@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from simulators._fork_root import shadowed
+from simulators._fork_root import READ_AT_IMPORT, READ_BY_PYTHON, READ_WITH_TORCH, shadowed
 from simulators.devices import world_settings
 from simulators.fork_root import FORK_ROOT_ENV, ForkRoot, RootChild, start_module
 from tests.processes import run_module, still_running
@@ -84,6 +84,39 @@ def test_a_process_with_a_mock_gpu_on_its_path_loads_it_before_the_modules_other
     assert seen["cuda"] == expected["cuda"], f"forked {seen['cuda']}, spawned {expected['cuda']}"
     _, _, plain, _ = probe({**os.environ, "PROBE_CUDA": "1", FORK_ROOT_ENV: root.socket_path}, tmp_path / "plain")
     assert plain["cuda"]["devices"] == 0 and plain["parent"] != seen["parent"], "another set of backends: another base"
+
+
+def test_the_bases_key_holds_every_variable_their_extra_imports_read():
+    """A fresh interpreter imports torch, then records every variable read while it imports ``WITH_TORCH``: each
+    must be one a base is keyed on (or one Python's start-up settings, which must equal the root's, cover)."""
+    recorder = textwrap.dedent("""
+        import json, os
+        import torch
+        from simulators._fork_root import WITH_TORCH
+        read = set()
+
+        class Recording(os._Environ):
+            def __getitem__(self, key):
+                read.add(key)
+                return super().__getitem__(key)
+
+            def __contains__(self, key):
+                read.add(key)
+                return super().__contains__(key)
+
+        environ = os.environ
+        os.environ = Recording(environ._data, environ.encodekey, environ.decodekey, environ.encodevalue,
+                               environ.decodevalue)
+        for module in WITH_TORCH:
+            __import__(module)
+        os.environ = environ
+        print(json.dumps(sorted(read)))
+        """)
+    done = subprocess.run([sys.executable, "-c", recorder], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    read = json.loads(done.stdout.splitlines()[-1])
+    keyed = (*READ_AT_IMPORT, *READ_WITH_TORCH, *READ_BY_PYTHON)
+    assert read and [name for name in read if not name.startswith(keyed)] == [], "read at import, not in the key"
 
 
 @pytest.mark.parametrize("change", ["another interpreter setting", "a module shadowed"])
