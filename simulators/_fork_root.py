@@ -8,9 +8,9 @@ torch once and forks the processes asked of it from there, as if each had been s
 - The root itself imports nothing heavy. It listens on ``SOCKET`` (``AF_UNIX``, ``SOCK_SEQPACKET``: one message is
   one request, with its three stream descriptors attached) and hands each request, with the connection it came
   on, to the *base* for the request's torch environment (:func:`torch_environment`) and for whether its path
-  provides a device backend (:func:`provides_device_backend`), forking that base first when there is none: the base takes
-  the request's environment, imports torch and, where the path provides none, :data:`WITH_TORCH`, and serves from
-  then on.
+  provides a device backend (:func:`provides_device_backend`), forking that base first when there is none: the
+  base takes the request's environment, imports torch and, where the path provides none, :data:`WITH_TORCH`, and
+  serves from then on.
 - A base forks one child per request and answers on the request's connection: ``started PID``, then
   ``exit CODE`` when the child ends (CODE negative: the signal), or ``refused REASON`` without forking when the
   child would not import what the base imported (:func:`shadowed`). A connection that closes before its child
@@ -288,7 +288,8 @@ def main(path: str) -> int:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
     listener.listen(64)
-    bases: dict[str, tuple[int, int, socket.socket]] = {}  # torch environment and backends -> pid, pidfd, channel
+    # (torch environment, whether the children's path provides a device backend) -> pid, pidfd, channel
+    bases: dict[tuple[str, bool], tuple[int, int, socket.socket]] = {}
     os.write(1, b"ready\n")
     while True:
         ended = {pidfd: key for key, (_, pidfd, _) in bases.items()}
@@ -308,7 +309,7 @@ def main(path: str) -> int:
                 conn.send(f"refused {reason}".encode())
             else:
                 backends = provides_device_backend(request)
-                key = json.dumps([torch_environment(request["env"]), backends])
+                key = (torch_environment(request["env"]), backends)
                 if key not in bases:
                     held = [listener, conn, *fds, *(channel for *_, channel in bases.values())]
                     bases[key] = _fork_base(request["env"], interpreter_path, held, backends)

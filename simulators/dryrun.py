@@ -21,6 +21,7 @@ import importlib.util
 import os
 import re
 import sys
+from collections.abc import Iterator
 
 from simulators.devices.families.machine import human
 from simulators.launcher import LaunchResult
@@ -78,7 +79,7 @@ DEEPSPEED = ("deepspeed", "deepspeed.runtime.zero.muon.muon_optimizer")
 #: ``prepare`` shards a model (FSDP and tensor parallelism map the optimizer's parameters through
 #: ``_get_named_parameters``) and in ``unwrap_model``, ``get_state_dict`` and ``save_model``: about 3.6 s of
 #: imports in each rank of a script of one of these libraries ...
-WRAPPED_BY_HF = ("accelerate", "transformers", "trl")
+WRAPPED_BY_HF = frozenset({"accelerate", "transformers", "trl"})
 #: ... that calls one of these (a plugin or configuration that shards the model, or a method that unwraps it) ...
 UNWRAPPING_CALLS = frozenset({"FullyShardedDataParallelPlugin", "ParallelismConfig", "unwrap_model", "get_state_dict",
                               "save_model"})
@@ -162,33 +163,34 @@ def preload(script: str, ranks: int = 1, deepspeed: bool = False, sharded: bool 
     modules = [module for library in ["torch", *sorted(imported & FORK_SAFE.keys() - {"torch"})] for module in FORK_SAFE[library]]
     if ranks > 1:
         modules += [module for library in sorted(imported & DISTRIBUTED.keys()) for module in DISTRIBUTED[library]]
-    unwrapped_by_hf = ranks > 1 and bool(imported & set(WRAPPED_BY_HF)) and (sharded or _unwraps(tree))
+    unwrapped_by_hf = ranks > 1 and not WRAPPED_BY_HF.isdisjoint(imported) and (sharded or _unwraps(tree))
     if imported and (deepspeed or "deepspeed" in imported or _asks_for_deepspeed(tree) or unwrapped_by_hf):
         modules += DEEPSPEED
     names = [f"{node.module}:{alias.name}" for node in from_safe for alias in node.names if alias.name != "*"]
     return [module for module in dict.fromkeys(modules) if _installed(module)] + names
 
 
-def _asks_for_deepspeed(tree: ast.Module) -> bool:
-    """Whether a script makes a ``DeepSpeedPlugin`` or passes a ``deepspeed...=`` argument (the Accelerator's
-    ``deepspeed_plugin(s)``, the Trainer's ``deepspeed`` config); importing the plugin's name alone is not asking."""
+def _calls(tree: ast.Module) -> Iterator[tuple[str, list[str]]]:
+    """Each call in a script: the name called (a function's, or a method's without its object) and the names of
+    the keyword arguments it passes."""
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
-            if called == "DeepSpeedPlugin" or any((keyword.arg or "").startswith("deepspeed") for keyword in node.keywords):
-                return True
-    return False
+            yield called, [keyword.arg or "" for keyword in node.keywords]
+
+
+def _asks_for_deepspeed(tree: ast.Module) -> bool:
+    """Whether a script makes a ``DeepSpeedPlugin`` or passes a ``deepspeed...=`` argument (the Accelerator's
+    ``deepspeed_plugin(s)``, the Trainer's ``deepspeed`` config); importing the plugin's name alone is not asking."""
+    return any(called == "DeepSpeedPlugin" or any(keyword.startswith("deepspeed") for keyword in keywords)
+               for called, keywords in _calls(tree))
 
 
 def _unwraps(tree: ast.Module) -> bool:
     """Whether a script calls one of ``UNWRAPPING_CALLS`` (a name or a method) or passes one of
     ``SHARDING_ARGUMENTS``."""
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call):
-            called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
-            if called in UNWRAPPING_CALLS or any(keyword.arg in SHARDING_ARGUMENTS for keyword in node.keywords):
-                return True
-    return False
+    return any(called in UNWRAPPING_CALLS or not SHARDING_ARGUMENTS.isdisjoint(keywords)
+               for called, keywords in _calls(tree))
 
 
 def _installed(module: str) -> bool:
