@@ -25,6 +25,9 @@ PYTEST_ARGS ?=
 JOBS       ?= 2
 
 PY    := $(VENV)/bin/python
+# Bytecode for the packages installed under a folder, written on every core; a file that does not compile (one
+# written for a newer Python) is skipped without a word, as pip skips it.
+compile = $(PY) -c "import compileall, sys; compileall.compile_dir(sys.argv[1], quiet=2, workers=0)" $(1)
 STAMP := $(VENV)/.installed
 # Issue 34: Transformers 4 beside the venv's Transformers 5, for HF accelerate 1.15's FSDP2 + tensor parallelism, which
 # imports Transformers 4's ReplicateParallel (5 removed it): the ND dry runs' tp rows put it first on their import path.
@@ -38,34 +41,36 @@ NPROC      ?= $(shell $(PY) -c "import torch; print(max(torch.cuda.device_count(
 
 .PHONY: conformance conformance-hf conformance-native test extended bench clean faults scale shipped bytecode lint mutation docs deepspeed-ops
 
+# pip writes no bytecode (--no-compile): `compile` below writes it for the whole environment on every core, where
+# pip would write it file by file on one (about 76 CPU-s, half of this recipe's time on a 2-core machine).
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e ".[test,hf,transformers,trackers,finetune,docs,report]"
-	# bitsandbytes' CPU backend runs the 8-bit case; --no-deps, so pip never replaces torch (extra "bnb").
-	$(PY) -m pip install --quiet --no-deps "bitsandbytes>=0.45"
-	# DeepSpeed (an sdist; its setup imports torch only to pre-compile ops, which it skips) and its requirements:
-	# --no-deps for the same reason (extra "deepspeed"); pydantic comes with the trackers.
-	$(PY) -m pip install --quiet --no-deps "deepspeed>=0.16" hjson msgpack ninja psutil py-cpuinfo einops
-	# torchdata's StatefulDataLoader backs use_stateful_dataloader; --no-deps: its metadata pins torch.
-	$(PY) -m pip install --quiet --no-deps "torchdata==0.11.0"
-	# lomo-optim (12 kB, pure Python) runs the LOMO route of backward; --no-deps for the same reason.
-	$(PY) -m pip install --quiet --no-deps "lomo-optim>=0.1.1"
+	$(PY) -m pip install --quiet --no-compile "$(TORCH_SPEC)" -e ".[test,hf,transformers,trackers,finetune,docs,report]"
+	# --no-deps, so pip never replaces torch: bitsandbytes, whose CPU backend runs the 8-bit case (extra "bnb");
+	# DeepSpeed (an sdist; its setup imports torch only to pre-compile ops, which it skips) and its requirements
+	# (extra "deepspeed"; pydantic comes with the trackers); torchdata, whose StatefulDataLoader backs
+	# use_stateful_dataloader (its metadata pins torch); lomo-optim (12 kB, pure Python), which runs the LOMO
+	# route of backward.
+	$(PY) -m pip install --quiet --no-compile --no-deps "bitsandbytes>=0.45" "deepspeed>=0.16" hjson msgpack ninja \
+		psutil py-cpuinfo einops "torchdata==0.11.0" "lomo-optim>=0.1.1"
+	$(call compile,"$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')")
 	@touch $@
 
 # --no-deps: the rest of Transformers 4.57's requirements are the venv's; these three are the versions it accepts.
 $(TRANSFORMERS4)/.installed: $(STAMP)
-	$(PY) -m pip install --quiet --no-deps --upgrade --target $(TRANSFORMERS4) \
+	$(PY) -m pip install --quiet --no-compile --no-deps --upgrade --target $(TRANSFORMERS4) \
 		"transformers==4.57.6" "huggingface_hub==0.36.2" "tokenizers==0.22.2"
+	$(call compile,$(TRANSFORMERS4))
 	@touch $@
 
 # The releases the documents describe, each beside the venv's HF 1.15 (--no-deps: pure Python, the venv's torch):
 # the conformance levels are proven on them (tests/conformance/test_releases.py puts one first on the ranks' path).
 RELEASES := $(VENV)/releases
 $(RELEASES)/.installed: $(STAMP)
-	$(PY) -m pip install --quiet --no-deps --upgrade --target $(RELEASES)/accelerate-0.27.2 "accelerate==0.27.2"
-	$(PY) -m pip install --quiet --no-deps --upgrade --target $(RELEASES)/accelerate-1.0.1 "accelerate==1.0.1"
+	$(PY) -m pip install --quiet --no-compile --no-deps --upgrade --target $(RELEASES)/accelerate-0.27.2 "accelerate==0.27.2"
+	$(PY) -m pip install --quiet --no-compile --no-deps --upgrade --target $(RELEASES)/accelerate-1.0.1 "accelerate==1.0.1"
+	$(call compile,$(RELEASES))
 	@touch $@
 
 # The project's own bytecode, written once: where the environment sets PYTHONDONTWRITEBYTECODE (as
