@@ -43,6 +43,7 @@ Catalog: xla.distributed_type, npu.distributed_type.
 """
 from __future__ import annotations
 
+import atexit
 import sys
 from datetime import timedelta
 from types import ModuleType
@@ -277,5 +278,20 @@ def _payload(tensor: torch.Tensor) -> torch.Tensor:
     return tensor._payload if isinstance(tensor, DeviceTensor) else tensor
 
 
+#: The gloo groups this process made for the device's backend name, each kept until the process starts a new world
+#: (makes a default group again) or exits. torch 2.13 stashes a ``contextvars`` context in the thread-local state of
+#: every backward (torch/autograd/graph.py, ``_engine_run_backward``), which the gloo works the backward launches
+#: capture; the group's worker thread, dropping the last such work, takes the GIL to release it. Where a C++ owner
+#: freed with the GIL held (DDP's Reducer, when a function that made the model returns after destroying the group)
+#: held the group last, the group's destructor joined that worker, which waited for that GIL: the rank hung
+#: (pytorch/pytorch#182083 is the same stash's deadlock at a thread's exit). Released from this list instead, the
+#: group's destructor runs with the GIL released (torch binds ProcessGroupGloo with a no-GIL destructor).
+_groups: list[dist.ProcessGroupGloo] = []
+atexit.register(_groups.clear)
+
+
 def _gloo(store: dist.Store, rank: int, size: int, timeout: timedelta) -> dist.ProcessGroupGloo:
-    return dist.ProcessGroupGloo(store, rank, size, timeout)
+    if not dist.is_initialized():  # a new world: the last one's groups were destroyed
+        _groups.clear()
+    _groups.append(dist.ProcessGroupGloo(store, rank, size, timeout))
+    return _groups[-1]

@@ -167,6 +167,32 @@ def test_hccl_is_gloo_on_npu_tensors_and_ddp_finds_unused_parameters(npu2):
     assert ranks[0]["grad"] == ranks[1]["grad"]
 
 
+def ddp_freed_as_its_function_returns_after_the_last_backward():
+    """DDP over hccl (gloo underneath) in a function that destroys the group and returns: its model, and with it
+    DDP's Reducer, once the group's last owner, is freed with the GIL held. The gloo group must outlive it; the
+    groups the mock keeps, after the function returned."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    from simulators.devices.families import backend
+
+    rank = int(os.environ["LOCAL_RANK"])
+    torch.npu.set_device(rank)
+    dist.init_process_group("hccl")
+
+    def train() -> tuple:
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1).npu(), device_ids=[rank])
+        model(torch.ones(3, 2).npu()).sum().backward()
+        gloo = model.process_group._get_backend(torch.device("npu"))
+        dist.destroy_process_group()
+        return model.module.weight.grad.cpu().tolist(), gloo
+
+    grad, gloo = train()
+    return grad, [group is gloo for group in backend._groups]
+
+
 def all_gather_into_a_flat_tensor():
     import os
 
@@ -182,6 +208,16 @@ def all_gather_into_a_flat_tensor():
         return [flat.device.type, flat.tolist()]
     finally:
         dist.destroy_process_group()
+
+
+def test_a_gloo_group_outlives_the_ddp_model_freed_after_it_was_destroyed(npu2):
+    """The mock keeps the gloo group it made for hccl after DDP's Reducer, freed with the GIL held, let it go: had
+    the Reducer freed it, the group's destructor would join a worker thread that waits for that GIL to drop the
+    backward's last work, and under load the rank hung (simulators.devices.families.backend, ``_groups``)."""
+    npu2.pool.close()  # a fresh port: see the next test
+    ranks = npu2.run(ddp_freed_as_its_function_returns_after_the_last_backward, timeout=30.0)
+    assert ranks[0][0] == ranks[1][0]
+    assert [kept for _, kept in ranks] == [[True], [True]], "the destroyed world's gloo group, kept until the next"
 
 
 def test_hccl_all_gather_into_tensor_takes_a_flat_output_like_hccl(npu2):
