@@ -7,10 +7,10 @@ torch once and forks the processes asked of it from there, as if each had been s
 
 - The root itself imports nothing heavy. It listens on ``SOCKET`` (``AF_UNIX``, ``SOCK_SEQPACKET``: one message is
   one request, with its three stream descriptors attached) and hands each request, with the connection it came
-  on, to the *base* for the request's torch environment (:func:`torch_environment`) and for whether its path
-  provides a device backend (:func:`provides_device_backend`), forking that base first when there is none: the
-  base takes the request's environment, imports torch and, where the path provides none, :data:`WITH_TORCH`, and
-  serves from then on.
+  on, to the *base* for the request's torch environment (:func:`torch_environment`) and the entries of its path
+  that provide device backends (:func:`device_backends`), forking that base first when there is none: the base
+  takes the request's environment, imports torch, the modules of those backends' entry points and
+  :data:`WITH_TORCH`, and serves from then on.
 - A base forks one child per request and answers on the request's connection: ``started PID``, then
   ``exit CODE`` when the child ends (CODE negative: the signal), or ``refused REASON`` without forking when the
   child would not import what the base imported (:func:`shadowed`). A connection that closes before its child
@@ -21,15 +21,16 @@ torch once and forks the processes asked of it from there, as if each had been s
 A forked child is a fresh process in every rule its code can observe: its environment, ``sys.argv``, working
 directory, ``sys.path`` (its working directory, then its ``PYTHONPATH``, then the interpreter's own entries, as
 Python builds it), standard streams, temporary folder, numpy's random stream, and the device backends torch
-autoloads from entry points (``torch._import_device_backends``, torch/__init__.py, run for the child's
-``sys.path``; the base imports torch with autoloading off). A backend must load before any module that captures
-what it patches: a mock GPU patches ``torch.cuda``'s functions, which torch._dynamo's device interface captures at
-import, and installs itself according to its launch's environment; so a child whose path provides one is forked
-from a base that imported torch alone. What a child cannot change is checked instead: the interpreter and what
-Python's start-up read from the environment must be the root's (:func:`refusal`); what torch and its libraries read
-at import, the base's (:func:`torch_environment` keys the bases on it); the modules the base imported, the files
-the child's own ``sys.path`` would import them from (:func:`shadowed`). It ends as a spawned process ends: atexit
-handlers, then the interpreter's teardown.
+autoloads (``torch._import_device_backends``, torch/__init__.py, run for the child's ``sys.path``: it calls each
+``torch.backends`` entry point, whose module the base imported). A backend must load before any module that
+captures what it patches: a mock GPU patches ``torch.cuda``'s functions, which torch._dynamo's device interface
+captures at import; so the base imports the backends' modules first, and what a backend does according to its
+launch's environment (a mock GPU's memory reports) is its entry point's call, made in the child. What a child
+cannot change is checked instead: the interpreter and what Python's start-up read from the environment must be the
+root's (:func:`refusal`); what torch, its libraries and the backends' modules read at import, the base's
+(:func:`torch_environment` keys the bases on it); the modules the base imported, the files the child's own
+``sys.path`` would import them from (:func:`shadowed`). It ends as a spawned process ends: atexit handlers, then
+the interpreter's teardown.
 """
 from __future__ import annotations
 
@@ -63,18 +64,19 @@ READ_AT_IMPORT = ("TORCH", "PYTORCH", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS
 APPLIED_BY_CHILD = ("PYTHONPATH", "TORCH_DEVICE_BACKEND_AUTOLOAD")
 #: Largest request message (an environment of a few kilobytes, a command line).
 MESSAGE_BYTES = 1 << 20
-#: What a base imports after torch, once for all its children, where their path provides no device backend: the
-#: modules nearly every fork server the simulator starts imports, about 1.3 s each time. DDP's constructor and every
+#: What a base imports after torch and its device backends' modules, once for all its children: the modules nearly
+#: every fork server the simulator starts imports, about 1.3 s each time. DDP's constructor and every
 #: optimizer step import torch._dynamo (torch/nn/parallel/distributed.py, torch/_compile.py); FSDP2 and DTensor are
 #: the sharded runs'.
 WITH_TORCH = ("torch._dynamo", "torch.distributed.fsdp", "torch.distributed.tensor")
-#: ... and the prefixes of the variables they read at import beyond :data:`READ_AT_IMPORT`'s (torch._inductor's and
-#: functorch's configuration, sympy's and mpmath's settings, the user name a cache folder is named after; recorded
-#: while importing them, torch 2.13: ``tests/simulators/test_fork_root.py`` checks the list): a base serves only
-#: requests whose values of these equal its own too.
+#: ... and the prefixes of the variables they and the mock devices' modules read at import beyond
+#: :data:`READ_AT_IMPORT`'s (torch._inductor's and functorch's configuration, sympy's and mpmath's settings, the user
+#: name a cache folder is named after, psutil's debug switch; recorded while importing them, torch 2.13:
+#: ``tests/simulators/test_fork_root.py`` checks the list): a base serves only requests whose values of these equal
+#: its own too.
 READ_WITH_TORCH = ("AOT", "INDUCTOR", "CUTEDSL", "CUTLASS", "CXX", "CI", "DUMP_", "ENABLE_", "FAKE_", "HOME",
-                   "LNAME", "LOGNAME", "LOG_", "MPMATH_", "PARTITIONER_", "PT2_", "SAGE_ROOT", "SYMPY_", "UNSAFE_",
-                   "USER", "_PYTHON_")
+                   "LNAME", "LOGNAME", "LOG_", "MPMATH_", "PARTITIONER_", "PSUTIL_", "PT2_", "SAGE_ROOT", "SYMPY_",
+                   "UNSAFE_", "USER", "_PYTHON_")
 #: The entry-point group torch loads device backends from at ``import torch`` (torch/__init__.py,
 #: ``_import_device_backends``), unless ``TORCH_DEVICE_BACKEND_AUTOLOAD`` is other than ``1``.
 BACKENDS_GROUP = "torch.backends"
@@ -85,19 +87,23 @@ def _read(env: Mapping[str, str], prefixes: tuple[str, ...]) -> dict[str, str]:
 
 
 def torch_environment(env: Mapping[str, str]) -> str:
-    """The key of the base that may serve a request: the variables torch, its libraries and :data:`WITH_TORCH`
-    read at import."""
+    """The key of the base that may serve a request: the variables torch, its libraries, the mock devices' modules
+    and :data:`WITH_TORCH` read at import."""
     return json.dumps(sorted(_read(env, (*READ_AT_IMPORT, *READ_WITH_TORCH)).items()))
 
 
-def provides_device_backend(request: Mapping) -> bool:
-    """Whether the request's own ``sys.path`` entries hold a distribution with a ``torch.backends`` entry point,
-    which ``import torch`` would load in the child (not where the request turns autoloading off:
+def device_backends(request: Mapping) -> tuple[str, ...]:
+    """The request's own ``sys.path`` entries that hold a distribution with a ``torch.backends`` entry point,
+    which ``import torch`` would load in the child (none where the request turns autoloading off:
     ``_is_device_backend_autoload_enabled`` in torch/__init__.py). The interpreter's own entries are the root's."""
     if request["env"].get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") != "1":
-        return False
-    return any(entry.group == BACKENDS_GROUP for folder in _request_path(request)
-               for dist in importlib.metadata.distributions(path=[folder]) for entry in dist.entry_points)
+        return ()
+    return tuple(folder for folder in _request_path(request) if _backend_entry_points(folder))
+
+
+def _backend_entry_points(folder: str) -> list[importlib.metadata.EntryPoint]:
+    return [entry for dist in importlib.metadata.distributions(path=[folder]) for entry in dist.entry_points
+            if entry.group == BACKENDS_GROUP]
 
 
 def refusal(request: Mapping) -> str | None:
@@ -151,25 +157,26 @@ def shadowed(prefix: Iterable[str], modules: Mapping[str, object]) -> str | None
 
 
 class _Base:
-    """A process with torch imported under one torch environment (and :data:`WITH_TORCH`, for children whose path
-    provides no device backend), forking children for the root's requests."""
+    """A process with torch, the device backends of one set of ``sys.path`` entries and :data:`WITH_TORCH` imported
+    under one torch environment, forking children for the root's requests."""
 
     def __init__(self, channel: socket.socket, env: Mapping[str, str], interpreter_path: list[str],
-                 backends: bool) -> None:
+                 backends: tuple[str, ...]) -> None:
         self.channel = channel
         self.interpreter_path = interpreter_path
         self.children: dict[int, tuple[int, socket.socket | None, bool]] = {}  # pidfd -> pid, connection, session
         os.environ.clear()
         os.environ.update({name: value for name, value in env.items() if name != "PYTHONPATH"})
-        os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"  # each child loads the backends its sys.path has
+        os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"  # each child runs the entry points its sys.path has
         import torch  # noqa: F401  (what every child would import first)
 
-        if not backends:
-            for module in WITH_TORCH:
-                try:
-                    importlib.import_module(module)
-                except Exception:  # a child that needs it meets the error itself
-                    traceback.print_exc()
+        sys.path[:0] = backends
+        backend_modules = [entry.module for folder in backends for entry in _backend_entry_points(folder)]
+        for module in [*backend_modules, *WITH_TORCH]:  # a backend's module loaded, its entry point not called
+            try:
+                importlib.import_module(module)
+            except Exception:  # a child that needs it meets the error itself
+                traceback.print_exc()
         gc.collect()
         gc.freeze()  # the children never walk these objects in their collections (see simulators._zygote)
 
@@ -288,8 +295,8 @@ def main(path: str) -> int:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
     listener.listen(64)
-    # (torch environment, whether the children's path provides a device backend) -> pid, pidfd, channel
-    bases: dict[tuple[str, bool], tuple[int, int, socket.socket]] = {}
+    # (torch environment, the children's path entries that provide device backends) -> pid, pidfd, channel
+    bases: dict[tuple[str, tuple[str, ...]], tuple[int, int, socket.socket]] = {}
     os.write(1, b"ready\n")
     while True:
         ended = {pidfd: key for key, (_, pidfd, _) in bases.items()}
@@ -308,7 +315,7 @@ def main(path: str) -> int:
             if (reason := refusal(request)) is not None:
                 conn.send(f"refused {reason}".encode())
             else:
-                backends = provides_device_backend(request)
+                backends = device_backends(request)
                 key = (torch_environment(request["env"]), backends)
                 if key not in bases:
                     held = [listener, conn, *fds, *(channel for *_, channel in bases.values())]
@@ -320,8 +327,8 @@ def main(path: str) -> int:
 
 
 def _fork_base(env: Mapping[str, str], interpreter_path: list[str], held: list[socket.socket | int],
-               backends: bool) -> tuple[int, int, socket.socket]:
-    """Fork the base for ``env`` and for children with or without device ``backends``; in it, close what the root
+               backends: tuple[str, ...]) -> tuple[int, int, socket.socket]:
+    """Fork the base for ``env`` and for children whose path provides the device ``backends``; in it, close what the root
     ``held`` (its listener and channels, and the request being served with its streams: a base that kept a request's
     stdout would keep its reader from ever seeing the end of it)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)

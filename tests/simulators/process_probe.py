@@ -1,7 +1,7 @@
 """``python -m tests.simulators.process_probe CODE [SLEEP_S]``: prints, as one JSON line, what a process can observe
 of how it was started, then exits with CODE (after sleeping SLEEP_S seconds). With ``PROBE_CUDA`` set, also what
 ``torch.cuda`` and torch._dynamo's CUDA device interface (which captures ``torch.cuda``'s functions when it is
-imported) report. Holds no tests."""
+imported) report, after allocating on the GPU. Holds no tests."""
 import json
 import os
 import sys
@@ -32,6 +32,8 @@ def _cuda() -> dict:
     from torch._dynamo.device_interface import get_interface_for_device
 
     dynamo = get_interface_for_device("cuda")
+    if torch.cuda.is_available():  # an allocation for the memory books, where the launch asked for reports
+        torch.zeros(256, device="cuda")
     return {"available": torch.cuda.is_available(), "devices": torch.cuda.device_count(),
             "dynamo_available": dynamo.is_available(), "dynamo_devices": dynamo.device_count()}
 

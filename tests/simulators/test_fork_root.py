@@ -13,6 +13,7 @@ import pytest
 
 from simulators._fork_root import READ_AT_IMPORT, READ_BY_PYTHON, READ_WITH_TORCH, shadowed
 from simulators.devices import world_settings
+from simulators.devices.memory.peaks import REPORT_DIR_ENV, memory_report_path
 from simulators.fork_root import FORK_ROOT_ENV, ForkRoot, RootChild, start_module
 from tests.processes import run_module, still_running
 
@@ -72,7 +73,10 @@ def test_another_torch_environment_gets_its_own_base(root, tmp_path):
 def test_a_process_with_a_mock_gpu_on_its_path_loads_it_before_the_modules_other_bases_import(root, tmp_path):
     """torch loads a ``torch.backends`` entry point (the mock GPU's site) at ``import torch``, before any module
     can capture ``torch.cuda``'s functions; torch._dynamo's device interface captures them when imported. A child
-    with the mock on its path sees it through dynamo, as a spawned process does: its base did not import dynamo."""
+    with the mock on its path sees it through dynamo, as a spawned process does: its base imported the mock's
+    module before dynamo. What the launch's environment asks of the mock (memory reports) is the entry point's
+    call, made in each child: a child whose launch asks for reports writes one, from the base that served a launch
+    that did not."""
     settings = world_settings("cuda")
     env = {**os.environ, **settings.env, "PYTHONPATH": os.pathsep.join(settings.pythonpath), "PROBE_CUDA": "1",
            FORK_ROOT_ENV: root.socket_path}
@@ -82,17 +86,25 @@ def test_a_process_with_a_mock_gpu_on_its_path_loads_it_before_the_modules_other
     assert isinstance(spawned, subprocess.Popen) and isinstance(forked, RootChild), (spawned, forked)
     assert expected["cuda"]["dynamo_devices"] == expected["cuda"]["devices"] > 0, expected["cuda"]
     assert seen["cuda"] == expected["cuda"], f"forked {seen['cuda']}, spawned {expected['cuda']}"
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    _, _, reporting, _ = probe({**env, REPORT_DIR_ENV: str(reports)}, tmp_path / "reporting")
+    assert reporting["parent"] == seen["parent"], "the report folder is the child's own setting: the same base"
+    assert [path.name for path in reports.iterdir()] == [Path(memory_report_path(str(reports), 0)).name], \
+        "the child whose launch asked for memory reports wrote none"
     _, _, plain, _ = probe({**os.environ, "PROBE_CUDA": "1", FORK_ROOT_ENV: root.socket_path}, tmp_path / "plain")
     assert plain["cuda"]["devices"] == 0 and plain["parent"] != seen["parent"], "another set of backends: another base"
 
 
-def test_the_bases_key_holds_every_variable_their_extra_imports_read():
-    """A fresh interpreter imports torch, then records every variable read while it imports ``WITH_TORCH``: each
-    must be one a base is keyed on (or one Python's start-up settings, which must equal the root's, cover)."""
+@pytest.mark.parametrize("family", ["cuda", "npu"])
+def test_the_bases_key_holds_every_variable_their_extra_imports_read(family):
+    """A fresh interpreter imports torch, then records every variable read while it imports what a base imports
+    after torch (the mock ``family``'s module, as the base for a path with its site does, then ``WITH_TORCH``):
+    each must be one a base is keyed on (or one Python's start-up settings, which must equal the root's, cover)."""
     recorder = textwrap.dedent("""
-        import json, os
+        import json, os, sys
         import torch
-        from simulators._fork_root import WITH_TORCH
+        from simulators._fork_root import WITH_TORCH, _backend_entry_points
         read = set()
 
         class Recording(os._Environ):
@@ -107,15 +119,20 @@ def test_the_bases_key_holds_every_variable_their_extra_imports_read():
         environ = os.environ
         os.environ = Recording(environ._data, environ.encodekey, environ.decodekey, environ.encodevalue,
                                environ.decodevalue)
-        for module in WITH_TORCH:
+        backends = [entry.module for entry in _backend_entry_points(sys.argv[1])]
+        for module in [*backends, *WITH_TORCH]:
             __import__(module)
         os.environ = environ
-        print(json.dumps(sorted(read)))
+        print(json.dumps([backends, sorted(read)]))
         """)
-    done = subprocess.run([sys.executable, "-c", recorder], cwd=REPO, capture_output=True, text=True, timeout=120)
+    site = world_settings(family).pythonpath[0]
+    env = {**os.environ, "PYTHONPATH": site, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    done = subprocess.run([sys.executable, "-c", recorder, site], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    read = json.loads(done.stdout.splitlines()[-1])
+    backends, read = json.loads(done.stdout.splitlines()[-1])
     keyed = (*READ_AT_IMPORT, *READ_WITH_TORCH, *READ_BY_PYTHON)
+    assert backends, f"no torch.backends entry point in {site}"
     assert read and [name for name in read if not name.startswith(keyed)] == [], "read at import, not in the key"
 
 

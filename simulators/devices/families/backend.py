@@ -95,7 +95,6 @@ def install(
     _register_kernels(tensor_class, ("PrivateUse1", *extra_keys))
     autocast.install(autocast_aliases)
     loading.install(tensor_class.device_type, hidden_name)
-    peaks.install(tensor_class.memory)
     add_function_rule(swapping_data)
     lazy_host.install(tensor_class)
     torch.utils.swap_tensors = swap_tensors  # Module._apply calls it through the module
@@ -106,6 +105,17 @@ def install(
     torch.UntypedStorage.resize_ = _counting_resizes(torch.UntypedStorage.resize_, tensor_class.memory)
     after_import("torch.distributed.fsdp._init_utils", _sync_mock_tensors_whole)
     _installed.append(tensor_class)
+
+
+def apply_launch_environment() -> None:
+    """Do for the installed family what this process's launch environment asks: record its memory peaks and write
+    their reports where the launch asked for them (:func:`simulators.devices.memory.peaks.install`).
+
+    Run after :func:`install` by the family's ``torch.backends`` entry point, which torch calls after importing its
+    module (torch/__init__.py, ``_import_device_backends``), so that a process forked from one that imported the
+    module calls it again under its own environment (:mod:`simulators._fork_root`); :func:`install` reads none.
+    """
+    peaks.install(installed().memory)
 
 
 def register_process_group_backend(name: str) -> None:

@@ -8,6 +8,7 @@ from its first line; importing it installs the mock (see
 """
 from __future__ import annotations
 
+from simulators.devices.families import backend as _backend
 from simulators.devices.families import cuda as _mock
 
 _mock.install()
@@ -16,4 +17,6 @@ __version__ = _mock.VERSION
 
 
 def _autoload() -> None:
-    """torch's ``torch.backends`` entry point: importing this package was the whole job."""
+    """torch's ``torch.backends`` entry point, called after the import installed the mock: what the launch's
+    environment asks of it."""
+    _backend.apply_launch_environment()

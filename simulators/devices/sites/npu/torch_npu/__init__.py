@@ -6,6 +6,7 @@ process-group backend, served by gloo.
 """
 from __future__ import annotations
 
+from simulators.devices.families import backend as _backend
 from simulators.devices.families import npu as _mock
 from torch_npu import npu
 
@@ -15,7 +16,9 @@ __version__ = _mock.VERSION
 
 
 def _autoload() -> None:
-    """torch's ``torch.backends`` entry point: importing this package was the whole job."""
+    """torch's ``torch.backends`` entry point, called after the import installed the mock: what the launch's
+    environment asks of it."""
+    _backend.apply_launch_environment()
 
 
 def npu_fusion_attention(*args, **kwargs):

@@ -15,9 +15,11 @@ from typing import Any, Callable
 
 import torch
 
+from simulators.devices.families import backend as _backend
 from simulators.devices.families import xla as _mock
 
 _mock.install()
+_backend.apply_launch_environment()  # no entry point: torch never autoloads torch_xla
 
 from torch_xla import _XLAC  # noqa: E402 (the C extension's stand-in, after the install)
 
