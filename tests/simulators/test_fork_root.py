@@ -70,7 +70,7 @@ def test_another_torch_environment_gets_its_own_base(root, tmp_path):
     assert one_thread["parent"] != two_threads["parent"], "torch read OMP_NUM_THREADS at import: another base"
 
 
-def test_a_process_with_a_mock_gpu_on_its_path_loads_it_before_the_modules_other_bases_import(root, tmp_path):
+def test_a_process_with_a_mock_gpu_on_its_path_forks_from_a_base_that_loaded_it_first(root, tmp_path):
     """torch loads a ``torch.backends`` entry point (the mock GPU's site) at ``import torch``, before any module
     can capture ``torch.cuda``'s functions; torch._dynamo's device interface captures them when imported. A child
     with the mock on its path sees it through dynamo, as a spawned process does: its base imported the mock's

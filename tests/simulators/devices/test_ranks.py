@@ -169,8 +169,8 @@ def test_hccl_is_gloo_on_npu_tensors_and_ddp_finds_unused_parameters(npu2):
 
 def ddp_freed_as_its_function_returns_after_the_last_backward():
     """DDP over hccl (gloo underneath) in a function that destroys the group and returns: its model, and with it
-    DDP's Reducer, once the group's last owner, is freed with the GIL held. The gloo group must outlive it; the
-    groups the mock keeps, after the function returned."""
+    DDP's Reducer, once the group's last owner, is freed with the GIL held. The gradient, and for each group the
+    mock keeps once the function has returned, whether it is DDP's."""
     import os
 
     import torch
