@@ -101,6 +101,13 @@ def device_backends(request: Mapping) -> tuple[str, ...]:
     return tuple(folder for folder in _request_path(request) if _backend_entry_points(folder))
 
 
+def base_imports(backends: tuple[str, ...]) -> list[str]:
+    """What the base for children whose path provides ``backends`` imports after torch, in order: the modules of
+    their ``torch.backends`` entry points (loaded, the entry points not called: that is each child's), then
+    :data:`WITH_TORCH`."""
+    return [*(entry.module for folder in backends for entry in _backend_entry_points(folder)), *WITH_TORCH]
+
+
 def _backend_entry_points(folder: str) -> list[importlib.metadata.EntryPoint]:
     return [entry for dist in importlib.metadata.distributions(path=[folder]) for entry in dist.entry_points
             if entry.group == BACKENDS_GROUP]
@@ -171,8 +178,7 @@ class _Base:
         import torch  # noqa: F401  (what every child would import first)
 
         sys.path[:0] = backends
-        backend_modules = [entry.module for folder in backends for entry in _backend_entry_points(folder)]
-        for module in [*backend_modules, *WITH_TORCH]:  # a backend's module loaded, its entry point not called
+        for module in base_imports(backends):
             try:
                 importlib.import_module(module)
             except Exception:  # a child that needs it meets the error itself

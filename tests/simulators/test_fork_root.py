@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from simulators._fork_root import READ_AT_IMPORT, READ_BY_PYTHON, READ_WITH_TORCH, shadowed
+from simulators._fork_root import READ_AT_IMPORT, READ_BY_PYTHON, READ_WITH_TORCH, WITH_TORCH, shadowed
 from simulators.devices import world_settings
 from simulators.devices.memory.peaks import REPORT_DIR_ENV, memory_report_path
 from simulators.fork_root import FORK_ROOT_ENV, ForkRoot, RootChild, start_module
@@ -104,7 +104,7 @@ def test_the_bases_key_holds_every_variable_their_extra_imports_read(family):
     recorder = textwrap.dedent("""
         import json, os, sys
         import torch
-        from simulators._fork_root import WITH_TORCH, _backend_entry_points
+        from simulators._fork_root import base_imports
         read = set()
 
         class Recording(os._Environ):
@@ -119,20 +119,20 @@ def test_the_bases_key_holds_every_variable_their_extra_imports_read(family):
         environ = os.environ
         os.environ = Recording(environ._data, environ.encodekey, environ.decodekey, environ.encodevalue,
                                environ.decodevalue)
-        backends = [entry.module for entry in _backend_entry_points(sys.argv[1])]
-        for module in [*backends, *WITH_TORCH]:
+        imports = base_imports((sys.argv[1],))
+        for module in imports:
             __import__(module)
         os.environ = environ
-        print(json.dumps([backends, sorted(read)]))
+        print(json.dumps([imports, sorted(read)]))
         """)
     site = world_settings(family).pythonpath[0]
     env = {**os.environ, "PYTHONPATH": site, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
     done = subprocess.run([sys.executable, "-c", recorder, site], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    backends, read = json.loads(done.stdout.splitlines()[-1])
+    imports, read = json.loads(done.stdout.splitlines()[-1])
     keyed = (*READ_AT_IMPORT, *READ_WITH_TORCH, *READ_BY_PYTHON)
-    assert backends, f"no torch.backends entry point in {site}"
+    assert [module for module in imports if module not in WITH_TORCH], f"no backend's module imported from {site}"
     assert read and [name for name in read if not name.startswith(keyed)] == [], "read at import, not in the key"
 
 
