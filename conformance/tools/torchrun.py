@@ -4,7 +4,11 @@
 for a world of M machines of N ranks: one torchrun agent for one machine (static rendezvous on a free
 ``--master_port``), M agents on localhost with a ``c10d`` rendezvous for several (torchrun's real multi-node path:
 each agent is a machine, ranks are numbered machine by machine). It waits with a timeout, stops every agent and
-rank after it (each agent leads a process group of its own), and returns the run rank 0 wrote as JSON.
+rank after it (each agent leads a process group of its own), and returns the run rank 0 wrote as JSON. An agent
+starts as ``simulators.fork_root.start_module`` starts a module: it dies with the process that started it (whatever
+ends that; its ranks then lose their store and exit), and it is forked from the root fork server named in the
+environment when there is one (a test suite's: torch imported once), spawned otherwise. Its ranks are torchrun's own
+``python`` processes either way.
 
 On a CPU-only machine the ranks get ``ACCELERATE_USE_CPU=1`` (what the simulator's CPU worlds set, the variable
 HF accelerate needs to see MULTI_CPU under a torchrun launch) unless the caller's environment says otherwise.
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from simulators.fork_root import RootChild, start_module
 from simulators.ports import free_port
 from simulators.topology import World
 
@@ -82,11 +87,8 @@ def run_native(
             args.append("--no-manifest")
         port, run_id = free_port(), uuid.uuid4().hex[:12]
         ranks_env = _ranks_env(env, pythonpath, store_port=free_port() if world.machines > 1 else None)
-        agents = [
-            subprocess.Popen(command(impl, world, machine, port, run_id, args), env=ranks_env, cwd=folder,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-            for machine in range(world.machines)
-        ]
+        agents = [_start_agent(command(impl, world, machine, port, run_id, args), ranks_env, Path(folder) / f"agent-{machine}.log")
+                  for machine in range(world.machines)]
         outputs, codes = _finish(agents, timeout)
         if not json_path.exists():
             raise NativeRunError(f"torchrun at world {world.label} wrote no report (exit statuses {codes}):\n"
@@ -113,28 +115,46 @@ def _has_accelerator() -> bool:
     return torch.cuda.is_available()
 
 
-def _finish(agents: list[subprocess.Popen], timeout: float) -> tuple[list[str], list[int]]:
+@dataclass
+class _Agent:
+    """A started torchrun agent and the file its output (stdout and stderr) goes to."""
+
+    process: subprocess.Popen | RootChild
+    log: Path
+
+
+def _start_agent(argv: list[str], env: dict[str, str], log: Path) -> _Agent:
+    """Start ``argv`` (a :func:`command`: ``python -m torch.distributed.run ...``) in ``log``'s folder with ``env``,
+    as the leader of a process group of its own, its output in ``log``."""
+    with open(log, "wb") as output, open(os.devnull, "rb") as stdin:
+        process = start_module(argv[2], argv[3:], env, stdin=stdin.fileno(), stdout=output.fileno(),
+                               stderr=output.fileno(), cwd=str(log.parent), new_session=True)
+    return _Agent(process, log)
+
+
+def _finish(agents: list[_Agent], timeout: float) -> tuple[list[str], list[int]]:
     """Wait for every agent until ``timeout`` (then stop them all); kill what is left of each group after."""
     deadline = time.monotonic() + timeout
-    outputs = []
+    notes = []
     try:
         for agent in agents:
             try:
-                out, _ = agent.communicate(timeout=max(0.1, deadline - time.monotonic()))
+                agent.process.wait(max(0.1, deadline - time.monotonic()))
+                notes.append("")
             except subprocess.TimeoutExpired:
                 for other in agents:
-                    _signal_group(other, signal.SIGTERM)
-                out, _ = agent.communicate(timeout=30)
-                out += f"\n[stopped: the launch ran past {timeout:g} s]"
-            outputs.append(out)
+                    _signal_group(other.process, signal.SIGTERM)
+                agent.process.wait(30)
+                notes.append(f"\n[stopped: the launch ran past {timeout:g} s]")
     finally:
         for agent in agents:
-            _signal_group(agent, signal.SIGKILL)
-            agent.wait()
-    return outputs, [agent.returncode for agent in agents]
+            _signal_group(agent.process, signal.SIGKILL)
+            agent.process.wait()
+    outputs = [agent.log.read_text(errors="replace") + note for agent, note in zip(agents, notes)]
+    return outputs, [agent.process.returncode for agent in agents]
 
 
-def _signal_group(process: subprocess.Popen, signum: int) -> None:
+def _signal_group(process: subprocess.Popen | RootChild, signum: int) -> None:
     try:
         os.killpg(process.pid, signum)
     except (ProcessLookupError, PermissionError):
