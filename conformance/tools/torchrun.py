@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -52,9 +51,10 @@ class NativeRun:
     outputs: list[str]
 
 
-def command(impl: str, world: World, machine: int, port: int, run_id: str, args: Sequence[str]) -> list[str]:
-    """The torchrun command of ``machine`` for ``world`` (the README's command, with the rendezvous of one host)."""
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world.ranks_per_machine)]
+def torchrun_arguments(impl: str, world: World, machine: int, port: int, run_id: str, args: Sequence[str]) -> list[str]:
+    """The arguments of ``python -m torch.distributed.run`` for ``machine`` of ``world`` (the README's command, with
+    the rendezvous of one host)."""
+    launcher = ["--nproc_per_node", str(world.ranks_per_machine)]
     if world.machines == 1:
         launcher += ["--master_addr", "127.0.0.1", "--master_port", str(port)]
     else:
@@ -87,7 +87,8 @@ def run_native(
             args.append("--no-manifest")
         port, run_id = free_port(), uuid.uuid4().hex[:12]
         ranks_env = _ranks_env(env, pythonpath, store_port=free_port() if world.machines > 1 else None)
-        agents = [_start_agent(command(impl, world, machine, port, run_id, args), ranks_env, Path(folder) / f"agent-{machine}.log")
+        agents = [_start_agent(torchrun_arguments(impl, world, machine, port, run_id, args), ranks_env,
+                               Path(folder) / f"agent-{machine}.log")
                   for machine in range(world.machines)]
         outputs, codes = _finish(agents, timeout)
         if not json_path.exists():
@@ -123,11 +124,11 @@ class _Agent:
     log: Path
 
 
-def _start_agent(argv: list[str], env: dict[str, str], log: Path) -> _Agent:
-    """Start ``argv`` (a :func:`command`: ``python -m torch.distributed.run ...``) in ``log``'s folder with ``env``,
-    as the leader of a process group of its own, its output in ``log``."""
+def _start_agent(arguments: list[str], env: dict[str, str], log: Path) -> _Agent:
+    """Start ``python -m torch.distributed.run *arguments`` in ``log``'s folder with ``env``, as the leader of a
+    process group of its own, its output in ``log``."""
     with open(log, "wb") as output, open(os.devnull, "rb") as stdin:
-        process = start_module(argv[2], argv[3:], env, stdin=stdin.fileno(), stdout=output.fileno(),
+        process = start_module("torch.distributed.run", arguments, env, stdin=stdin.fileno(), stdout=output.fileno(),
                                stderr=output.fileno(), cwd=str(log.parent), new_session=True)
     return _Agent(process, log)
 
