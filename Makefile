@@ -25,9 +25,11 @@ PYTEST_ARGS ?=
 JOBS       ?= 2
 
 PY    := $(VENV)/bin/python
-# Bytecode for the packages installed under a folder, written on every core; a file that does not compile (one
-# written for a newer Python) is skipped without a word, as pip skips it.
-compile = $(PY) -c "import compileall, sys; compileall.compile_dir(sys.argv[1], quiet=2, workers=0)" $(1)
+# Python writes each module's bytecode the first time a process imports it, also where the environment sets
+# PYTHONDONTWRITEBYTECODE (as this machine and CI do): otherwise every rank, command and fork server would compile
+# torch and the project from source again. Only what runs is compiled: about 5,000 of the environment's 19,000
+# files for the tests, where compiling them all beforehand took 29 s on a 2-core machine (2026-11-30).
+unexport PYTHONDONTWRITEBYTECODE
 STAMP := $(VENV)/.installed
 # Issue 34: Transformers 4 beside the venv's Transformers 5, for HF accelerate 1.15's FSDP2 + tensor parallelism, which
 # imports Transformers 4's ReplicateParallel (5 removed it): the ND dry runs' tp rows put it first on their import path.
@@ -39,10 +41,10 @@ MUTATION_ARGS ?=
 # Ranks per machine of `make conformance-native` (torchrun's --nproc_per_node): one per GPU, 1 without any.
 NPROC      ?= $(shell $(PY) -c "import torch; print(max(torch.cuda.device_count(), 1))" 2>/dev/null || echo 1)
 
-.PHONY: conformance conformance-hf conformance-native test extended bench clean faults scale shipped bytecode lint mutation docs deepspeed-ops
+.PHONY: conformance conformance-hf conformance-native test extended bench clean faults scale shipped lint mutation docs deepspeed-ops
 
-# pip writes no bytecode (--no-compile): `compile` below writes it for the whole environment on every core, where
-# pip would write it file by file on one (about 76 CPU-s, half of this recipe's time on a 2-core machine).
+# pip writes no bytecode (--no-compile): the processes that import a module write its bytecode (see above), where
+# pip would write it for every file on one core (about 76 CPU-s, half of this recipe's time on a 2-core machine).
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
@@ -54,14 +56,12 @@ $(STAMP): pyproject.toml
 	# route of backward.
 	$(PY) -m pip install --quiet --no-compile --no-deps "bitsandbytes>=0.45" "deepspeed>=0.16" hjson msgpack ninja \
 		psutil py-cpuinfo einops "torchdata==0.11.0" "lomo-optim>=0.1.1"
-	$(call compile,"$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')")
 	@touch $@
 
 # --no-deps: the rest of Transformers 4.57's requirements are the venv's; these three are the versions it accepts.
 $(TRANSFORMERS4)/.installed: $(STAMP)
 	$(PY) -m pip install --quiet --no-compile --no-deps --upgrade --target $(TRANSFORMERS4) \
 		"transformers==4.57.6" "huggingface_hub==0.36.2" "tokenizers==0.22.2"
-	$(call compile,$(TRANSFORMERS4))
 	@touch $@
 
 # The releases the documents describe, each beside the venv's HF 1.15 (--no-deps: pure Python, the venv's torch):
@@ -70,19 +70,12 @@ RELEASES := $(VENV)/releases
 $(RELEASES)/.installed: $(STAMP)
 	$(PY) -m pip install --quiet --no-compile --no-deps --upgrade --target $(RELEASES)/accelerate-0.27.2 "accelerate==0.27.2"
 	$(PY) -m pip install --quiet --no-compile --no-deps --upgrade --target $(RELEASES)/accelerate-1.0.1 "accelerate==1.0.1"
-	$(call compile,$(RELEASES))
 	@touch $@
-
-# The project's own bytecode, written once: where the environment sets PYTHONDONTWRITEBYTECODE (as
-# this machine and CI do), every rank, CLI and broken-copy process would otherwise compile the
-# packages from source again (importing the 140 broken copies: 34 s without it, 14 s with it).
-bytecode: $(STAMP)
-	$(PY) -m compileall -q -j 0 accelerate_ref simulators conformance tests
 
 # Every backend runs even when one fails; the matrix puts them side by side; the exit status is
 # that of the worst run. The cases whose outcome cannot depend on the device family
 # (conformance/device_independent.toml) run on the first backend only.
-conformance: $(STAMP) bytecode $(PREBUILD)
+conformance: $(STAMP) $(PREBUILD)
 	@status=0; skip=; for backend in $(BACKENDS); do \
 		$(PY) -m conformance run --impl $(IMPL) --backend $$backend --worlds $(WORLDS) --level $(LEVEL) $$skip \
 			$(foreach pattern,$(CASES),-k '$(pattern)') \
@@ -110,13 +103,13 @@ conformance-hf:
 
 # Issue 32: the suite on this machine's real devices, ranks started by torchrun (a GPU runner's job; the
 # bundled manifest of $(IMPL) applies). Reports: $(REPORTS)/conformance-$(IMPL)-native.{json,xml,md}.
-conformance-native: $(STAMP) bytecode
+conformance-native: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --nproc_per_node $(NPROC) --master_port $(shell $(PY) -c "from simulators.ports import free_port; print(free_port())") \
 		-m conformance run --backend native --impl $(IMPL) \
 		--json $(REPORTS)/conformance-$(IMPL)-native.json --junit $(REPORTS)/conformance-$(IMPL)-native.xml \
 		--markdown $(REPORTS)/conformance-$(IMPL)-native.md
 
-test: $(STAMP) $(TRANSFORMERS4)/.installed $(RELEASES)/.installed bytecode lint
+test: $(STAMP) $(TRANSFORMERS4)/.installed $(RELEASES)/.installed lint
 	$(PY) -m pytest -n $(JOBS) $(PYTEST_ARGS)
 
 # The documentation site: docs/ (Markdown pages, the CLI and API reference generated from the sources) to
@@ -130,7 +123,7 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache
 
 # The expensive variants kept out of `make test` (marker `extended`).
-extended: $(STAMP) $(TRANSFORMERS4)/.installed $(RELEASES)/.installed bytecode
+extended: $(STAMP) $(TRANSFORMERS4)/.installed $(RELEASES)/.installed
 	$(PY) -m pytest -m extended $(PYTEST_ARGS)
 
 bench: $(STAMP)
@@ -155,7 +148,7 @@ $(MUTATION_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet -e ".[mutation]"
 	@touch $@
 
-mutation: $(MUTATION_STAMP) bytecode
+mutation: $(MUTATION_STAMP)
 	$(PY) -m conformance mutation --reports $(REPORTS) $(MUTATION_ARGS)
 
 clean:

@@ -26,6 +26,8 @@ from . import levels
 
 #: Worlds a rule "makes sense at" when its catalog row says "any".
 ANY_WORLD: tuple[str, ...] = ("1", "2", "3", "4", "2x2", "2x4")
+#: Seconds a case gets in a run that sets no other timeout, unless the case asks for more.
+DEFAULT_CASE_TIMEOUT = 6.0
 #: The ``--worlds large`` preset: one machine of 16, 4 machines of 8, 8 of 8 (issue 14).
 LARGE_WORLDS: tuple[str, ...] = ("16", "4x8", "8x8")
 #: Catalog areas whose world-generic cases (those that run at 2x4) also run at LARGE_WORLDS.

@@ -27,14 +27,13 @@ from .. import catalog
 from ..packaged import packaged_toml
 from . import levels
 from .backends import SimBackend, make_backend
-from .case import LARGE_WORLDS, Case, all_cases, select
+from .case import DEFAULT_CASE_TIMEOUT, LARGE_WORLDS, Case, all_cases, select
 from .impl import Implementation
 from .manifest import Manifest
 from .native import NativeBackend
 from .results import CaseResult, Status
 
 DEFAULT_WORLDS = ("1", "2", "3", "4", "2x2")
-DEFAULT_CASE_TIMEOUT = 6.0
 #: Lines of each rank's output the summary shows under a result that is a problem (the JSON keeps more).
 SHOWN_OUTPUT_LINES = 20
 #: Named sets of worlds ``--worlds`` accepts besides labels.

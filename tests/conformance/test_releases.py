@@ -24,7 +24,7 @@ import pytest
 from conformance.engine.manifest import Manifest
 from tests.processes import run_module
 
-from .test_full import HF_FAST_SKIPPED_AREAS, case_ids
+from .test_full import FAST_SKIPPED_AREAS, case_ids
 
 ROOT = Path(__file__).resolve().parents[2]
 RELEASES = Path(sys.prefix) / "releases"
@@ -54,7 +54,7 @@ def test_a_release_conforms_to_its_level_but_for_its_manifest(version, worlds, t
     report = tmp_path / "run.json"
     env = {**os.environ, "PYTHONPATH": str(release)}
     whole = worlds != "2"
-    patterns = [] if whole else [pattern for id_ in case_ids(HF_FAST_SKIPPED_AREAS, inside=False) for pattern in ("-k", id_)]
+    patterns = [] if whole else [pattern for id_ in case_ids(FAST_SKIPPED_AREAS, inside=False) for pattern in ("-k", id_)]
     done = run_module("conformance", "run", "--impl", "accelerate", "--level", LEVELS[version], "--worlds", worlds,
                       "--strict", "--json", str(report), *patterns, cwd=ROOT, env=env, timeout=1700)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
