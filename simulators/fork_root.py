@@ -11,7 +11,9 @@ processes without one, 216 with one, before its tests also ran their commands th
 from __future__ import annotations
 
 import functools
+import io
 import json
+import locale
 import os
 import select
 import shutil
@@ -161,3 +163,48 @@ def _ask_root(path: str, request: dict, streams: list[int]) -> RootChild | None:
         return RootChild(conn, int(reply.split()[1]))
     conn.close()
     return None
+
+
+def run_module(module: str, *args: str, timeout: float, cwd: str | os.PathLike[str] | None = None,
+               env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``python -m module *args`` with its output captured as text, as ``subprocess.run(..., capture_output=True,
+    text=True)`` captures it, but started by :func:`start_module` (forked from the root named in ``env``, default
+    this process's environment, where it accepts) and dying with this process. Past ``timeout``, the process is
+    killed and ``TimeoutExpired`` raised."""
+    out_read, out_write = os.pipe()
+    err_read, err_write = os.pipe()
+    try:
+        with open(os.devnull, "rb") as stdin:
+            process = start_module(module, args, dict(os.environ if env is None else env), stdin=stdin.fileno(),
+                                   stdout=out_write, stderr=err_write, cwd=os.fspath(cwd) if cwd else None,
+                                   new_session=False)
+    finally:
+        os.close(out_write)
+        os.close(err_write)
+    command = [sys.executable, "-m", module, *args]
+    captured: dict[int, list[bytes]] = {out_read: [], err_read: []}
+    reading = set(captured)
+    deadline = time.monotonic() + timeout
+    try:
+        while reading:
+            ready, _, _ = select.select(list(reading), [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                process.kill()
+                process.wait(10)
+                raise subprocess.TimeoutExpired(command, timeout)
+            for fd in ready:
+                chunk = os.read(fd, 1 << 16)
+                captured[fd].append(chunk)
+                if not chunk:
+                    reading.discard(fd)
+        returncode = process.wait(max(1.0, deadline - time.monotonic()))
+    finally:
+        os.close(out_read)
+        os.close(err_read)
+    return subprocess.CompletedProcess(command, returncode, _text(captured[out_read]), _text(captured[err_read]))
+
+
+def _text(chunks: list[bytes]) -> str:
+    """The bytes decoded as ``text=True`` decodes them: the locale's encoding, universal newlines."""
+    data = b"".join(chunks)
+    return io.TextIOWrapper(io.BytesIO(data), encoding=locale.getpreferredencoding(False)).read()

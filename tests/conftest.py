@@ -11,7 +11,7 @@ from tests.processes import still_running
 @pytest.fixture(scope="session", autouse=True)
 def fork_root():
     """One root fork server per test process: the fork servers its tests start, in-process or under a command they
-    run, and the commands run through :func:`tests.processes.run_module`, fork from it instead of importing torch
+    run, and the commands run through :func:`simulators.fork_root.run_module`, fork from it instead of importing torch
     again (see :mod:`simulators.fork_root`). ``SIMULATORS_FORK_ROOT=off`` runs the tests without one."""
     if os.environ.get(FORK_ROOT_ENV) == "off":
         del os.environ[FORK_ROOT_ENV]

@@ -39,9 +39,11 @@ import sys
 import tempfile
 import textwrap
 
+from simulators.fork_root import run_module, start_module
+
 from ..utils import convert_bytes
 from ._launch.options import FIT_HELP
-from .fit import FSDP2, ZERO3
+from .fit import CLI_MODULE, FSDP2, LAUNCH_GRACE, ZERO3
 
 DISTRIBUTED = ("ddp", "fsdp", "zero2", "zero3")
 MIXED_PRECISION = ("no", "fp16", "bf16")
@@ -123,12 +125,12 @@ def check(args: argparse.Namespace) -> None:
         raise ValueError(f"--num_processes {args.num_processes} does not divide into {args.num_machines} machines")
 
 
-def launch_argv(args: argparse.Namespace, script: str, summary: str | None = None) -> list[str]:
-    """The ``accelerate-ref launch`` command line that dry-runs ``script`` as ``args`` ask (no compute)."""
+def launch_arguments(args: argparse.Namespace, script: str, summary: str | None = None) -> list[str]:
+    """The arguments of the ``accelerate-ref launch`` that dry-runs ``script`` as ``args`` ask (no compute)."""
     budget = ["--gpu", args.gpu] if args.gpu else ["--device-memory", args.device_memory] if args.device_memory else []
     folder = args.model_name if os.path.isdir(args.model_name) else os.path.dirname(args.model_name) or "."
     fit = ["--fit", str(args.fit)] if getattr(args, "fit", None) is not None else []
-    return [sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", "launch", "--simulate", "cuda", "--no-compute",
+    return ["launch", "--simulate", "cuda", "--no-compute",
             "--num_processes", str(args.num_processes), "--num_machines", str(args.num_machines),
             "--mixed_precision", args.mixed_precision, "--timeout", str(args.timeout), *LAUNCH_OPTIONS[args.distributed],
             *(["--summary-json", summary] if summary else []), *budget, *fit,
@@ -144,10 +146,16 @@ def estimate_training(args: argparse.Namespace) -> int:
         with open(script, "w", encoding="utf-8") as stream:
             stream.write(SCRIPT)
         if getattr(args, "fit", None) is not None:  # the launch prints its progress and table as it goes
-            return subprocess.run(launch_argv(args, script)).returncode
+            return start_module(CLI_MODULE, launch_arguments(args, script), os.environ, stdin=0, stdout=1, stderr=2,
+                                new_session=False).wait()
         print(f"Dry-running two training steps of `{args.model_name}` on {args.num_processes} mock GPU(s) "
               f"({args.distributed}, mixed precision {args.mixed_precision}), no compute...", flush=True)
-        done = subprocess.run(launch_argv(args, script, summary), capture_output=True, text=True)
+        try:
+            done = run_module(CLI_MODULE, *launch_arguments(args, script, summary), timeout=args.timeout + LAUNCH_GRACE)
+        except subprocess.TimeoutExpired as expired:
+            print(f"estimate-memory: the dry run had not ended {expired.timeout:g} s after it started; stopped",
+                  file=sys.stderr)
+            return 1
         if not os.path.exists(summary):
             print(done.stdout[-4000:] + done.stderr[-2000:], file=sys.stderr)
             return done.returncode or 1

@@ -30,12 +30,12 @@ import importlib.util
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 
 from simulators.dryrun import DEFAULT_TIMEOUT
+from simulators.fork_root import run_module
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,8 @@ OFFLOAD = ("--fsdp_offload_params", "true")
 ZERO3 = ("--use_deepspeed", "--zero_stage", "3")
 #: Seconds a trial's launch may take past its own deadline (starting, and stopping its ranks) before it is given up.
 LAUNCH_GRACE = 120
+#: The module each trial runs (``accelerate-ref``'s command line).
+CLI_MODULE = "accelerate_ref.commands.accelerate_cli"
 
 
 def ladder(args: argparse.Namespace) -> list[OptionSet]:
@@ -126,19 +128,20 @@ def _without_fit(argv: list[str], tail: int) -> tuple[list[str], list[str]]:
 
 
 def _try(args: argparse.Namespace, base: tuple[list[str], list[str]], option_set: OptionSet, summary: str) -> dict:
-    """Dry-run ``option_set`` (a launch of its own, output kept) and read its verdict from the summary."""
+    """Dry-run ``option_set`` (a launch of its own, its output captured, dying with this process: forked from the
+    root fork server that the environment names, where there is one) and read its verdict from the summary."""
     options, script = base
     steps = [] if getattr(args, "steps", None) else ["--steps", "2"]
     if option_set.flags[:1] in (("--use_fsdp",), ("--use_deepspeed",)):  # one paradigm at a time
         options = [word for word in options if word not in ("--multi_gpu", "--multi-gpu")]
-    command = [sys.executable, "-m", "accelerate_ref.commands.accelerate_cli", *options, "--no-compute", *steps,
-               *option_set.flags, "--num_processes", str(option_set.processes), "--summary-json", summary, *script]
+    launch = [*options, "--no-compute", *steps, *option_set.flags, "--num_processes", str(option_set.processes),
+              "--summary-json", summary, *script]
     row = {"name": option_set.name, "flags": list(option_set.flags), "processes": option_set.processes, "fits": False,
            "peak": None, "reserved": None, "headroom": None}
     # The launch stops its ranks at its own deadline (--timeout, else the dry run's default); this wait outlasts it.
     deadline = (getattr(args, "timeout", None) or DEFAULT_TIMEOUT) + LAUNCH_GRACE
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=deadline)
+        done = run_module(CLI_MODULE, *launch, timeout=deadline)
     except subprocess.TimeoutExpired:
         return {**row, "verdict": f"did not run: the launch had not ended after {deadline:g} s"}
     if not os.path.exists(summary):

@@ -12,8 +12,8 @@ what changes from one commit to the next; HF is pinned (1.15), so its run checks
 the cases and the manifest. The `extended` variants run both whole at all five
 default worlds (3 adds an uneven world, 4 the largest, 2x2 several machines). The
 "Launching" section starts the implementation's own command line some twenty
-times, each launch starting fresh ranks: 47 of the reference's 67 s at worlds 1,
-2 and 2x2 on a 2-core machine (2026-11-30). In `make test` the reference's launcher
+times, each launch starting fresh ranks: 45 of the 64 s its cases took for the
+reference at worlds 1, 2 and 2x2 on a 2-core machine (2026-11-30). In `make test` the reference's launcher
 is checked against HF's in process (tests/accelerate_ref/commands/test_launch.py,
 test_accelerate_cli.py) and end to end by the state.clean_exit and dry-run tests.
 

@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from tests.processes import run_module
+from simulators.fork_root import run_module
 from conformance import catalog
 from conformance.engine import levels, report, statement
 from conformance.engine.case import all_cases

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.processes import run_module
+from simulators.fork_root import run_module
 from conformance.engine.native import (
     Identity,
     NativeBackend,

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from conformance.engine.manifest import Manifest
-from tests.processes import run_module
+from simulators.fork_root import run_module
 
 from .test_full import FAST_SKIPPED_AREAS, case_ids
 

@@ -9,7 +9,7 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from tests.processes import run_module
+from simulators.fork_root import run_module
 from conformance import catalog
 from conformance.__main__ import main
 from conformance.engine import report

@@ -3,7 +3,7 @@ import textwrap
 
 import pytest
 
-from tests.processes import run_module
+from simulators.fork_root import run_module
 from simulators.__main__ import main
 
 pytestmark = pytest.mark.slow

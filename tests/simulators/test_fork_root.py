@@ -14,8 +14,8 @@ import pytest
 from simulators._fork_root import READ_AT_IMPORT, READ_BY_PYTHON, READ_WITH_TORCH, WITH_TORCH, shadowed
 from simulators.devices import world_settings
 from simulators.devices.memory.peaks import REPORT_DIR_ENV, memory_report_path
-from simulators.fork_root import FORK_ROOT_ENV, ForkRoot, RootChild, start_module
-from tests.processes import run_module, still_running
+from simulators.fork_root import FORK_ROOT_ENV, ForkRoot, RootChild, run_module, start_module
+from tests.processes import still_running
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = "tests.simulators.process_probe"

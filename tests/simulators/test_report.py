@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.processes import run_module
+from simulators.fork_root import run_module
 from tests.simulators.devices.test_history import replay
 
 HAS_PLOTLY = importlib.util.find_spec("plotly") is not None

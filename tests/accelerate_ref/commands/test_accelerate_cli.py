@@ -15,7 +15,7 @@ import time
 import pytest
 import yaml
 
-from tests.processes import run_module
+from simulators.fork_root import run_module
 from accelerate_ref.commands.accelerate_cli import run as main
 from accelerate_ref.commands.config.config_args import ClusterConfig, load_config_from_file
 from accelerate_ref.commands.config.config_args import current_default_config_file as default_config_file

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from tests.processes import run_module
+from simulators.fork_root import run_module
 from simulators.devices.families import gpus, machine
 from simulators.dryrun import summary
 from simulators.launcher import LaunchResult

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.processes import run_module
+from simulators.fork_root import run_module
 from accelerate_ref.commands.accelerate_cli import run
 
 from .nd_scripts import LLAMA, LLAMA_70B, QWEN, SAVE_LLAMA, SCRIPT, SP_SCRIPT, SPARSE_LLAMA, WORDS

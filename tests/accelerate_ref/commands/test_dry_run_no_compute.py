@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from tests.processes import run_module
+from simulators.fork_root import run_module
 from accelerate_ref.commands.accelerate_cli import run
 
 MODELS = os.path.join(os.path.dirname(__file__), "..", "..", "..", "benchmarks", "preflight_models.py")

@@ -1,7 +1,6 @@
 """The behavioural differential (issue 20, item 1): accelerate_ref against HF accelerate, and the harness itself.
 
-* the whole probe set through the command line, every setting but the uneven world under `make test` (all under
-  `make extended`): no unexplained difference, no stale deviation;
+* the whole probe set, every setting, through the command line: no unexplained difference, no stale deviation;
 * meta-tests: the harness catches a broken copy of accelerate_ref (a changed message, a lost isinstance, a
   swallowed warning), where accelerate_ref against itself shows nothing on the same probes;
 * the parts: normalised texts, comparison, deviation matching and staleness, the command line's refusals.
@@ -17,12 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.processes import run_module
+from simulators.fork_root import run_module
 from conformance.tools.differential import deviations
 from conformance.tools.differential.observe import ClassIndex, Normaliser
 from conformance.tools.differential.probe import Api, Probe, Subject, run_probe
 from conformance.tools.differential.probes.parallelism_config_meshes import COMBINATIONS, describe_mesh, fake_world
-from conformance.tools.differential.runner import SETTINGS, _within, compare, run
+from conformance.tools.differential.runner import _within, compare, run
 
 ROOT = Path(__file__).resolve().parents[3]
 META_DIR = ROOT / "tests" / "conformance" / "meta"
@@ -35,18 +34,11 @@ def _cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     return run_module("conformance", "differential", *args, timeout=timeout, cwd=ROOT)
 
 
-#: The settings of `make test`'s run: all but the uneven world (cpu/3), which `make extended` adds, as the whole
-#: suite's runs leave world 3 to it.
-FAST_SETTINGS = "cpu/1,cpu/2,cuda/1,cuda/2"
-
-
 @pytest.mark.slow
 @pytest.mark.longest
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("settings", [FAST_SETTINGS, pytest.param(",".join(SETTINGS), marks=pytest.mark.extended)],
-                         ids=["fast-settings", "all-settings"])
-def test_accelerate_ref_behaves_as_hf_accelerate_on_every_probe(settings: str) -> None:
-    finished = _cli("--impl", REFERENCE, "--against", "accelerate", "--settings", settings)
+def test_accelerate_ref_behaves_as_hf_accelerate_on_every_probe() -> None:
+    finished = _cli("--impl", REFERENCE, "--against", "accelerate")
     headers = [line for line in finished.stdout.splitlines() if FINDING_HEADER.match(line)]
     assert finished.returncode == 0, (
         "differences found:\n" + "\n".join(headers) + f"\n\nin full:\n{finished.stdout[-20000:]}\n{finished.stderr[-3000:]}")

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("accelerate")
 
-from tests.processes import run_module
+from simulators.fork_root import run_module
 from conformance.tools import parity  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import textwrap
 
-from tests.processes import run_module
+from simulators.fork_root import run_module
 
 B, D, H = 64, 256, 4096
 #: Rank 0 keeps the graph, rank 1 checkpoints the model (and takes a ``torch.func`` gradient, which refuses to run

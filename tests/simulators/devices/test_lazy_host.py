@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from tests.processes import run_module
+from simulators.fork_root import run_module
 from tests.simulators.devices.worlds import device_world
 
 pytestmark = pytest.mark.timeout(240)
