@@ -3,7 +3,8 @@
 :class:`ForkRoot` starts a root and names its socket in ``$SIMULATORS_FORK_ROOT`` for its owner's process and
 everything that inherits its environment; :func:`start_module` starts ``python -m MODULE ARGS`` from the named root
 when there is one and it accepts the request, and as a spawned process otherwise, with the same environment,
-working directory, streams, session and death rules either way. The simulator starts its fork servers
+working directory, streams, session and death rules either way; :func:`run_module` runs one to the end with its
+output captured, as ``subprocess.run`` would. The simulator starts its fork servers
 (:class:`simulators.forking.Zygote`) this way: a test suite that owns a root pays for torch's import once per
 torch environment instead of once per fork server (a run of the project's ``make test`` started about 340 Python
 processes without one, 216 with one, before its tests also ran their commands through it).

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from pathlib import Path
@@ -285,9 +285,9 @@ def kill_all(ranks: Sequence[RankProcess], timeout: float = 5.0) -> None:
     reported with a RuntimeWarning.
     """
     for rank in ranks:
-        _signal_quietly(os.killpg, rank.pid)
+        signal_quietly(os.killpg, rank.pid)
         if rank.proc.returncode is None:  # not reaped yet, so the pid is still ours
-            _signal_quietly(os.kill, rank.pid)
+            signal_quietly(os.kill, rank.pid)
     deadline = time.monotonic() + timeout
     stuck = []
     for rank in ranks:
@@ -303,8 +303,10 @@ def kill_all(ranks: Sequence[RankProcess], timeout: float = 5.0) -> None:
 
 
 
-def _signal_quietly(kill, pid: int) -> None:
+def signal_quietly(send: Callable[[int, int], None], pid: int, signum: int = signal.SIGKILL) -> None:
+    """``send(pid, signum)`` (``os.kill``, or ``os.killpg`` for the group ``pid`` leads), unless there is nothing
+    left there to signal or it is not ours."""
     try:
-        kill(pid, signal.SIGKILL)
+        send(pid, signum)
     except (ProcessLookupError, PermissionError):
         pass

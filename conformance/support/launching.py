@@ -19,7 +19,6 @@ import glob
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ import filelock
 
 from simulators.forking import ForkedProcess, KeptZygote
 from simulators.ports import MACHINE_TMP
+from simulators.spawn import signal_quietly
 
 #: Variables of the surrounding launch that a fresh launch must not inherit.
 LAUNCH_VARIABLES = (
@@ -122,11 +122,11 @@ def finish(started: Started, timeout: float = LAUNCH_TIMEOUT) -> Finished:
     try:
         started.process.wait(timeout)
     except subprocess.TimeoutExpired:
-        _kill_group(started.pid)
+        signal_quietly(os.killpg, started.pid)
         raise AssertionError(f"the launch was still running after {timeout:g}s; killed. "
                              f"stderr tail: {_read(started.output / 'stderr')[-800:]}") from None
     finally:
-        _kill_group(started.pid)
+        signal_quietly(os.killpg, started.pid)
     try:
         return Finished(started.process.returncode, _read(started.output / "stdout"), _read(started.output / "stderr"))
     finally:
@@ -135,13 +135,6 @@ def finish(started: Started, timeout: float = LAUNCH_TIMEOUT) -> Finished:
 
 def _read(path: Path) -> str:
     return path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def run_cli(impl: ModuleType, args: list[str], env: dict[str, str], cwd: str) -> Finished:

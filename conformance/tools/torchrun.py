@@ -28,6 +28,7 @@ from typing import Sequence
 
 from simulators.fork_root import RootChild, start_module
 from simulators.ports import free_port
+from simulators.spawn import signal_quietly
 from simulators.topology import World
 
 from ..engine import report
@@ -144,19 +145,12 @@ def _finish(agents: list[_Agent], timeout: float) -> tuple[list[str], list[int]]
                 notes.append("")
             except subprocess.TimeoutExpired:
                 for other in agents:
-                    _signal_group(other.process, signal.SIGTERM)
+                    signal_quietly(os.killpg, other.process.pid, signal.SIGTERM)
                 agent.process.wait(30)
                 notes.append(f"\n[stopped: the launch ran past {timeout:g} s]")
     finally:
         for agent in agents:
-            _signal_group(agent.process, signal.SIGKILL)
+            signal_quietly(os.killpg, agent.process.pid)
             agent.process.wait()
     outputs = [agent.log.read_text(errors="replace") + note for agent, note in zip(agents, notes)]
     return outputs, [agent.process.returncode for agent in agents]
-
-
-def _signal_group(process: subprocess.Popen | RootChild, signum: int) -> None:
-    try:
-        os.killpg(process.pid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
