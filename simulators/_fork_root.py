@@ -60,8 +60,16 @@ READ_BY_PYTHON = ("PYTHON", "LC_", "LANG")
 #: of these equal its own.
 READ_AT_IMPORT = ("TORCH", "PYTORCH", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "NPY_", "NUMPY_", "CUDA",
                   "NVIDIA_", "LD_", "MALLOC_", "GLIBC_")
-#: ... but for these, which a child applies itself.
+#: ... but for these, which a child applies itself,
 APPLIED_BY_CHILD = ("PYTHONPATH", "TORCH_DEVICE_BACKEND_AUTOLOAD")
+#: ... and these, which torch reads only when asked for what they set, never at import (torch 2.13): whether CUDA is
+#: counted through NVML (torch/cuda/__init__.py, ``_nvml_based_avail``; HF accelerate sets it around its CUDA checks),
+#: the signals torchrun's agent handles (torch/distributed/elastic/multiprocessing/api.py, ``PContext.start``; set by
+#: torchrun's ``launch_agent`` in the process that runs it) and the Flight Recorder's size (read when a process group
+#: is made: torch/distributed/distributed_c10d.py, and c10d's FlightRecorder, made on first use; the simulator sets
+#: it for its ranks). Keyed on, they would split one test process's children between bases that differ in nothing
+#: imported. ``tests/simulators/test_fork_root.py`` checks that importing what a base imports reads none of them.
+READ_AT_RUN_TIME = ("PYTORCH_NVML_BASED_CUDA_CHECK", "TORCHELASTIC_SIGNALS_TO_HANDLE", "TORCH_FR_BUFFER_SIZE")
 #: Largest request message (an environment of a few kilobytes, a command line).
 MESSAGE_BYTES = 1 << 20
 #: What a base imports after torch and its device backends' modules, once for all its children: the modules nearly
@@ -83,7 +91,8 @@ BACKENDS_GROUP = "torch.backends"
 
 
 def _read(env: Mapping[str, str], prefixes: tuple[str, ...]) -> dict[str, str]:
-    return {name: value for name, value in env.items() if name.startswith(prefixes) and name not in APPLIED_BY_CHILD}
+    return {name: value for name, value in env.items()
+            if name.startswith(prefixes) and name not in APPLIED_BY_CHILD and name not in READ_AT_RUN_TIME}
 
 
 def torch_environment(env: Mapping[str, str]) -> str:

@@ -17,6 +17,12 @@ def fork_root():
         del os.environ[FORK_ROOT_ENV]
         yield None
         return
+    # torch sets TORCHINDUCTOR_CACHE_DIR in a process's environment the first time inductor asks for its cache folder
+    # (torch/_inductor/runtime/cache_dir_utils.py), and reads it at import: set from the start, it is the same for
+    # every process the tests start, which then share bases (``simulators._fork_root.torch_environment``).
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    cache_dir()
     try:
         root = ForkRoot()
     except ForkRootError as error:  # the tests still run, each fork server spawned; test_fork_root fails on it

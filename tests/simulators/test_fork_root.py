@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from simulators._fork_root import READ_AT_IMPORT, READ_BY_PYTHON, READ_WITH_TORCH, WITH_TORCH, shadowed
+from simulators._fork_root import (READ_AT_IMPORT, READ_AT_RUN_TIME, READ_BY_PYTHON, READ_WITH_TORCH, WITH_TORCH,
+                                   shadowed)
 from simulators.devices import world_settings
 from simulators.devices.memory.peaks import REPORT_DIR_ENV, memory_report_path
 from simulators.fork_root import FORK_ROOT_ENV, ForkRoot, RootChild, run_module, start_module
@@ -22,9 +23,17 @@ PROBE = "tests.simulators.process_probe"
 
 
 @pytest.fixture
-def root():
+def own_root():
+    """A root of the test's own, whose first request forks its first base."""
     with ForkRoot() as owned:
         yield owned
+
+
+@pytest.fixture
+def root(fork_root, request):
+    """The test process's root (``tests/conftest.py``), whose bases the other tests' children share, or a root of
+    the test's own where the tests run without one."""
+    yield fork_root if fork_root is not None else request.getfixturevalue("own_root")
 
 
 def start_probe(env: dict, folder: Path, code: int = 0, *extra: str, cwd: Path = REPO):
@@ -68,6 +77,10 @@ def test_another_torch_environment_gets_its_own_base(root, tmp_path):
     _, _, two_threads, _ = probe({**env, "OMP_NUM_THREADS": "2"}, tmp_path / "two")
     assert (one_thread["torch_threads"], two_threads["torch_threads"]) == (1, 2)
     assert one_thread["parent"] != two_threads["parent"], "torch read OMP_NUM_THREADS at import: another base"
+    _, _, run_time_only, _ = probe({**env, "OMP_NUM_THREADS": "1", **dict.fromkeys(READ_AT_RUN_TIME, "7")},
+                                   tmp_path / "run-time")
+    assert run_time_only["parent"] == one_thread["parent"], "torch reads these at run time only: the same base"
+    assert all(run_time_only["env"][name] == "7" for name in READ_AT_RUN_TIME), "each child has its own values"
 
 
 def test_a_process_with_a_mock_gpu_on_its_path_forks_from_a_base_that_loaded_it_first(root, tmp_path):
@@ -98,13 +111,12 @@ def test_a_process_with_a_mock_gpu_on_its_path_forks_from_a_base_that_loaded_it_
 
 @pytest.mark.parametrize("family", ["cuda", "npu"])
 def test_the_bases_key_holds_every_variable_their_extra_imports_read(family):
-    """A fresh interpreter imports torch, then records every variable read while it imports what a base imports
-    after torch (the mock ``family``'s module, as the base for a path with its site does, then ``WITH_TORCH``):
-    each must be one a base is keyed on (or one Python's start-up settings, which must equal the root's, cover)."""
+    """A fresh interpreter records every variable read while it imports torch, then what a base imports after torch
+    (the mock ``family``'s module, as the base for a path with its site does, then ``WITH_TORCH``): each read after
+    torch must be one a base is keyed on (or one Python's start-up settings, which must equal the root's, cover), and
+    none of all those imports reads one the key leaves to run time (``READ_AT_RUN_TIME``)."""
     recorder = textwrap.dedent("""
         import json, os, sys
-        import torch
-        from simulators._fork_root import base_imports
         read = set()
 
         class Recording(os._Environ):
@@ -119,21 +131,26 @@ def test_the_bases_key_holds_every_variable_their_extra_imports_read(family):
         environ = os.environ
         os.environ = Recording(environ._data, environ.encodekey, environ.decodekey, environ.encodevalue,
                                environ.decodevalue)
+        import torch
+        from simulators._fork_root import base_imports
+        by_torch = set(read)
+        read.clear()
         imports = base_imports((sys.argv[1],))
         for module in imports:
             __import__(module)
         os.environ = environ
-        print(json.dumps([imports, sorted(read)]))
+        print(json.dumps([imports, sorted(read), sorted(by_torch)]))
         """)
     site = world_settings(family).pythonpath[0]
     env = {**os.environ, "PYTHONPATH": site, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
     done = subprocess.run([sys.executable, "-c", recorder, site], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    imports, read = json.loads(done.stdout.splitlines()[-1])
+    imports, read, by_torch = json.loads(done.stdout.splitlines()[-1])
     keyed = (*READ_AT_IMPORT, *READ_WITH_TORCH, *READ_BY_PYTHON)
     assert [module for module in imports if module not in WITH_TORCH], f"no backend's module imported from {site}"
     assert read and [name for name in read if not name.startswith(keyed)] == [], "read at import, not in the key"
+    assert by_torch and sorted(set(READ_AT_RUN_TIME) & {*read, *by_torch}) == [], "left out of the key, read at import"
 
 
 @pytest.mark.parametrize("change", ["another interpreter setting", "a module shadowed"])
@@ -203,9 +220,9 @@ def test_closing_the_root_ends_its_bases_and_what_they_forked(tmp_path):
     assert os.environ.get(FORK_ROOT_ENV) != root.socket_path, "a closed root is no longer named"
 
 
-def test_the_output_of_a_process_that_started_a_base_ends_with_it(root):
+def test_the_output_of_a_process_that_started_a_base_ends_with_it(own_root):
     """A base forked for a request must not keep that request's streams: the reader of its stdout would never see
     the end of it (a run that finished would seem to hang)."""
-    env = {**os.environ, FORK_ROOT_ENV: root.socket_path}  # a root of its own: this request forks its first base
+    env = {**os.environ, FORK_ROOT_ENV: own_root.socket_path}  # this request forks the root's first base
     done = run_module(PROBE, "0", env=env, cwd=REPO, timeout=60)
-    assert done.returncode == 0 and json.loads(done.stdout)["parent"] != root.pid, done.stderr
+    assert done.returncode == 0 and json.loads(done.stdout)["parent"] != own_root.pid, done.stderr
