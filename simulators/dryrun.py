@@ -68,12 +68,15 @@ DISTRIBUTED = {
     "accelerate_ref": ("torch._dynamo",),
     "peft": ("torch._dynamo",),
 }
-#: DeepSpeed's modules, imported once where the run trains with DeepSpeed (a DeepSpeed launch, or a script that asks
-#: for DeepSpeed): about 4 s of imports in each rank. Its import picks its accelerator
-#: (deepspeed/accelerator/real_accelerator.py) from the environment every rank has too, and leaves the same jemalloc
-#: thread running as datasets (``DISTRIBUTED``). Its engine imports its Muon optimizer module when it checks the
-#: optimizer (deepspeed/runtime/zero/utils.py: ``is_zero_supported_optimizer``), about 1 s more in each rank.
-DEEPSPEED = ("deepspeed", "deepspeed.runtime.zero.muon.muon_optimizer")
+#: DeepSpeed's package, imported once where a rank imports it (a DeepSpeed run, or HF's unwrapping below): about 3 s
+#: of imports in each rank. Its import picks its accelerator (deepspeed/accelerator/real_accelerator.py) from the
+#: environment every rank has too, and leaves the same jemalloc thread running as datasets (``DISTRIBUTED``).
+DEEPSPEED = ("deepspeed",)
+#: ... and, where the run trains with DeepSpeed (a DeepSpeed launch, or a script that asks for DeepSpeed), the Muon
+#: optimizer module its engine imports when it checks the optimizer (deepspeed/runtime/zero/utils.py:
+#: ``is_zero_supported_optimizer``), which imports Inductor's compiler: about 1 s more in each rank. Importing the
+#: package does not import it, so a run that only unwraps its model never does.
+DEEPSPEED_ENGINE = (*DEEPSPEED, "deepspeed.runtime.zero.muon.muon_optimizer")
 #: HF accelerate's ``extract_model_from_parallel`` imports DeepSpeed wherever it is installed, whatever the run
 #: (accelerate/utils/other.py: ``from deepspeed import DeepSpeedEngine``), and a rank reaches it when HF's
 #: ``prepare`` shards a model (FSDP and tensor parallelism map the optimizer's parameters through
@@ -153,9 +156,9 @@ def preload(script: str, ranks: int = 1, deepspeed: bool = False, sharded: bool 
     ``preload``): torch's, those of the ``FORK_SAFE`` libraries the script imports, and the names it imports from
     them (``"transformers:LlamaForCausalLM"``: the fork server looks the name up, which imports the module a lazy
     package defines it in); at more than one rank, what ``DISTRIBUTED`` wrapping imports; DeepSpeed's where the
-    launch is a ``deepspeed`` one or the script asks for it (``DEEPSPEED``), and, at more than one rank, where HF
-    unwraps the model (``WRAPPED_BY_HF``): the launch shards it (``sharded``: FSDP or a parallelism layout) or the
-    script's calls or arguments do. A module that is not installed is left out. A script that does not parse gets
+    launch is a ``deepspeed`` one or the script asks for it (``DEEPSPEED_ENGINE``), and its package alone
+    (``DEEPSPEED``), at more than one rank, where HF unwraps the model (``WRAPPED_BY_HF``): the launch shards it
+    (``sharded``: FSDP or a parallelism layout) or the script's calls or arguments do. A module that is not installed is left out. A script that does not parse gets
     torch's only (its ranks report the error)."""
     tree = _parse(script)
     imported, froms = _imports(tree)
@@ -164,7 +167,9 @@ def preload(script: str, ranks: int = 1, deepspeed: bool = False, sharded: bool 
     if ranks > 1:
         modules += [module for library in sorted(imported & DISTRIBUTED.keys()) for module in DISTRIBUTED[library]]
     unwrapped_by_hf = ranks > 1 and not WRAPPED_BY_HF.isdisjoint(imported) and (sharded or _unwraps(tree))
-    if imported and (deepspeed or "deepspeed" in imported or _asks_for_deepspeed(tree) or unwrapped_by_hf):
+    if imported and (deepspeed or "deepspeed" in imported or _asks_for_deepspeed(tree)):
+        modules += DEEPSPEED_ENGINE
+    elif imported and unwrapped_by_hf:
         modules += DEEPSPEED
     names = [f"{node.module}:{alias.name}" for node in from_safe for alias in node.names if alias.name != "*"]
     return [module for module in dict.fromkeys(modules) if _installed(module)] + names

@@ -1,7 +1,7 @@
 """simulators.dryrun's helpers that need no ranks (the dry runs themselves: tests/accelerate_ref/commands)."""
 import textwrap
 
-from simulators.dryrun import DEEPSPEED, DISTRIBUTED, FORK_SAFE, preload
+from simulators.dryrun import DEEPSPEED, DEEPSPEED_ENGINE, DISTRIBUTED, FORK_SAFE, preload
 
 TORCH = list(FORK_SAFE["torch"])
 
@@ -32,25 +32,28 @@ def test_a_distributed_or_deepspeed_run_preloads_what_its_ranks_import_when_they
         return [module for module in preload(str(script), *args) if module not in single]
 
     assert added(2) == list(DISTRIBUTED["accelerate"])
-    assert added(2, True) == [*DISTRIBUTED["accelerate"], *DEEPSPEED]  # a DeepSpeed launch
+    assert added(2, True) == [*DISTRIBUTED["accelerate"], *DEEPSPEED_ENGINE]  # a DeepSpeed launch
     assert added(1, False) == []
     script.write_text("from accelerate import Accelerator\nfrom accelerate.utils import DeepSpeedPlugin\n")
     assert added(1) == ["accelerate.utils:DeepSpeedPlugin"]  # importing the name is not asking for DeepSpeed
     for asking in ("Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=3))", "TrainingArguments('out', deepspeed=config)"):
         script.write_text(f"from accelerate import Accelerator\n{asking}\n")
-        assert added(1) == list(DEEPSPEED), asking
+        assert added(1) == list(DEEPSPEED_ENGINE), asking
     script.write_text("import torch\n")  # no library that wraps a model
     assert preload(str(script), 2) == TORCH
 
 
 def test_a_run_where_hf_unwraps_the_model_preloads_deepspeed_at_more_than_one_rank(tmp_path):
     """HF's ``extract_model_from_parallel`` imports DeepSpeed wherever it is installed: its FSDP and
-    tensor-parallel prepare and its unwrapping methods reach it, so each rank would import DeepSpeed."""
+    tensor-parallel prepare and its unwrapping methods reach it, so each rank would import DeepSpeed's package, but
+    not the optimizer module only its engine imports."""
     script = tmp_path / "train.py"
 
     def deepspeed_preloaded(code: str, ranks: int = 2, sharded: bool = False) -> bool:
         script.write_text(f"from accelerate import Accelerator\naccelerator = Accelerator()\n{code}\n")
-        return set(DEEPSPEED) <= set(preload(str(script), ranks, sharded=sharded))
+        preloaded = set(preload(str(script), ranks, sharded=sharded))
+        assert not set(DEEPSPEED_ENGINE) - set(DEEPSPEED) & preloaded, f"{code}: unwrapping imports DeepSpeed, not its engine"
+        return set(DEEPSPEED) <= preloaded
 
     for code in ("accelerator.unwrap_model(model).save_pretrained('out')", "accelerator.save_model(model, 'out')",
                  "accelerator.get_state_dict(model)", "Accelerator(fsdp_plugin=plugin)",
