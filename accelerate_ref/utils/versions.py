@@ -12,6 +12,10 @@ from packaging.version import Version, parse
 
 from .constants import STR_OPERATION_TO_FUNC
 
+#: The installed torch's version, read from its metadata once, at import (HF 1.15:
+#: accelerate/utils/versions.py ``torch_version``): torch cannot change under a process that has imported it.
+torch_version = parse(importlib.metadata.version("torch"))
+
 
 def compare_versions(library_or_version: Union[str, Version], operation: str, requirement_version: str) -> bool:
     """Compare a library's installed version (or a `Version`) with a requirement.
@@ -32,7 +36,8 @@ def compare_versions(library_or_version: Union[str, Version], operation: str, re
 def is_torch_version(operation: str, version: str) -> bool:
     """Compare the installed torch version with `version`, e.g. `is_torch_version(">=", "2.0")`.
 
-    Rule: as `compare_versions("torch", operation, version)`, without importing torch.
+    Rule: as `compare_versions(torch_version, operation, version)`: the version read at import, without
+    importing torch.
     Catalog: env.checks.
     """
-    return compare_versions("torch", operation, version)
+    return compare_versions(torch_version, operation, version)

@@ -29,6 +29,22 @@ def test_is_torch_version():
     assert is_torch_version(">", f"{TORCH_VERSION.major + 1}.0") is False
 
 
+def test_is_torch_version_reads_torchs_metadata_once_at_import_as_hf(monkeypatch):
+    """HF 1.15 reads torch's version into ``accelerate.utils.versions.torch_version`` at import and compares with
+    it; so does the reference: a check made later reads no metadata (each read parses a distribution's METADATA)."""
+    from accelerate.utils.versions import torch_version as hf_torch_version
+
+    from accelerate_ref.utils.versions import torch_version
+
+    assert torch_version == hf_torch_version == TORCH_VERSION
+
+    def no_metadata(name):
+        raise AssertionError(f"metadata of {name!r} read again")
+
+    monkeypatch.setattr(importlib.metadata, "version", no_metadata)
+    assert is_torch_version(">=", "2.0")
+
+
 def test_compare_versions():
     assert compare_versions(Version("1.2"), "<", "1.10")  # numeric, not lexicographic
     assert compare_versions("numpy", ">=", "1.0")
