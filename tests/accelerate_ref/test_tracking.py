@@ -122,6 +122,7 @@ def test_log_with_takes_names_and_logger_types(monkeypatch, tmp_path):
 
 
 def test_a_tracker_whose_package_is_missing_is_dropped(monkeypatch, caplog):
+    fresh()  # filter_trackers logs the tracker it drops, and the logger needs a state (as HF's)
     monkeypatch.setattr(imports, "is_wandb_available", lambda: False)
     assert LoggerType.WANDB not in get_available_trackers()
     recorder = Recorder()
@@ -153,6 +154,7 @@ def test_every_logger_type_has_its_tracker_class():
 
 @pytest.mark.parametrize("name", sorted(MORE_TRACKERS))
 def test_a_tracker_whose_package_is_absent_refuses_to_start(monkeypatch, name):
+    fresh()  # filter_trackers logs the tracker it drops, and the logger needs a state (as HF's)
     class_name, check, package = MORE_TRACKERS[name]
     monkeypatch.setattr(imports, check, lambda: False)
     monkeypatch.setitem(__import__("sys").modules, package, None)  # an import of it fails
