@@ -1,4 +1,5 @@
 """Shared fixtures of the project's own tests."""
+import dataclasses
 import os
 import warnings
 
@@ -8,15 +9,22 @@ from simulators.fork_root import FORK_ROOT_ENV, ForkRoot, ForkRootError
 from tests.processes import still_running
 
 
-@pytest.fixture(scope="session", autouse=True)
-def fork_root():
-    """One root fork server per test process: the fork servers its tests start, in-process or under a command they
-    run, and the commands run through :func:`simulators.fork_root.run_module`, fork from it instead of importing torch
-    again (see :mod:`simulators.fork_root`). ``SIMULATORS_FORK_ROOT=off`` runs the tests without one."""
-    if os.environ.get(FORK_ROOT_ENV) == "off":
-        del os.environ[FORK_ROOT_ENV]
-        yield None
-        return
+@dataclasses.dataclass(frozen=True)
+class SharedRoot:
+    """The root a pytest-xdist controller started for its workers (:func:`pytest_configure`): its socket, named in
+    every worker's environment, and its pid."""
+
+    socket_path: str
+    pid: int
+
+
+#: Where the pytest-xdist controller keeps the root it started for its workers.
+_CONTROLLERS_ROOT = pytest.StashKey[ForkRoot | None]()
+
+
+def _start_root() -> ForkRoot | None:
+    """A root fork server for this process and the processes it starts, named in ``os.environ``; None, with a
+    warning, where it does not start (the tests still run, each fork server spawned; test_fork_root fails on it)."""
     # torch sets TORCHINDUCTOR_CACHE_DIR in a process's environment the first time inductor asks for its cache folder
     # (torch/_inductor/runtime/cache_dir_utils.py), and reads it at import: set from the start, it is the same for
     # every process the tests start, which then share bases (``simulators._fork_root.torch_environment``).
@@ -24,9 +32,54 @@ def fork_root():
 
     cache_dir()
     try:
-        root = ForkRoot()
-    except ForkRootError as error:  # the tests still run, each fork server spawned; test_fork_root fails on it
+        return ForkRoot()
+    except ForkRootError as error:
         warnings.warn(f"no root fork server: {error}", RuntimeWarning)
+        return None
+
+
+def _is_xdist_controller(config: pytest.Config) -> bool:
+    return bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist, the controller starts the one root its workers share (before it starts them, so that
+    they inherit its name in their environment): the bases a worker's children need are often the other's too."""
+    if _is_xdist_controller(config) and os.environ.get(FORK_ROOT_ENV) != "off":
+        config.stash[_CONTROLLERS_ROOT] = _start_root()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    root = config.stash.get(_CONTROLLERS_ROOT, None)
+    if root is not None:
+        root.close()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """pytest-xdist's hook, in the controller, for each worker it starts: the shared root's pid goes with it."""
+    root = node.config.stash.get(_CONTROLLERS_ROOT, None)
+    if root is not None:
+        node.workerinput["fork_root"] = [root.socket_path, root.pid]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fork_root(request):
+    """The root fork server of this test process: the fork servers its tests start, in-process or under a command
+    they run, and the commands run through :func:`simulators.fork_root.run_module`, fork from it instead of
+    importing torch again (see :mod:`simulators.fork_root`). Under pytest-xdist it is the controller's, shared by
+    the workers (:class:`SharedRoot`); otherwise the process starts its own. ``SIMULATORS_FORK_ROOT=off`` runs the
+    tests without one."""
+    if os.environ.get(FORK_ROOT_ENV) == "off":
+        del os.environ[FORK_ROOT_ENV]
+        yield None
+        return
+    shared = getattr(request.config, "workerinput", {}).get("fork_root")
+    if shared is not None and os.environ.get(FORK_ROOT_ENV) == shared[0]:
+        yield SharedRoot(*shared)
+        return
+    root = _start_root()
+    if root is None:
         yield None
         return
     with root:
