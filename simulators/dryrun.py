@@ -158,8 +158,8 @@ def preload(script: str, ranks: int = 1, deepspeed: bool = False, sharded: bool 
     package defines it in); at more than one rank, what ``DISTRIBUTED`` wrapping imports; DeepSpeed's where the
     launch is a ``deepspeed`` one or the script asks for it (``DEEPSPEED_ENGINE``), and its package alone
     (``DEEPSPEED``), at more than one rank, where HF unwraps the model (``WRAPPED_BY_HF``): the launch shards it
-    (``sharded``: FSDP or a parallelism layout) or the script's calls or arguments do. A module that is not installed is left out. A script that does not parse gets
-    torch's only (its ranks report the error)."""
+    (``sharded``: FSDP or a parallelism layout) or the script's calls or arguments do. A module that is not
+    installed is left out. A script that does not parse gets torch's only (its ranks report the error)."""
     tree = _parse(script)
     imported, froms = _imports(tree)
     from_safe = [node for node in froms if node.module.split(".")[0] in FORK_SAFE]
