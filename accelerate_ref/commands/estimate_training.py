@@ -43,7 +43,7 @@ from simulators.fork_root import run_module, start_module
 
 from ..utils import convert_bytes
 from ._launch.options import FIT_HELP
-from .fit import CLI_MODULE, FSDP2, LAUNCH_GRACE, ZERO3
+from .fit import CLI_MODULE, FSDP2, LAUNCH_GRACE, ZERO3, ladder
 
 DISTRIBUTED = ("ddp", "fsdp", "zero2", "zero3")
 MIXED_PRECISION = ("no", "fp16", "bf16")
@@ -146,8 +146,7 @@ def estimate_training(args: argparse.Namespace) -> int:
         with open(script, "w", encoding="utf-8") as stream:
             stream.write(SCRIPT)
         if getattr(args, "fit", None) is not None:  # the launch prints its progress and table as it goes
-            return start_module(CLI_MODULE, launch_arguments(args, script), os.environ, stdin=0, stdout=1, stderr=2,
-                                new_session=False).wait()
+            return _fit_search(args, script)
         print(f"Dry-running two training steps of `{args.model_name}` on {args.num_processes} mock GPU(s) "
               f"({args.distributed}, mixed precision {args.mixed_precision}), no compute...", flush=True)
         try:
@@ -165,6 +164,31 @@ def estimate_training(args: argparse.Namespace) -> int:
     if done.returncode:  # the ranks' errors (the launcher's report) and the dry run's summary
         print(done.stderr[-4000:] + done.stdout[-4000:], file=sys.stderr)
     return done.returncode
+
+
+def fit_deadline(args: argparse.Namespace) -> float:
+    """Seconds ``--fit``'s launch may run before it is stopped: a trial's deadline for each option set of its ladder
+    (:func:`.fit.ladder`; a trial's is the launch's ``--timeout`` plus ``LAUNCH_GRACE``), and ``LAUNCH_GRACE`` more
+    for the launch itself."""
+    from .launch import launch_command_parser
+
+    launch = launch_command_parser().parse_args(launch_arguments(args, "train.py")[1:])
+    return len(ladder(launch)) * (args.timeout + LAUNCH_GRACE) + LAUNCH_GRACE
+
+
+def _fit_search(args: argparse.Namespace, script: str) -> int:
+    """Run ``--fit``'s launch of ``script`` on this process's streams; its exit status, or 1 with one line when it
+    outlasts :func:`fit_deadline` (it is stopped, and its trials with it)."""
+    deadline = fit_deadline(args)
+    search = start_module(CLI_MODULE, launch_arguments(args, script), os.environ, stdin=0, stdout=1, stderr=2,
+                          new_session=False)
+    try:
+        return search.wait(deadline)
+    except subprocess.TimeoutExpired:
+        search.kill()
+        search.wait(LAUNCH_GRACE)
+        print(f"estimate-memory: the fit search had not ended {deadline:g} s after it started; stopped", file=sys.stderr)
+        return 1
 
 
 def rows(found: dict) -> list[list[str]]:

@@ -56,6 +56,44 @@ def test_fit_tries_until_a_set_fits_and_prints_the_options_that_fit(tmp_path, ca
     assert output.rstrip().endswith("Fits with: --num_processes 2 " + " ".join(fit.FSDP2)), output
 
 
+def test_an_estimates_fit_search_past_its_deadline_is_stopped_with_its_trials_and_one_line(monkeypatch, tmp_path, capfd,
+                                                                                           assert_gone):
+    """``estimate-memory --training --fit`` waits for its launch at most a trial's deadline per option set of the
+    ladder; past it, the launch is stopped with what it started, one line says so, and the exit status is 1."""
+    from accelerate_ref.commands import estimate_training
+
+    transformers.LlamaConfig(**LLAMA).save_pretrained(tmp_path / "llama")
+    searches = []
+
+    def started(*args, **kwargs):
+        searches.append(start_module(*args, **kwargs))
+        return searches[-1]
+
+    start_module = estimate_training.start_module
+    monkeypatch.setattr(estimate_training, "start_module", started)
+    monkeypatch.setattr(estimate_training, "fit_deadline", lambda args: 2.0)
+    code = run(["estimate-memory", str(tmp_path / "llama"), "--training", "--num_processes", "2", "--batch_size", "1",
+                "--seq_len", "32", "--device-memory", "300MiB", "--fit", "2"])
+    errors = capfd.readouterr().err
+    assert code == 1 and len(searches) == 1, errors
+    assert errors.rstrip().splitlines()[-1] == "estimate-memory: the fit search had not ended 2 s after it started; stopped"
+    assert_gone([searches[0].pid])
+
+
+def test_an_estimates_fit_deadline_is_a_trials_for_each_option_set_of_its_ladder():
+    from accelerate_ref.commands.estimate_training import fit_deadline
+
+    given = {"model_name": ".", "num_processes": 2, "num_machines": 1, "mixed_precision": "bf16", "timeout": 300,
+             "gpu": "a100-40gb", "device_memory": None, "fit": 2, "batch_size": 1, "seq_len": 8}
+    trial = 300 + fit.LAUNCH_GRACE
+    sets = {distributed: len(fit.ladder(_launch_args(use_fsdp=distributed == "fsdp", use_deepspeed=distributed == "zero3",
+                                                     zero_stage=3 if distributed == "zero3" else None)))
+            for distributed in ("ddp", "fsdp", "zero3")}
+    for distributed, count in sets.items():
+        assert fit_deadline(argparse.Namespace(**given, distributed=distributed)) == count * trial + fit.LAUNCH_GRACE
+    assert sets["ddp"] > sets["fsdp"], sets
+
+
 def test_when_no_set_fits_the_table_is_followed_by_one_line_and_exit_1(monkeypatch, tmp_path, capsys):
     """Every set tried: the table lists them all, one line says none fits, the exit status is 1."""
     tried = []
