@@ -43,7 +43,7 @@ from simulators.fork_root import run_module, start_module
 
 from ..utils import convert_bytes
 from ._launch.options import FIT_HELP
-from .fit import CLI_MODULE, FSDP2, LAUNCH_GRACE, ZERO3, ladder
+from .fit import CLI_MODULE, FSDP2, LAUNCH_GRACE, ZERO3, search_deadline
 
 DISTRIBUTED = ("ddp", "fsdp", "zero2", "zero3")
 MIXED_PRECISION = ("no", "fp16", "bf16")
@@ -167,13 +167,11 @@ def estimate_training(args: argparse.Namespace) -> int:
 
 
 def fit_deadline(args: argparse.Namespace) -> float:
-    """Seconds ``--fit``'s launch may run before it is stopped: a trial's deadline for each option set of its ladder
-    (:func:`.fit.ladder`; a trial's is the launch's ``--timeout`` plus ``LAUNCH_GRACE``), and ``LAUNCH_GRACE`` more
-    for the launch itself."""
+    """Seconds ``--fit``'s launch may run before it is stopped: the search's own deadline
+    (:func:`.fit.search_deadline`) for the launch these ``args`` make."""
     from .launch import launch_command_parser
 
-    launch = launch_command_parser().parse_args(launch_arguments(args, "train.py")[1:])
-    return len(ladder(launch)) * (args.timeout + LAUNCH_GRACE) + LAUNCH_GRACE
+    return search_deadline(launch_command_parser().parse_args(launch_arguments(args, "train.py")[1:]))
 
 
 def _fit_search(args: argparse.Namespace, script: str) -> int:

@@ -77,6 +77,18 @@ def ladder(args: argparse.Namespace) -> list[OptionSet]:
     return sets
 
 
+def trial_deadline(args: argparse.Namespace) -> float:
+    """Seconds a trial's launch may take: it stops its ranks at its own deadline (``--timeout``, else the dry run's
+    default), and this outlasts it by ``LAUNCH_GRACE``."""
+    return (getattr(args, "timeout", None) or DEFAULT_TIMEOUT) + LAUNCH_GRACE
+
+
+def search_deadline(args: argparse.Namespace) -> float:
+    """Seconds the whole search for the launch ``args`` may take: a trial's deadline for each option set of its
+    ladder, and ``LAUNCH_GRACE`` more for the launch itself."""
+    return len(ladder(args)) * trial_deadline(args) + LAUNCH_GRACE
+
+
 def check(args: argparse.Namespace) -> None:
     """Refuse a ``--fit`` that cannot run (ValueError, one line; see the module docstring)."""
     if args.simulate != "cuda":
@@ -138,8 +150,7 @@ def _try(args: argparse.Namespace, base: tuple[list[str], list[str]], option_set
               "--summary-json", summary, *script]
     row = {"name": option_set.name, "flags": list(option_set.flags), "processes": option_set.processes, "fits": False,
            "peak": None, "reserved": None, "headroom": None}
-    # The launch stops its ranks at its own deadline (--timeout, else the dry run's default); this wait outlasts it.
-    deadline = (getattr(args, "timeout", None) or DEFAULT_TIMEOUT) + LAUNCH_GRACE
+    deadline = trial_deadline(args)
     try:
         done = run_module(CLI_MODULE, *launch, timeout=deadline)
     except subprocess.TimeoutExpired:
