@@ -169,7 +169,7 @@ def preload(script: str, ranks: int = 1, deepspeed: bool = False, sharded: bool 
     unwrapped_by_hf = ranks > 1 and not WRAPPED_BY_HF.isdisjoint(imported) and (sharded or _unwraps(tree))
     if imported and (deepspeed or "deepspeed" in imported or _asks_for_deepspeed(tree)):
         modules += DEEPSPEED_ENGINE
-    elif imported and unwrapped_by_hf:
+    elif unwrapped_by_hf:  # implies a wrapping library among the imports
         modules += DEEPSPEED
     names = [f"{node.module}:{alias.name}" for node in from_safe for alias in node.names if alias.name != "*"]
     return [module for module in dict.fromkeys(modules) if _installed(module)] + names
