@@ -63,13 +63,12 @@ def test_an_estimates_fit_search_past_its_deadline_is_stopped_with_its_trials_an
     from accelerate_ref.commands import estimate_training
 
     transformers.LlamaConfig(**LLAMA).save_pretrained(tmp_path / "llama")
-    searches = []
+    searches, start_module = [], estimate_training.start_module
 
     def started(*args, **kwargs):
         searches.append(start_module(*args, **kwargs))
         return searches[-1]
 
-    start_module = estimate_training.start_module
     monkeypatch.setattr(estimate_training, "start_module", started)
     monkeypatch.setattr(estimate_training, "fit_deadline", lambda args: 2.0)
     code = run(["estimate-memory", str(tmp_path / "llama"), "--training", "--num_processes", "2", "--batch_size", "1",
